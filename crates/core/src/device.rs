@@ -1,0 +1,212 @@
+//! Devices (logical units), LUN maps, access groups and targets: the
+//! read-mostly configuration that cores see as `Arc` snapshots.
+//!
+//! Writers (management) build a new snapshot and send it to every core by
+//! message; a core never blocks on configuration.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use ferrite_scsi::Lun;
+
+use crate::backend::{Backend, Geometry};
+
+/// Process-wide identifier of a device; indexes per-core backend queues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DeviceId(pub u32);
+
+/// SCSI identity of a device (INQUIRY, VPD 80h and 83h).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    /// T10 vendor identification, at most 8 ASCII characters.
+    pub vendor: String,
+    /// Product identification, at most 16 ASCII characters.
+    pub product: String,
+    /// Product revision level, at most 4 ASCII characters.
+    pub revision: String,
+    /// Unit serial number (VPD 80h).
+    pub serial: String,
+    /// NAA IEEE Registered (type 5) identifier, 8 bytes (VPD 83h).
+    pub naa: u64,
+    /// EUI-64 identifier (VPD 83h).
+    pub eui64: u64,
+}
+
+/// Per-device settings an operator may change.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceFlags {
+    pub read_only: bool,
+    pub write_through: bool,
+    pub thin_provisioned: bool,
+    pub rotational: bool,
+    /// Ignore flushes (battery-backed cache), like SCST's nv_cache.
+    pub nv_cache: bool,
+}
+
+/// A logical unit: a name, a backend, an identity and settings.
+pub struct Device {
+    pub id: DeviceId,
+    pub name: String,
+    pub backend: Arc<dyn Backend>,
+    pub identity: Identity,
+    pub flags: DeviceFlags,
+    /// Current number of blocks; changes on resize.
+    num_blocks: AtomicU64,
+    /// Bumped on every capacity change; cores compare it to raise CAPACITY
+    /// DATA HAS CHANGED.
+    generation: AtomicU32,
+    block_size: u32,
+    phys_exp: u8,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("id", &self.id)
+            .field("name", &self.name)
+            .field("geometry", &self.geometry())
+            .field("flags", &self.flags)
+            .finish()
+    }
+}
+
+impl Device {
+    /// A device over `backend` with the backend's current geometry.
+    pub fn new(
+        id: DeviceId,
+        name: impl Into<String>,
+        backend: Arc<dyn Backend>,
+        identity: Identity,
+        flags: DeviceFlags,
+    ) -> Device {
+        let g = backend.geometry();
+        Device {
+            id,
+            name: name.into(),
+            backend,
+            identity,
+            flags,
+            num_blocks: AtomicU64::new(g.num_blocks),
+            generation: AtomicU32::new(0),
+            block_size: g.block_size,
+            phys_exp: g.phys_exp,
+        }
+    }
+
+    /// Geometry as last published.
+    pub fn geometry(&self) -> Geometry {
+        Geometry {
+            block_size: self.block_size,
+            num_blocks: self.num_blocks.load(Ordering::Acquire),
+            phys_exp: self.phys_exp,
+        }
+    }
+
+    /// Publishes a new capacity (after the backend was resized).
+    pub fn set_num_blocks(&self, n: u64) {
+        self.num_blocks.store(n, Ordering::Release);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Capacity generation: changes whenever the capacity does.
+    pub fn generation(&self) -> u32 {
+        self.generation.load(Ordering::Acquire)
+    }
+}
+
+/// One LUN of a map.
+#[derive(Clone, Debug)]
+pub struct LunEntry {
+    pub device: Arc<Device>,
+    /// Read-only for this mapping even if the device is writable.
+    pub read_only: bool,
+}
+
+/// LUN -> device.
+#[derive(Clone, Debug, Default)]
+pub struct LunMap {
+    pub luns: BTreeMap<Lun, LunEntry>,
+}
+
+impl LunMap {
+    pub fn get(&self, lun: Lun) -> Option<&LunEntry> {
+        self.luns.get(&lun)
+    }
+}
+
+/// An initiator group: initiator name patterns (`*` and `?` wildcards) with
+/// their own LUN map (LUN masking).
+#[derive(Clone, Debug)]
+pub struct AccessGroup {
+    pub name: String,
+    pub initiators: Vec<String>,
+    pub luns: Arc<LunMap>,
+}
+
+/// A SCSI target port as the core sees it.
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// Name (iSCSI IQN, SRP port GUID).
+    pub name: String,
+    /// Relative target port identifier (VPD 83h), 1-based.
+    pub rel_port_id: u16,
+    /// Whether new sessions are accepted.
+    pub enabled: bool,
+    /// LUN map for initiators in no group.
+    pub luns: Arc<LunMap>,
+    pub groups: Vec<AccessGroup>,
+}
+
+impl Target {
+    /// The LUN map an initiator gets at login: its group's, or the default.
+    pub fn map_for(&self, initiator: &str) -> Arc<LunMap> {
+        self.groups
+            .iter()
+            .find(|g| g.initiators.iter().any(|p| wildcard_match(p, initiator)))
+            .map_or_else(|| self.luns.clone(), |g| g.luns.clone())
+    }
+}
+
+/// Matches `name` against `pattern` with `*` (any run) and `?` (one char).
+pub fn wildcard_match(pattern: &str, name: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let n: Vec<char> = name.chars().collect();
+    let (mut pi, mut ni) = (0, 0);
+    let (mut star, mut mark) = (None, 0);
+    while ni < n.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == n[ni]) {
+            pi += 1;
+            ni += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = ni;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ni = mark;
+        } else {
+            return false;
+        }
+    }
+    while pi < p.len() && p[pi] == '*' {
+        pi += 1;
+    }
+    pi == p.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wildcards() {
+        assert!(wildcard_match("iqn.*", "iqn.1994-05.com.redhat:abc"));
+        assert!(wildcard_match("*:abc", "iqn.1994-05.com.redhat:abc"));
+        assert!(wildcard_match("iqn.?994*", "iqn.1994-05"));
+        assert!(!wildcard_match("iqn.*:x", "iqn.1994-05.com.redhat:abc"));
+        assert!(wildcard_match("*", ""));
+        assert!(!wildcard_match("a", ""));
+    }
+}

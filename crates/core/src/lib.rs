@@ -1,0 +1,21 @@
+//! ferrite-core: the target core, what SCST's `scst` module is.
+//!
+//! Owns every SCSI-visible behaviour: devices and their identity, LUN maps and
+//! access groups, sessions (I_T nexuses) with a task set per LUN, task
+//! management, unit attentions and AENs, and the SPC-4/SBC-4 emulation.
+//! It is sans-IO: no sockets, no threads, no clock (time is an argument).
+//!
+//! Does not own: transports (fabrics call [`Session`] and carry out the
+//! [`Action`]s it returns) or storage (backends implement
+//! [`backend::Backend`] and are driven through per-core
+//! [`backend::BackendQueue`]s).
+#![forbid(unsafe_code)]
+
+pub mod backend;
+pub mod cmd;
+pub mod device;
+
+pub use cmd::{
+    Abort, Action, Cdb, CmdId, CmdRequest, DataDir, Residual, Response, TaskAttr, TaskTag,
+    TmfFunction, TmfId, TmfRequest, TmfResponse,
+};

@@ -1,0 +1,395 @@
+//! Owned, page-aligned I/O buffers and the per-core pools they return to.
+//!
+//! An [`IoBuf`] is a page-aligned byte buffer (so it can be used for
+//! `O_DIRECT` and registered with io_uring or RDMA) with a length that may be
+//! less than its capacity. Dropping a pooled buffer hands it back to its
+//! [`BufPool`]; the pool's free list is lock-free, so a buffer may be dropped on
+//! any thread. An [`SgList`] is the scatter-gather list that travels from a
+//! fabric to the core to a backend and back: it owns its segments.
+
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crossbeam_queue::ArrayQueue;
+use smallvec::SmallVec;
+
+/// Alignment of every [`IoBuf`]: enough for `O_DIRECT` on 4 KiB-sector devices.
+pub const BUF_ALIGN: usize = 4096;
+
+/// Raw aligned allocation. Owns `cap` bytes at `ptr`.
+struct RawBuf {
+    ptr: NonNull<u8>,
+    cap: usize,
+}
+
+// SAFETY: RawBuf uniquely owns its heap allocation; no aliasing pointers exist.
+unsafe impl Send for RawBuf {}
+// SAFETY: shared references only allow reads of initialised bytes.
+unsafe impl Sync for RawBuf {}
+
+impl RawBuf {
+    fn new(cap: usize) -> RawBuf {
+        let cap = cap.max(1).next_multiple_of(BUF_ALIGN);
+        let layout = Self::layout(cap);
+        // SAFETY: layout has a non-zero size (cap >= BUF_ALIGN).
+        let ptr = unsafe { alloc_zeroed(layout) };
+        let Some(ptr) = NonNull::new(ptr) else {
+            std::alloc::handle_alloc_error(layout)
+        };
+        RawBuf { ptr, cap }
+    }
+
+    fn layout(cap: usize) -> Layout {
+        match Layout::from_size_align(cap, BUF_ALIGN) {
+            Ok(l) => l,
+            // cap is a multiple of BUF_ALIGN and far below isize::MAX in practice.
+            Err(_) => panic!("buffer of {cap} bytes cannot be laid out"),
+        }
+    }
+}
+
+impl Drop for RawBuf {
+    fn drop(&mut self) {
+        // SAFETY: ptr was allocated in `new` with exactly this layout.
+        unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.cap)) }
+    }
+}
+
+struct PoolShared {
+    free: ArrayQueue<RawBuf>,
+    buf_size: usize,
+}
+
+/// A pool of equal-sized, page-aligned buffers. Cloning shares the pool.
+#[derive(Clone)]
+pub struct BufPool {
+    shared: Arc<PoolShared>,
+}
+
+impl fmt::Debug for BufPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BufPool")
+            .field("buf_size", &self.shared.buf_size)
+            .field("free", &self.shared.free.len())
+            .finish()
+    }
+}
+
+impl BufPool {
+    /// A pool that keeps up to `max_free` idle buffers of `buf_size` bytes.
+    /// Buffers are allocated on demand and kept when returned.
+    pub fn new(buf_size: usize, max_free: usize) -> BufPool {
+        BufPool {
+            shared: Arc::new(PoolShared {
+                free: ArrayQueue::new(max_free.max(1)),
+                buf_size: buf_size.max(1).next_multiple_of(BUF_ALIGN),
+            }),
+        }
+    }
+
+    /// Size of each buffer of this pool.
+    pub fn buf_size(&self) -> usize {
+        self.shared.buf_size
+    }
+
+    /// Idle buffers currently held.
+    pub fn idle(&self) -> usize {
+        self.shared.free.len()
+    }
+
+    /// A buffer of the pool's size with length `len` (clamped to the size).
+    /// The contents are whatever the previous user left there.
+    pub fn get(&self, len: usize) -> IoBuf {
+        let raw = self
+            .shared
+            .free
+            .pop()
+            .unwrap_or_else(|| RawBuf::new(self.shared.buf_size));
+        IoBuf {
+            raw: Some(raw),
+            len: len.min(self.shared.buf_size),
+            pool: Some(self.shared.clone()),
+        }
+    }
+
+    /// An [`SgList`] of `len` bytes made of this pool's buffers.
+    pub fn sg(&self, len: usize) -> SgList {
+        let mut sg = SgList::new();
+        let mut left = len;
+        while left > 0 {
+            let n = left.min(self.shared.buf_size);
+            sg.push(self.get(n));
+            left -= n;
+        }
+        sg
+    }
+}
+
+/// An owned, page-aligned byte buffer. Derefs to its first `len` bytes.
+pub struct IoBuf {
+    raw: Option<RawBuf>,
+    len: usize,
+    pool: Option<Arc<PoolShared>>,
+}
+
+impl IoBuf {
+    /// A fresh zeroed buffer of `len` bytes that belongs to no pool.
+    pub fn new(len: usize) -> IoBuf {
+        IoBuf {
+            raw: Some(RawBuf::new(len)),
+            len,
+            pool: None,
+        }
+    }
+
+    /// A buffer holding a copy of `data` (for control-path payloads).
+    pub fn from_slice(data: &[u8]) -> IoBuf {
+        let mut b = IoBuf::new(data.len());
+        b.copy_from_slice(data);
+        b
+    }
+
+    /// Bytes available in the allocation.
+    pub fn capacity(&self) -> usize {
+        self.raw.as_ref().map_or(0, |r| r.cap)
+    }
+
+    /// Sets the visible length; clamped to the capacity.
+    pub fn set_len(&mut self, len: usize) {
+        self.len = len.min(self.capacity());
+    }
+
+    /// Pointer to the first byte, for registering with io_uring or RDMA.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.raw
+            .as_ref()
+            .map_or(NonNull::dangling().as_ptr(), |r| r.ptr.as_ptr())
+    }
+
+    /// Mutable pointer to the first byte.
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.raw
+            .as_ref()
+            .map_or(NonNull::dangling().as_ptr(), |r| r.ptr.as_ptr())
+    }
+}
+
+impl Deref for IoBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match &self.raw {
+            // SAFETY: ptr is valid for cap >= len initialised (zeroed at
+            // allocation) bytes, uniquely owned by self, and lives as long as self.
+            Some(r) => unsafe { std::slice::from_raw_parts(r.ptr.as_ptr(), self.len) },
+            None => &[],
+        }
+    }
+}
+
+impl DerefMut for IoBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match &mut self.raw {
+            // SAFETY: as in `deref`, and `&mut self` guarantees exclusive access.
+            Some(r) => unsafe { std::slice::from_raw_parts_mut(r.ptr.as_ptr(), self.len) },
+            None => &mut [],
+        }
+    }
+}
+
+impl Drop for IoBuf {
+    fn drop(&mut self) {
+        if let (Some(raw), Some(pool)) = (self.raw.take(), self.pool.take())
+            && raw.cap == pool.buf_size
+        {
+            // A full free list simply frees the buffer.
+            let _ = pool.free.push(raw);
+        }
+    }
+}
+
+impl fmt::Debug for IoBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "IoBuf(len={}, cap={})", self.len, self.capacity())
+    }
+}
+
+/// A scatter-gather list of owned buffers; its length is the sum of the
+/// segments' lengths.
+#[derive(Default)]
+pub struct SgList {
+    segs: SmallVec<[IoBuf; 1]>,
+}
+
+impl fmt::Debug for SgList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SgList(len={}, segs={})", self.len(), self.segs.len())
+    }
+}
+
+impl From<IoBuf> for SgList {
+    fn from(b: IoBuf) -> SgList {
+        let mut sg = SgList::new();
+        sg.push(b);
+        sg
+    }
+}
+
+impl SgList {
+    /// An empty list.
+    pub fn new() -> SgList {
+        SgList {
+            segs: SmallVec::new(),
+        }
+    }
+
+    /// A list of one unpooled buffer of `len` zero bytes.
+    pub fn zeroed(len: usize) -> SgList {
+        IoBuf::new(len).into()
+    }
+
+    /// Appends a segment.
+    pub fn push(&mut self, b: IoBuf) {
+        self.segs.push(b);
+    }
+
+    /// Total length in bytes.
+    pub fn len(&self) -> usize {
+        self.segs.iter().map(|s| s.len()).sum()
+    }
+
+    /// True when the list holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The segments.
+    pub fn segments(&self) -> &[IoBuf] {
+        &self.segs
+    }
+
+    /// The segments, mutably.
+    pub fn segments_mut(&mut self) -> &mut [IoBuf] {
+        &mut self.segs
+    }
+
+    /// Copies `src` into the list starting at byte `offset`. Returns the number
+    /// of bytes copied (less than `src.len()` only if the list is too short).
+    pub fn copy_in(&mut self, offset: usize, src: &[u8]) -> usize {
+        let mut skip = offset;
+        let mut done = 0;
+        for seg in self.segs.iter_mut() {
+            if done == src.len() {
+                break;
+            }
+            if skip >= seg.len() {
+                skip -= seg.len();
+                continue;
+            }
+            let n = (seg.len() - skip).min(src.len() - done);
+            seg[skip..skip + n].copy_from_slice(&src[done..done + n]);
+            done += n;
+            skip = 0;
+        }
+        done
+    }
+
+    /// Copies bytes starting at `offset` into `dst`. Returns the number copied.
+    pub fn copy_out(&self, offset: usize, dst: &mut [u8]) -> usize {
+        let mut skip = offset;
+        let mut done = 0;
+        for seg in self.segs.iter() {
+            if done == dst.len() {
+                break;
+            }
+            if skip >= seg.len() {
+                skip -= seg.len();
+                continue;
+            }
+            let n = (seg.len() - skip).min(dst.len() - done);
+            dst[done..done + n].copy_from_slice(&seg[skip..skip + n]);
+            done += n;
+            skip = 0;
+        }
+        done
+    }
+
+    /// The byte ranges covering `[offset, offset+len)`, as slices, in order.
+    pub fn slices(&self, offset: usize, len: usize) -> impl Iterator<Item = &[u8]> {
+        let mut skip = offset;
+        let mut left = len;
+        self.segs.iter().filter_map(move |seg| {
+            if left == 0 {
+                return None;
+            }
+            if skip >= seg.len() {
+                skip -= seg.len();
+                return None;
+            }
+            let n = (seg.len() - skip).min(left);
+            let s = &seg[skip..skip + n];
+            skip = 0;
+            left -= n;
+            Some(s)
+        })
+    }
+
+    /// Shortens the list to `len` bytes (trailing segments are dropped).
+    pub fn truncate(&mut self, len: usize) {
+        let mut left = len;
+        let mut keep = 0;
+        for seg in self.segs.iter_mut() {
+            if left == 0 {
+                break;
+            }
+            let n = seg.len().min(left);
+            seg.set_len(n);
+            left -= n;
+            keep += 1;
+        }
+        self.segs.truncate(keep);
+    }
+
+    /// Copies the whole list into one `Vec` (control path and tests only).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.len()];
+        self.copy_out(0, &mut v);
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_and_pooled() {
+        let pool = BufPool::new(8192, 4);
+        let b = pool.get(100);
+        assert_eq!(b.len(), 100);
+        assert_eq!(b.as_ptr() as usize % BUF_ALIGN, 0);
+        drop(b);
+        assert_eq!(pool.idle(), 1);
+        let _b2 = pool.get(8192);
+        assert_eq!(pool.idle(), 0);
+    }
+
+    #[test]
+    fn sg_copy_round_trip() {
+        let pool = BufPool::new(4096, 8);
+        let mut sg = pool.sg(10000);
+        assert_eq!(sg.segments().len(), 3);
+        let data: Vec<u8> = (0..6000u32).map(|i| i as u8).collect();
+        assert_eq!(sg.copy_in(3000, &data), 6000);
+        let mut out = vec![0u8; 6000];
+        assert_eq!(sg.copy_out(3000, &mut out), 6000);
+        assert_eq!(out, data);
+        let joined: Vec<u8> = sg.slices(3000, 6000).flatten().copied().collect();
+        assert_eq!(joined, data);
+        sg.truncate(5000);
+        assert_eq!(sg.len(), 5000);
+        assert_eq!(sg.segments().len(), 2);
+    }
+}

@@ -1,0 +1,16 @@
+//! ferrite-scsi: what the SCSI standards (SAM-5, SPC-4, SBC-4) say about bytes.
+//!
+//! Owns: LUN encoding, status codes, sense data (one table of named sense
+//! constants), opcodes, CDB decoding and the builders of parameter data
+//! (INQUIRY and VPD pages, mode pages, READ CAPACITY, REPORT LUNS).
+//! Does not own: any state. Every function here is pure; what a command does to
+//! a device lives in `ferrite-core`.
+#![forbid(unsafe_code)]
+
+pub mod lun;
+pub mod sense;
+pub mod status;
+
+pub use lun::Lun;
+pub use sense::{Sense, SenseKey};
+pub use status::Status;

@@ -1,0 +1,163 @@
+//! Sense data (SPC-4 §4.5): keys, additional sense codes, and the fixed and
+//! descriptor formats.
+
+/// Sense key (SPC-4 table 48).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SenseKey(pub u8);
+
+impl SenseKey {
+    pub const NO_SENSE: SenseKey = SenseKey(0x0);
+    pub const RECOVERED_ERROR: SenseKey = SenseKey(0x1);
+    pub const NOT_READY: SenseKey = SenseKey(0x2);
+    pub const MEDIUM_ERROR: SenseKey = SenseKey(0x3);
+    pub const HARDWARE_ERROR: SenseKey = SenseKey(0x4);
+    pub const ILLEGAL_REQUEST: SenseKey = SenseKey(0x5);
+    pub const UNIT_ATTENTION: SenseKey = SenseKey(0x6);
+    pub const DATA_PROTECT: SenseKey = SenseKey(0x7);
+    pub const BLANK_CHECK: SenseKey = SenseKey(0x8);
+    pub const COPY_ABORTED: SenseKey = SenseKey(0xa);
+    pub const ABORTED_COMMAND: SenseKey = SenseKey(0xb);
+    pub const MISCOMPARE: SenseKey = SenseKey(0xe);
+}
+
+/// One sense condition: key, ASC/ASCQ, and the optional sense-key-specific
+/// field pointer and information field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Sense {
+    pub key: SenseKey,
+    pub asc: u8,
+    pub ascq: u8,
+    /// SPC-4 §4.5.2.4.2 field pointer: (in CDB? , byte, bit) when SKSV is set.
+    pub field: Option<FieldPointer>,
+    /// The INFORMATION field (e.g. the first bad LBA), when VALID is set.
+    pub info: Option<u64>,
+}
+
+/// Sense-key-specific field pointer (SPC-4 §4.5.2.4.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FieldPointer {
+    /// C/D bit: true when the error is in the CDB, false in parameter data.
+    pub in_cdb: bool,
+    /// The byte in error.
+    pub byte: u16,
+    /// The bit in error (BPV set), if known.
+    pub bit: Option<u8>,
+}
+
+impl Sense {
+    /// A sense condition without field pointer or information.
+    pub const fn new(key: SenseKey, asc: u8, ascq: u8) -> Sense {
+        Sense {
+            key,
+            asc,
+            ascq,
+            field: None,
+            info: None,
+        }
+    }
+
+    /// This condition, pointing at a field of the CDB.
+    pub const fn cdb_field(mut self, byte: u16, bit: Option<u8>) -> Sense {
+        self.field = Some(FieldPointer {
+            in_cdb: true,
+            byte,
+            bit,
+        });
+        self
+    }
+
+    /// This condition, pointing at a field of the parameter data.
+    pub const fn param_field(mut self, byte: u16, bit: Option<u8>) -> Sense {
+        self.field = Some(FieldPointer {
+            in_cdb: false,
+            byte,
+            bit,
+        });
+        self
+    }
+
+    /// This condition with the INFORMATION field set.
+    pub const fn with_info(mut self, info: u64) -> Sense {
+        self.info = Some(info);
+        self
+    }
+
+    /// Fixed-format sense data (SPC-4 §4.5.3), response code 70h, 18 bytes.
+    pub fn to_fixed(&self) -> [u8; 18] {
+        let mut b = [0u8; 18];
+        b[0] = 0x70;
+        b[2] = self.key.0 & 0x0f;
+        if let Some(info) = self.info {
+            b[0] |= 0x80;
+            b[3..7].copy_from_slice(&(info as u32).to_be_bytes());
+        }
+        b[7] = 10;
+        b[12] = self.asc;
+        b[13] = self.ascq;
+        if let Some(f) = self.field {
+            b[15] = 0x80 | if f.in_cdb { 0x40 } else { 0 };
+            if let Some(bit) = f.bit {
+                b[15] |= 0x08 | (bit & 7);
+            }
+            b[16..18].copy_from_slice(&f.byte.to_be_bytes());
+        }
+        b
+    }
+}
+
+macro_rules! sense_consts {
+    ($($name:ident = $key:ident, $asc:expr, $ascq:expr;)*) => {
+        impl Sense {
+            $(pub const $name: Sense = Sense::new(SenseKey::$key, $asc, $ascq);)*
+        }
+    };
+}
+
+// SPC-4 Annex D: the additional sense codes this target reports.
+sense_consts! {
+    NO_SENSE = NO_SENSE, 0x00, 0x00;
+    INVALID_COMMAND_OPERATION_CODE = ILLEGAL_REQUEST, 0x20, 0x00;
+    LBA_OUT_OF_RANGE = ILLEGAL_REQUEST, 0x21, 0x00;
+    INVALID_FIELD_IN_CDB = ILLEGAL_REQUEST, 0x24, 0x00;
+    LOGICAL_UNIT_NOT_SUPPORTED = ILLEGAL_REQUEST, 0x25, 0x00;
+    INVALID_FIELD_IN_PARAMETER_LIST = ILLEGAL_REQUEST, 0x26, 0x00;
+    PARAMETER_LIST_LENGTH_ERROR = ILLEGAL_REQUEST, 0x1a, 0x00;
+    SAVING_PARAMETERS_NOT_SUPPORTED = ILLEGAL_REQUEST, 0x39, 0x00;
+    POWER_ON_RESET = UNIT_ATTENTION, 0x29, 0x00;
+    BUS_DEVICE_RESET = UNIT_ATTENTION, 0x29, 0x03;
+    I_T_NEXUS_LOSS = UNIT_ATTENTION, 0x29, 0x07;
+    MODE_PARAMETERS_CHANGED = UNIT_ATTENTION, 0x2a, 0x01;
+    RESERVATIONS_PREEMPTED = UNIT_ATTENTION, 0x2a, 0x03;
+    RESERVATIONS_RELEASED = UNIT_ATTENTION, 0x2a, 0x04;
+    REGISTRATIONS_PREEMPTED = UNIT_ATTENTION, 0x2a, 0x05;
+    CAPACITY_DATA_HAS_CHANGED = UNIT_ATTENTION, 0x2a, 0x09;
+    COMMANDS_CLEARED_BY_ANOTHER_INITIATOR = UNIT_ATTENTION, 0x2f, 0x00;
+    INQUIRY_DATA_HAS_CHANGED = UNIT_ATTENTION, 0x3f, 0x03;
+    REPORTED_LUNS_DATA_HAS_CHANGED = UNIT_ATTENTION, 0x3f, 0x0e;
+    WRITE_PROTECTED = DATA_PROTECT, 0x27, 0x00;
+    SPACE_ALLOCATION_FAILED_WRITE_PROTECT = DATA_PROTECT, 0x27, 0x07;
+    UNRECOVERED_READ_ERROR = MEDIUM_ERROR, 0x11, 0x00;
+    WRITE_ERROR = MEDIUM_ERROR, 0x0c, 0x00;
+    MISCOMPARE_DURING_VERIFY = MISCOMPARE, 0x1d, 0x00;
+    LOGICAL_UNIT_NOT_READY_CAUSE_NOT_REPORTABLE = NOT_READY, 0x04, 0x00;
+    LOGICAL_UNIT_COMMUNICATION_FAILURE = ABORTED_COMMAND, 0x08, 0x00;
+    INTERNAL_TARGET_FAILURE = HARDWARE_ERROR, 0x44, 0x00;
+    INITIATOR_DETECTED_ERROR = ABORTED_COMMAND, 0x48, 0x00;
+    DATA_PHASE_ERROR = ABORTED_COMMAND, 0x4b, 0x00;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixed_format_field_pointer() {
+        let b = Sense::INVALID_FIELD_IN_CDB.cdb_field(2, Some(3)).to_fixed();
+        assert_eq!(b[0], 0x70);
+        assert_eq!(b[2], 0x05);
+        assert_eq!(b[7], 10);
+        assert_eq!((b[12], b[13]), (0x24, 0x00));
+        assert_eq!(b[15], 0x80 | 0x40 | 0x08 | 3);
+        assert_eq!(u16::from_be_bytes([b[16], b[17]]), 2);
+    }
+}
