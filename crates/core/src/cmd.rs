@@ -190,14 +190,23 @@ pub enum Action {
     /// call `data_out_done(id, Ok(buf))`.
     FetchData {
         id: CmdId,
+        tag: TaskTag,
         buf: SgList,
         offset: u32,
         len: u32,
     },
     /// Send the data (if any) and the status; then call `response_sent(id)`.
-    Respond { id: CmdId, rsp: Response },
+    Respond {
+        id: CmdId,
+        tag: TaskTag,
+        rsp: Response,
+    },
     /// Send the task management response.
-    TmfDone { id: TmfId, rsp: TmfResponse },
+    TmfDone {
+        id: TmfId,
+        tag: TaskTag,
+        rsp: TmfResponse,
+    },
     /// An asynchronous event for `lun` (iSCSI Async Message, SRP_AER_REQ).
     /// A fabric that cannot deliver it drops it: the core keeps the unit
     /// attention pending either way.
