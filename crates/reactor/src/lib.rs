@@ -6,3 +6,5 @@
 //! Does not own: any protocol or SCSI knowledge.
 
 pub mod buf;
+pub mod mailbox;
+pub mod ring;

@@ -1,0 +1,615 @@
+//! The reactor: one thread per core, one io_uring per reactor, run to
+//! completion, poll for a while before sleeping.
+//!
+//! A [`Worker`] is what runs on a reactor (the daemon's per-core part: the
+//! core's shard, the connections living on this core). The worker submits
+//! socket operations through [`Ctx`], which owns every buffer an operation
+//! uses until its completion comes back in a [`Completion`]: that ownership is
+//! what makes the `unsafe` ring submissions sound.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use io_uring::{IoUring, opcode, squeue, types};
+use slab::Slab;
+
+use crate::buf::SgList;
+use crate::mailbox::MailboxRx;
+
+/// Most iovecs one send carries (Linux IOV_MAX is 1024).
+const MAX_IOVECS: usize = 256;
+/// user_data reserved for the mailbox wake-up poll.
+const WAKE_TOKEN: u64 = u64::MAX;
+
+/// One piece of bytes to send: owned header bytes, or a window of a shared
+/// scatter-gather list (response data sent straight from the backend's buffer).
+#[derive(Debug)]
+pub enum TxSeg {
+    Bytes(Vec<u8>),
+    Data {
+        sg: Arc<SgList>,
+        offset: usize,
+        len: usize,
+    },
+}
+
+impl TxSeg {
+    /// Bytes in this segment.
+    pub fn len(&self) -> usize {
+        match self {
+            TxSeg::Bytes(b) => b.len(),
+            TxSeg::Data { len, .. } => *len,
+        }
+    }
+
+    /// True when the segment carries no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Drops the first `n` bytes of `segs` (after a partial send).
+pub fn advance(segs: &mut VecDeque<TxSeg>, mut n: usize) {
+    while n > 0 {
+        let Some(front) = segs.front_mut() else {
+            return;
+        };
+        let l = front.len();
+        if n >= l {
+            n -= l;
+            segs.pop_front();
+            continue;
+        }
+        match front {
+            TxSeg::Bytes(b) => {
+                b.drain(..n);
+            }
+            TxSeg::Data { offset, len, .. } => {
+                *offset += n;
+                *len -= n;
+            }
+        }
+        n = 0;
+    }
+    while segs.front().is_some_and(TxSeg::is_empty) {
+        segs.pop_front();
+    }
+}
+
+/// A finished operation, with everything it owned handed back.
+#[derive(Debug)]
+pub enum Completion {
+    /// `n` bytes were received into `buf[start..start+n]`; `Ok(0)` is EOF.
+    Recv {
+        token: u64,
+        result: io::Result<usize>,
+        buf: Vec<u8>,
+        start: usize,
+    },
+    /// `n` bytes of `segs` were sent (maybe fewer than all of them).
+    Send {
+        token: u64,
+        result: io::Result<usize>,
+        segs: VecDeque<TxSeg>,
+    },
+    /// A connection was accepted.
+    Accept {
+        token: u64,
+        result: io::Result<OwnedFd>,
+    },
+    /// The polled fd became readable.
+    Readable { token: u64, result: io::Result<()> },
+}
+
+enum Op {
+    Recv {
+        token: u64,
+        buf: Vec<u8>,
+        start: usize,
+    },
+    Send {
+        token: u64,
+        segs: VecDeque<TxSeg>,
+        // Read by the kernel through the pointer in the SQE; kept alive here.
+        #[allow(dead_code)]
+        iovecs: Box<[libc::iovec]>,
+    },
+    Accept {
+        token: u64,
+    },
+    Poll {
+        token: u64,
+    },
+}
+
+/// Reactor settings.
+#[derive(Clone, Copy, Debug)]
+pub struct ReactorConfig {
+    /// Submission queue entries.
+    pub entries: u32,
+    /// Keep polling this long after the last piece of work before sleeping.
+    pub poll: Duration,
+    /// Pin the thread to CPU `core`.
+    pub pin: bool,
+}
+
+impl Default for ReactorConfig {
+    fn default() -> Self {
+        ReactorConfig {
+            entries: 1024,
+            poll: Duration::from_micros(0),
+            pin: false,
+        }
+    }
+}
+
+/// The submission side of a reactor, handed to the worker.
+pub struct Ctx {
+    ring: IoUring,
+    ops: Slab<Op>,
+    /// SQEs that did not fit; pushed after the next submit.
+    backlog: Vec<squeue::Entry>,
+    unsubmitted: usize,
+    core: usize,
+    now: Instant,
+}
+
+impl Ctx {
+    /// The core this reactor runs on.
+    pub fn core(&self) -> usize {
+        self.core
+    }
+
+    /// The time at the top of this loop iteration.
+    pub fn now(&self) -> Instant {
+        self.now
+    }
+
+    /// Operations in flight.
+    pub fn in_flight(&self) -> usize {
+        self.ops.len()
+    }
+
+    fn push(&mut self, entry: squeue::Entry) {
+        // SAFETY: every pointer in `entry` points into memory owned by the
+        // matching `Op` in `self.ops` (or into the Op's boxed iovecs), which is
+        // removed only when the completion for this user_data is reaped, so the
+        // memory outlives the kernel's use of it.
+        let pushed = unsafe { self.ring.submission().push(&entry) };
+        if pushed.is_err() {
+            self.backlog.push(entry);
+        } else {
+            self.unsubmitted += 1;
+        }
+    }
+
+    /// Receives into `buf[start..]` (buf's length is its usable size).
+    pub fn recv(&mut self, fd: RawFd, mut buf: Vec<u8>, start: usize, token: u64) {
+        let start = start.min(buf.len());
+        let len = (buf.len() - start).min(u32::MAX as usize) as u32;
+        // SAFETY: start <= buf.len(), so the pointer stays within the allocation.
+        let ptr = unsafe { buf.as_mut_ptr().add(start) };
+        // The Vec's heap allocation does not move when the Vec is moved into the slab.
+        let key = self.ops.insert(Op::Recv { token, buf, start });
+        let e = opcode::Recv::new(types::Fd(fd), ptr, len)
+            .build()
+            .user_data(key as u64);
+        self.push(e);
+    }
+
+    /// Sends `segs` with one writev (at most [`MAX_IOVECS`] pieces).
+    pub fn send(&mut self, fd: RawFd, segs: VecDeque<TxSeg>, token: u64) {
+        let mut iov: Vec<libc::iovec> = Vec::with_capacity(segs.len().min(MAX_IOVECS));
+        'outer: for s in &segs {
+            match s {
+                TxSeg::Bytes(b) => {
+                    if iov.len() == MAX_IOVECS {
+                        break;
+                    }
+                    iov.push(libc::iovec {
+                        iov_base: b.as_ptr() as *mut libc::c_void,
+                        iov_len: b.len(),
+                    });
+                }
+                TxSeg::Data { sg, offset, len } => {
+                    for sl in sg.slices(*offset, *len) {
+                        if iov.len() == MAX_IOVECS {
+                            break 'outer;
+                        }
+                        iov.push(libc::iovec {
+                            iov_base: sl.as_ptr() as *mut libc::c_void,
+                            iov_len: sl.len(),
+                        });
+                    }
+                }
+            }
+        }
+        let iovecs = iov.into_boxed_slice();
+        let (ptr, n) = (iovecs.as_ptr(), iovecs.len() as u32);
+        let key = self.ops.insert(Op::Send {
+            token,
+            segs,
+            iovecs,
+        });
+        let e = opcode::Writev::new(types::Fd(fd), ptr, n)
+            .build()
+            .user_data(key as u64);
+        self.push(e);
+    }
+
+    /// Accepts one connection on a listening socket.
+    pub fn accept(&mut self, fd: RawFd, token: u64) {
+        let key = self.ops.insert(Op::Accept { token });
+        let e = opcode::Accept::new(types::Fd(fd), std::ptr::null_mut(), std::ptr::null_mut())
+            .flags(libc::SOCK_CLOEXEC)
+            .build()
+            .user_data(key as u64);
+        self.push(e);
+    }
+
+    /// Completes once when `fd` is readable.
+    pub fn poll_readable(&mut self, fd: RawFd, token: u64) {
+        let key = self.ops.insert(Op::Poll { token });
+        let e = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
+            .build()
+            .user_data(key as u64);
+        self.push(e);
+    }
+
+    fn submit(&mut self, wait: Option<Duration>) -> io::Result<()> {
+        let res = match wait {
+            None => self.ring.submit(),
+            Some(d) => {
+                let ts = types::Timespec::from(d);
+                let args = types::SubmitArgs::new().timespec(&ts);
+                self.ring.submitter().submit_with_args(1, &args)
+            }
+        };
+        self.unsubmitted = 0;
+        match res {
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ETIME) | Some(libc::EINTR) | Some(libc::EBUSY)
+                ) => {}
+            Err(e) => return Err(e),
+        }
+        while let Some(e) = self.backlog.pop() {
+            // SAFETY: as in `push`: the memory behind `e` is owned by its Op.
+            if unsafe { self.ring.submission().push(&e) }.is_err() {
+                self.backlog.push(e);
+                break;
+            }
+            self.unsubmitted += 1;
+        }
+        Ok(())
+    }
+}
+
+/// What runs on a reactor.
+pub trait Worker {
+    /// Messages from other cores.
+    type Msg: Send + 'static;
+    /// An operation submitted through [`Ctx`] finished.
+    fn on_completion(&mut self, ctx: &mut Ctx, c: Completion);
+    /// A message arrived.
+    fn on_message(&mut self, ctx: &mut Ctx, msg: Self::Msg);
+    /// Does non-I/O work (core shard, backends, timers); true if it progressed.
+    fn poll(&mut self, ctx: &mut Ctx) -> bool;
+    /// The earliest timer, so the reactor does not sleep past it.
+    fn next_deadline(&self) -> Option<Instant>;
+    /// True while there is work that no fd will announce (e.g. a backend
+    /// queue without an eventfd): the reactor keeps polling.
+    fn wants_spin(&self) -> bool;
+    /// Fds whose readability should wake the reactor from sleep (backend
+    /// eventfds). Called before each sleep.
+    fn wake_fds(&self, out: &mut Vec<RawFd>);
+    /// False once the worker is done; the reactor then returns.
+    fn running(&self) -> bool;
+}
+
+/// Runs `worker` on the calling thread until it stops running.
+pub fn run<W: Worker>(
+    core: usize,
+    cfg: ReactorConfig,
+    mailbox: MailboxRx<W::Msg>,
+    mut worker: W,
+) -> io::Result<W> {
+    if cfg.pin {
+        pin_to_cpu(core);
+    }
+    let ring = IoUring::new(cfg.entries.max(8))?;
+    let mut ctx = Ctx {
+        ring,
+        ops: Slab::with_capacity(cfg.entries as usize),
+        backlog: Vec::new(),
+        unsubmitted: 0,
+        core,
+        now: Instant::now(),
+    };
+    let mut cqes: Vec<(u64, i32)> = Vec::with_capacity(cfg.entries as usize);
+    let mut wake_fds: Vec<RawFd> = Vec::new();
+    let mut wake_armed = false;
+    // fds with a wake-up poll armed: token = fd (only used while asleep)
+    let mut armed: Vec<RawFd> = Vec::new();
+    let mut last_work = Instant::now();
+
+    while worker.running() {
+        ctx.now = Instant::now();
+        let mut progressed = false;
+
+        cqes.clear();
+        cqes.extend(ctx.ring.completion().map(|c| (c.user_data(), c.result())));
+        for &(ud, res) in &cqes {
+            progressed = true;
+            if ud == WAKE_TOKEN {
+                wake_armed = false;
+                mailbox.drain_wake();
+                continue;
+            }
+            let key = ud as usize;
+            if !ctx.ops.contains(key) {
+                continue;
+            }
+            let op = ctx.ops.remove(key);
+            let c = complete(op, res);
+            if let Completion::Readable { token, .. } = &c
+                && *token >> 32 == 0xffff_fffe
+            {
+                armed.retain(|&fd| fd as u64 != token & 0xffff_ffff);
+                continue;
+            }
+            worker.on_completion(&mut ctx, c);
+        }
+        while let Some(m) = mailbox.try_recv() {
+            progressed = true;
+            worker.on_message(&mut ctx, m);
+        }
+        if worker.poll(&mut ctx) {
+            progressed = true;
+        }
+        if progressed {
+            last_work = ctx.now;
+        }
+        if ctx.unsubmitted > 0 || !ctx.backlog.is_empty() {
+            ctx.submit(None)?;
+            continue;
+        }
+        if progressed || worker.wants_spin() || ctx.now.duration_since(last_work) < cfg.poll {
+            continue;
+        }
+        // Sleep: arm wake-ups for the mailbox and the worker's fds.
+        if !wake_armed {
+            let e = opcode::PollAdd::new(types::Fd(mailbox.fd()), libc::POLLIN as u32)
+                .build()
+                .user_data(WAKE_TOKEN);
+            ctx.push(e);
+            wake_armed = true;
+        }
+        wake_fds.clear();
+        worker.wake_fds(&mut wake_fds);
+        for &fd in &wake_fds {
+            if !armed.contains(&fd) {
+                armed.push(fd);
+                ctx.poll_readable(fd, (0xffff_fffe_u64 << 32) | fd as u32 as u64);
+            }
+        }
+        if mailbox.set_sleeping(true) {
+            mailbox.set_sleeping(false);
+            continue;
+        }
+        let timeout = worker
+            .next_deadline()
+            .map(|d| d.saturating_duration_since(Instant::now()))
+            .unwrap_or(Duration::from_millis(500))
+            .max(Duration::from_micros(1));
+        let r = ctx.submit(Some(timeout));
+        mailbox.set_sleeping(false);
+        r?;
+    }
+    Ok(worker)
+}
+
+fn complete(op: Op, res: i32) -> Completion {
+    let result = |res: i32| -> io::Result<usize> {
+        if res < 0 {
+            Err(io::Error::from_raw_os_error(-res))
+        } else {
+            Ok(res as usize)
+        }
+    };
+    match op {
+        Op::Recv { token, buf, start } => Completion::Recv {
+            token,
+            result: result(res),
+            buf,
+            start,
+        },
+        Op::Send { token, segs, .. } => Completion::Send {
+            token,
+            result: result(res),
+            segs,
+        },
+        Op::Accept { token } => Completion::Accept {
+            token,
+            result: result(res).map(|fd| {
+                // SAFETY: a successful accept returns a new descriptor we now own.
+                unsafe { OwnedFd::from_raw_fd(fd as RawFd) }
+            }),
+        },
+        Op::Poll { token } => Completion::Readable {
+            token,
+            result: result(res).map(|_| ()),
+        },
+    }
+}
+
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET write within it, and
+    // sched_setaffinity only reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_ZERO(&mut set);
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            tracing::warn!(cpu, "could not pin reactor thread");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mailbox::mailbox;
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::AsRawFd;
+
+    /// An echo server worker on one accepted socket, driven by the reactor.
+    struct Echo {
+        listener: TcpListener,
+        conn: Option<OwnedFd>,
+        done: bool,
+        echoed: usize,
+    }
+
+    impl Worker for Echo {
+        type Msg = ();
+        fn on_completion(&mut self, ctx: &mut Ctx, c: Completion) {
+            match c {
+                Completion::Accept { result, .. } => {
+                    let fd = result.unwrap();
+                    ctx.recv(fd.as_raw_fd(), vec![0; 4096], 0, 1);
+                    self.conn = Some(fd);
+                }
+                Completion::Recv {
+                    result, buf, start, ..
+                } => {
+                    let n = result.unwrap();
+                    let fd = self.conn.as_ref().unwrap().as_raw_fd();
+                    if n == 0 {
+                        self.done = true;
+                        return;
+                    }
+                    let mut q = VecDeque::new();
+                    q.push_back(TxSeg::Bytes(buf[start..start + n].to_vec()));
+                    ctx.send(fd, q, 2);
+                    ctx.recv(fd, buf, 0, 1);
+                }
+                Completion::Send { result, .. } => {
+                    self.echoed += result.unwrap();
+                }
+                Completion::Readable { .. } => {}
+            }
+        }
+        fn on_message(&mut self, _ctx: &mut Ctx, _m: ()) {}
+        fn poll(&mut self, _ctx: &mut Ctx) -> bool {
+            false
+        }
+        fn next_deadline(&self) -> Option<Instant> {
+            None
+        }
+        fn wants_spin(&self) -> bool {
+            false
+        }
+        fn wake_fds(&self, _out: &mut Vec<RawFd>) {}
+        fn running(&self) -> bool {
+            !self.done
+        }
+    }
+
+    #[test]
+    fn echo_over_io_uring() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (_tx, rx) = mailbox::<()>().unwrap();
+        let t = std::thread::spawn(move || {
+            let lfd = listener.as_raw_fd();
+            let w = Echo {
+                listener,
+                conn: None,
+                done: false,
+                echoed: 0,
+            };
+            run_with_accept(ReactorConfig::default(), rx, w, lfd)
+        });
+        let mut s = TcpStream::connect(addr).unwrap();
+        let msg = vec![7u8; 10000];
+        s.write_all(&msg).unwrap();
+        let mut back = vec![0u8; 10000];
+        s.read_exact(&mut back).unwrap();
+        assert_eq!(back, msg);
+        drop(s);
+        let w = t.join().unwrap();
+        assert_eq!(w.echoed, 10000);
+    }
+
+    /// Wraps the worker so the first poll submits the accept.
+    fn run_with_accept(cfg: ReactorConfig, rx: MailboxRx<()>, w: Echo, lfd: RawFd) -> Echo {
+        struct First {
+            inner: Echo,
+            lfd: RawFd,
+            started: bool,
+        }
+        impl Worker for First {
+            type Msg = ();
+            fn on_completion(&mut self, ctx: &mut Ctx, c: Completion) {
+                self.inner.on_completion(ctx, c)
+            }
+            fn on_message(&mut self, ctx: &mut Ctx, m: ()) {
+                self.inner.on_message(ctx, m)
+            }
+            fn poll(&mut self, ctx: &mut Ctx) -> bool {
+                if !self.started {
+                    self.started = true;
+                    ctx.accept(self.lfd, 0);
+                    return true;
+                }
+                false
+            }
+            fn next_deadline(&self) -> Option<Instant> {
+                None
+            }
+            fn wants_spin(&self) -> bool {
+                false
+            }
+            fn wake_fds(&self, _out: &mut Vec<RawFd>) {}
+            fn running(&self) -> bool {
+                self.inner.running()
+            }
+        }
+        let f = run(
+            0,
+            cfg,
+            rx,
+            First {
+                inner: w,
+                lfd,
+                started: false,
+            },
+        )
+        .unwrap();
+        f.inner
+    }
+
+    #[test]
+    fn advance_partial() {
+        let mut q = VecDeque::new();
+        q.push_back(TxSeg::Bytes(vec![1, 2, 3]));
+        let sg = Arc::new(SgList::zeroed(10));
+        q.push_back(TxSeg::Data {
+            sg,
+            offset: 0,
+            len: 10,
+        });
+        advance(&mut q, 5);
+        assert_eq!(q.len(), 1);
+        assert_eq!(q[0].len(), 8);
+        advance(&mut q, 8);
+        assert!(q.is_empty());
+    }
+}
