@@ -7,10 +7,16 @@
 //! a device lives in `ferrite-core`.
 #![forbid(unsafe_code)]
 
+pub mod capacity;
+pub mod cdb;
+pub mod inquiry;
 pub mod lun;
+pub mod mode;
+pub mod opcode;
 pub mod sense;
 pub mod status;
 
 pub use lun::Lun;
-pub use sense::{Sense, SenseKey};
+pub use opcode::Opcode;
+pub use sense::{Sense, SenseData, SenseKey};
 pub use status::Status;

@@ -45,9 +45,37 @@ impl Lun {
     }
 }
 
+/// REPORT LUNS parameter data (SPC-4 §6.33.2) for `select` (00h/02h: these
+/// LUNs; 01h: well-known LUNs only, of which this target has none), before
+/// truncation to the allocation length.
+pub fn report_luns<I: IntoIterator<Item = Lun>>(select: u8, luns: I, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend([0u8; 8]);
+    if select != 1 {
+        for l in luns {
+            out.extend(l.encode());
+        }
+    }
+    let list_len = (out.len() - start - 8) as u32;
+    out[start..start + 4].copy_from_slice(&list_len.to_be_bytes());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn report_luns_list() {
+        let mut v = Vec::new();
+        report_luns(0, [Lun(0), Lun(300)], &mut v);
+        assert_eq!(v.len(), 24);
+        assert_eq!(&v[..4], &16u32.to_be_bytes());
+        assert_eq!(&v[8..16], &Lun(0).encode());
+        assert_eq!(&v[16..18], &[0x41, 0x2c]);
+        let mut v = Vec::new();
+        report_luns(1, [Lun(0)], &mut v);
+        assert_eq!(v, [0u8; 8]);
+    }
 
     #[test]
     fn round_trip() {

@@ -103,6 +103,84 @@ impl Sense {
         }
         b
     }
+
+    /// Descriptor-format sense data (SPC-4 §4.5.2), response code 72h: the
+    /// header, then an information descriptor (§4.5.2.2) if INFORMATION is
+    /// set and a sense-key specific descriptor (§4.5.2.3) if a field pointer
+    /// is set.
+    pub fn to_descriptor(&self) -> SenseData {
+        let mut d = SenseData {
+            bytes: [0; SENSE_DATA_MAX],
+            len: 8,
+        };
+        let b = &mut d.bytes;
+        b[0] = 0x72;
+        b[1] = self.key.0 & 0x0f;
+        b[2] = self.asc;
+        b[3] = self.ascq;
+        let mut n = 8;
+        if let Some(info) = self.info {
+            b[n] = 0x00;
+            b[n + 1] = 0x0a;
+            b[n + 2] = 0x80;
+            b[n + 4..n + 12].copy_from_slice(&info.to_be_bytes());
+            n += 12;
+        }
+        if self.field.is_some() {
+            b[n] = 0x02;
+            b[n + 1] = 0x06;
+            let f = self.to_fixed();
+            b[n + 4..n + 7].copy_from_slice(&f[15..18]);
+            n += 8;
+        }
+        b[7] = (n - 8) as u8;
+        d.len = n as u8;
+        d
+    }
+
+    /// Fixed-format sense data as a [`SenseData`].
+    pub fn to_fixed_data(&self) -> SenseData {
+        let mut d = SenseData {
+            bytes: [0; SENSE_DATA_MAX],
+            len: 18,
+        };
+        d.bytes[..18].copy_from_slice(&self.to_fixed());
+        d
+    }
+
+    /// Sense data in the format a device with D_SENSE = `descriptor` uses
+    /// (SPC-4 §7.5.7 Control mode page).
+    pub fn encode(&self, descriptor: bool) -> SenseData {
+        if descriptor {
+            self.to_descriptor()
+        } else {
+            self.to_fixed_data()
+        }
+    }
+}
+
+/// The longest sense data this target produces.
+pub const SENSE_DATA_MAX: usize = 32;
+
+/// Encoded sense data (fixed or descriptor format), at most
+/// [`SENSE_DATA_MAX`] bytes, without allocation.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct SenseData {
+    bytes: [u8; SENSE_DATA_MAX],
+    len: u8,
+}
+
+impl std::fmt::Debug for SenseData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SenseData({:02x?})", &self.bytes[..self.len as usize])
+    }
+}
+
+impl std::ops::Deref for SenseData {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
 }
 
 macro_rules! sense_consts {
@@ -119,6 +197,7 @@ sense_consts! {
     INVALID_COMMAND_OPERATION_CODE = ILLEGAL_REQUEST, 0x20, 0x00;
     LBA_OUT_OF_RANGE = ILLEGAL_REQUEST, 0x21, 0x00;
     INVALID_FIELD_IN_CDB = ILLEGAL_REQUEST, 0x24, 0x00;
+    INVALID_FIELD_IN_COMMAND_INFORMATION_UNIT = ILLEGAL_REQUEST, 0x0e, 0x03;
     LOGICAL_UNIT_NOT_SUPPORTED = ILLEGAL_REQUEST, 0x25, 0x00;
     INVALID_FIELD_IN_PARAMETER_LIST = ILLEGAL_REQUEST, 0x26, 0x00;
     PARAMETER_LIST_LENGTH_ERROR = ILLEGAL_REQUEST, 0x1a, 0x00;
@@ -140,10 +219,14 @@ sense_consts! {
     WRITE_ERROR = MEDIUM_ERROR, 0x0c, 0x00;
     MISCOMPARE_DURING_VERIFY = MISCOMPARE, 0x1d, 0x00;
     LOGICAL_UNIT_NOT_READY_CAUSE_NOT_REPORTABLE = NOT_READY, 0x04, 0x00;
+    LOGICAL_UNIT_NOT_READY_OFFLINE = NOT_READY, 0x04, 0x12;
     LOGICAL_UNIT_COMMUNICATION_FAILURE = ABORTED_COMMAND, 0x08, 0x00;
     INTERNAL_TARGET_FAILURE = HARDWARE_ERROR, 0x44, 0x00;
     INITIATOR_DETECTED_ERROR = ABORTED_COMMAND, 0x48, 0x00;
     DATA_PHASE_ERROR = ABORTED_COMMAND, 0x4b, 0x00;
+    PROTOCOL_SERVICE_CRC_ERROR = ABORTED_COMMAND, 0x47, 0x05;
+    OVERLAPPED_COMMANDS_ATTEMPTED = ABORTED_COMMAND, 0x4e, 0x00;
+    SCSI_BUS_RESET = UNIT_ATTENTION, 0x29, 0x02;
 }
 
 #[cfg(test)]
@@ -159,5 +242,23 @@ mod tests {
         assert_eq!((b[12], b[13]), (0x24, 0x00));
         assert_eq!(b[15], 0x80 | 0x40 | 0x08 | 3);
         assert_eq!(u16::from_be_bytes([b[16], b[17]]), 2);
+    }
+
+    #[test]
+    fn descriptor_format() {
+        let d = Sense::LBA_OUT_OF_RANGE.to_descriptor();
+        assert_eq!(&d[..], &[0x72, 0x05, 0x21, 0x00, 0, 0, 0, 0]);
+        let d = Sense::INVALID_FIELD_IN_CDB
+            .cdb_field(8, None)
+            .with_info(0x1_0000_0001)
+            .encode(true);
+        assert_eq!(d.len(), 8 + 12 + 8);
+        assert_eq!(d[7], 20);
+        assert_eq!(&d[8..12], &[0x00, 0x0a, 0x80, 0x00]);
+        assert_eq!(&d[12..20], &0x1_0000_0001u64.to_be_bytes());
+        assert_eq!(&d[20..28], &[0x02, 0x06, 0, 0, 0xc0, 0, 8, 0]);
+        let f = Sense::WRITE_PROTECTED.encode(false);
+        assert_eq!(f.len(), 18);
+        assert_eq!((f[2], f[12]), (0x07, 0x27));
     }
 }
