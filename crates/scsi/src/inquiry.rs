@@ -181,7 +181,7 @@ pub fn device_identification(pq_type: u8, ids: &DeviceIds<'_>, out: &mut Vec<u8>
         let name = &ids.target_name.as_bytes()[..ids.target_name.len().min(223)];
         let mut b = name.to_vec();
         b.push(0);
-        while b.len() % 4 != 0 {
+        while !b.len().is_multiple_of(4) {
             b.push(0);
         }
         designator(out, CODE_UTF8, ASSOC_TARGET | 8, &b);
