@@ -5,6 +5,7 @@
 //! (and in `ferrite-rdma`) only, each block with a `SAFETY:` comment.
 //! Does not own: any protocol or SCSI knowledge.
 
+pub mod blockring;
 pub mod buf;
 pub mod mailbox;
 pub mod ring;
