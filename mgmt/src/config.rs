@@ -1,0 +1,1433 @@
+//! The one JSON configuration file: serde types, validation and the atomic
+//! save.
+//!
+//! A minimal file works: every field but the names has a default, and unknown
+//! fields are refused so that a typo is an error instead of a silently ignored
+//! setting. [`Config::validate`] names the JSON path of the first problem it
+//! finds and what would be valid there.
+//!
+//! This module does not open devices, bind portals or create image files: it
+//! only describes them. The daemon does the work.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::net::SocketAddr;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// Highest LUN number a map may use plus one (SAM-5 §4.7: flat space
+/// addressing carries 14 bits).
+pub const MAX_LUNS: u16 = 16384;
+
+/// RFC 7143 §4.2.7.1: an iSCSI name is at most 223 bytes.
+pub const MAX_ISCSI_NAME_LEN: usize = 223;
+
+/// The IQN of the target [`Config::embedded_default`] creates.
+pub const DEFAULT_TARGET_IQN: &str = "iqn.2026-11.org.ferrite:default";
+
+/// Size of the image [`Config::embedded_default`] creates: 1 GiB.
+pub const DEFAULT_IMAGE_SIZE: u64 = 1 << 30;
+
+/// IEEE OUI placed in derived NAA and EUI-64 identifiers. Derived
+/// identifiers only need to be stable and distinct per device name; an
+/// operator who owns an OUI sets `naa`/`eui64` explicitly.
+pub const DERIVED_ID_OUI: u32 = 0x00_14_05;
+
+/// Why a configuration could not be loaded, validated or saved.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not JSON of the expected shape. `at` is the JSON path
+    /// (`devices[1].blocksize`) where parsing stopped.
+    #[error("{file}: at {at} (line {line}, column {column}): {msg}")]
+    Parse {
+        file: String,
+        at: String,
+        line: usize,
+        column: usize,
+        msg: String,
+    },
+    /// The file parsed but says something impossible. `at` is the JSON path
+    /// of the offending value.
+    #[error("{at}: {msg}")]
+    Invalid { at: String, msg: String },
+}
+
+impl ConfigError {
+    fn invalid(at: impl Into<String>, msg: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            at: at.into(),
+            msg: msg.into(),
+        }
+    }
+}
+
+/// The device handlers, named as SCST names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Handler {
+    /// Buffered file I/O through the page cache.
+    #[serde(rename = "vdisk_fileio")]
+    VdiskFileio,
+    /// O_DIRECT I/O on a block device or file.
+    #[serde(rename = "vdisk_blockio")]
+    VdiskBlockio,
+    /// No storage: reads return zeros, writes vanish (or stay in RAM with `mem`).
+    #[serde(rename = "vdisk_nullio")]
+    VdiskNullio,
+}
+
+impl Handler {
+    pub const ALL: [Handler; 3] = [
+        Handler::VdiskFileio,
+        Handler::VdiskBlockio,
+        Handler::VdiskNullio,
+    ];
+
+    /// The SCST name (`vdisk_fileio`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Handler::VdiskFileio => "vdisk_fileio",
+            Handler::VdiskBlockio => "vdisk_blockio",
+            Handler::VdiskNullio => "vdisk_nullio",
+        }
+    }
+
+    /// Parses an SCST handler name.
+    pub fn from_name(s: &str) -> Option<Handler> {
+        Handler::ALL.into_iter().find(|h| h.name() == s)
+    }
+
+    /// Whether the handler stores blocks in `filename`.
+    pub fn needs_filename(self) -> bool {
+        !matches!(self, Handler::VdiskNullio)
+    }
+
+    /// Default INQUIRY product identification.
+    fn default_product(self) -> &'static str {
+        match self {
+            Handler::VdiskFileio => "VDISK FILEIO",
+            Handler::VdiskBlockio => "VDISK BLOCKIO",
+            Handler::VdiskNullio => "VDISK NULLIO",
+        }
+    }
+}
+
+impl fmt::Display for Handler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+fn default_blocksize() -> u32 {
+    512
+}
+fn default_true() -> bool {
+    true
+}
+fn default_tpgt() -> u16 {
+    1
+}
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+fn is_default_blocksize(b: &u32) -> bool {
+    *b == default_blocksize()
+}
+
+/// The whole configuration of one ferrited.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub devices: Vec<DeviceConfig>,
+    pub targets: TargetsConfig,
+    pub iscsi: IscsiParamsConfig,
+    pub reactor: ReactorConfig,
+}
+
+/// One device (logical unit) and its backend.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceConfig {
+    /// Unique device name (`[A-Za-z0-9_.-]`, at most 64 characters).
+    pub name: String,
+    pub handler: Handler,
+    /// Backing file or block device (fileio, blockio).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filename: Option<PathBuf>,
+    /// Size in bytes: the capacity of a nullio device, or the size to create
+    /// a missing fileio image with (sparse).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+    /// Logical block size: 512 or 4096.
+    #[serde(
+        default = "default_blocksize",
+        skip_serializing_if = "is_default_blocksize"
+    )]
+    pub blocksize: u32,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub read_only: bool,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub write_through: bool,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub thin_provisioned: bool,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub rotational: bool,
+    /// Ignore SYNCHRONIZE CACHE (battery-backed cache).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub nv_cache: bool,
+    /// nullio only: keep written data in RAM.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub mem: bool,
+    /// Unit serial number (VPD 80h); derived from the name when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub t10_vendor: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub t10_product: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub t10_revision: Option<String>,
+    /// NAA IEEE Registered identifier, 16 hex digits starting with 5
+    /// (`"0x5001405..."` or `"5001405..."`); derived from the name when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub naa: Option<String>,
+    /// EUI-64 identifier, 16 hex digits; derived from the name when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eui64: Option<String>,
+}
+
+impl DeviceConfig {
+    /// A device with every optional setting at its default.
+    pub fn new(name: impl Into<String>, handler: Handler) -> DeviceConfig {
+        DeviceConfig {
+            name: name.into(),
+            handler,
+            filename: None,
+            size: None,
+            blocksize: default_blocksize(),
+            read_only: false,
+            write_through: false,
+            thin_provisioned: false,
+            rotational: false,
+            nv_cache: false,
+            mem: false,
+            serial: None,
+            t10_vendor: None,
+            t10_product: None,
+            t10_revision: None,
+            naa: None,
+            eui64: None,
+        }
+    }
+
+    fn name_hash(&self) -> [u8; 32] {
+        let mut h = Sha256::new();
+        h.update(b"ferrite-device:");
+        h.update(self.name.as_bytes());
+        h.finalize().into()
+    }
+
+    /// The serial number: configured, or 16 hex digits derived from the name
+    /// (stable across restarts).
+    pub fn effective_serial(&self) -> String {
+        match &self.serial {
+            Some(s) => s.clone(),
+            None => {
+                let h = self.name_hash();
+                h[..8].iter().map(|b| format!("{b:02x}")).collect()
+            }
+        }
+    }
+
+    /// The NAA identifier: configured, or NAA 5 with [`DERIVED_ID_OUI`] and 36
+    /// bits derived from the name.
+    pub fn effective_naa(&self) -> u64 {
+        if let Some(v) = self.naa.as_deref().and_then(parse_hex_u64) {
+            return v;
+        }
+        let h = self.name_hash();
+        let vendor = u64::from_be_bytes([0, 0, 0, h[8], h[9], h[10], h[11], h[12]]) & 0xf_ffff_ffff;
+        (5u64 << 60) | (u64::from(DERIVED_ID_OUI) << 36) | vendor
+    }
+
+    /// The EUI-64 identifier: configured, or [`DERIVED_ID_OUI`] and 40 bits
+    /// derived from the name.
+    pub fn effective_eui64(&self) -> u64 {
+        if let Some(v) = self.eui64.as_deref().and_then(parse_hex_u64) {
+            return v;
+        }
+        let h = self.name_hash();
+        let ext = u64::from_be_bytes([0, 0, 0, h[13], h[14], h[15], h[16], h[17]]);
+        (u64::from(DERIVED_ID_OUI) << 40) | ext
+    }
+
+    /// The SCSI identity the core reports (INQUIRY, VPD 80h, 83h).
+    pub fn identity(&self) -> ferrite_core::device::Identity {
+        ferrite_core::device::Identity {
+            vendor: self.t10_vendor.clone().unwrap_or_else(|| "FERRITE".into()),
+            product: self
+                .t10_product
+                .clone()
+                .unwrap_or_else(|| self.handler.default_product().into()),
+            revision: self.t10_revision.clone().unwrap_or_else(|| "0001".into()),
+            serial: self.effective_serial(),
+            naa: self.effective_naa(),
+            eui64: self.effective_eui64(),
+        }
+    }
+
+    /// The settings the core keeps per device.
+    pub fn flags(&self) -> ferrite_core::device::DeviceFlags {
+        ferrite_core::device::DeviceFlags {
+            read_only: self.read_only,
+            write_through: self.write_through,
+            thin_provisioned: self.thin_provisioned,
+            rotational: self.rotational,
+            nv_cache: self.nv_cache,
+        }
+    }
+
+    /// Checks this device alone; `at` is its JSON path.
+    pub fn validate(&self, at: &str) -> Result<(), ConfigError> {
+        validate_object_name(&self.name)
+            .map_err(|m| ConfigError::invalid(format!("{at}.name"), m))?;
+        if self.blocksize != 512 && self.blocksize != 4096 {
+            return Err(ConfigError::invalid(
+                format!("{at}.blocksize"),
+                format!(
+                    "{} is not a valid block size; valid: 512, 4096",
+                    self.blocksize
+                ),
+            ));
+        }
+        match (self.handler.needs_filename(), &self.filename) {
+            (true, None) => {
+                return Err(ConfigError::invalid(
+                    format!("{at}.filename"),
+                    format!("handler {} needs a filename", self.handler),
+                ));
+            }
+            (true, Some(f)) if !f.is_absolute() => {
+                return Err(ConfigError::invalid(
+                    format!("{at}.filename"),
+                    format!("{} is not an absolute path", f.display()),
+                ));
+            }
+            (false, Some(_)) => {
+                return Err(ConfigError::invalid(
+                    format!("{at}.filename"),
+                    format!(
+                        "handler {} stores nothing in a file; remove filename",
+                        self.handler
+                    ),
+                ));
+            }
+            _ => {}
+        }
+        match (self.handler, self.size) {
+            (Handler::VdiskNullio, None) => {
+                return Err(ConfigError::invalid(
+                    format!("{at}.size"),
+                    "handler vdisk_nullio needs a size in bytes",
+                ));
+            }
+            (Handler::VdiskBlockio, Some(_)) => {
+                return Err(ConfigError::invalid(
+                    format!("{at}.size"),
+                    "handler vdisk_blockio takes its size from the device; remove size",
+                ));
+            }
+            (_, Some(s)) if s == 0 || s % u64::from(self.blocksize) != 0 => {
+                return Err(ConfigError::invalid(
+                    format!("{at}.size"),
+                    format!(
+                        "{s} is not a positive multiple of the block size {}",
+                        self.blocksize
+                    ),
+                ));
+            }
+            _ => {}
+        }
+        if self.mem && self.handler != Handler::VdiskNullio {
+            return Err(ConfigError::invalid(
+                format!("{at}.mem"),
+                "mem is a vdisk_nullio setting",
+            ));
+        }
+        // SPC-4 §6.6.1 INQUIRY data: vendor 8, product 16, revision 4 ASCII
+        // characters; VPD 80h serial: printable ASCII.
+        for (field, value, max) in [
+            ("serial", &self.serial, 32),
+            ("t10_vendor", &self.t10_vendor, 8),
+            ("t10_product", &self.t10_product, 16),
+            ("t10_revision", &self.t10_revision, 4),
+        ] {
+            if let Some(v) = value
+                && (v.is_empty() || v.len() > max || !v.bytes().all(|b| (0x20..0x7f).contains(&b)))
+            {
+                return Err(ConfigError::invalid(
+                    format!("{at}.{field}"),
+                    format!("{v:?}: valid is 1 to {max} printable ASCII characters"),
+                ));
+            }
+        }
+        if let Some(n) = &self.naa {
+            // SPC-4 §7.8.6.6.4: NAA IEEE Registered designator, NAA field 5h.
+            match parse_hex_u64(n) {
+                Some(v) if v >> 60 == 5 => {}
+                _ => {
+                    return Err(ConfigError::invalid(
+                        format!("{at}.naa"),
+                        format!(
+                            "{n:?}: valid is 16 hex digits starting with 5 (NAA IEEE Registered)"
+                        ),
+                    ));
+                }
+            }
+        }
+        if let Some(e) = &self.eui64
+            && parse_hex_u64(e).is_none()
+        {
+            return Err(ConfigError::invalid(
+                format!("{at}.eui64"),
+                format!("{e:?}: valid is 16 hex digits"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Parses exactly 16 hex digits, with an optional `0x`.
+pub fn parse_hex_u64(s: &str) -> Option<u64> {
+    let d = s
+        .strip_prefix("0x")
+        .or_else(|| s.strip_prefix("0X"))
+        .unwrap_or(s);
+    if d.len() != 16 || !d.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(d, 16).ok()
+}
+
+/// Target ports, per fabric.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TargetsConfig {
+    pub iscsi: Vec<IscsiTargetConfig>,
+}
+
+/// One iSCSI target node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiTargetConfig {
+    /// iSCSI name (`iqn.`, `eui.` or `naa.` form).
+    pub name: String,
+    /// Whether new sessions are accepted.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Listening addresses: `"127.0.0.1:3260"`, `"[::1]:3260"`.
+    #[serde(default)]
+    pub portals: Vec<String>,
+    /// Target portal group tag.
+    #[serde(default = "default_tpgt")]
+    pub tpgt: u16,
+    /// The default LUN map: for initiators in no group.
+    #[serde(default)]
+    pub luns: Vec<LunConfig>,
+    #[serde(default)]
+    pub ini_groups: Vec<GroupConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alias: Option<String>,
+}
+
+impl IscsiTargetConfig {
+    /// An enabled target with no portal, LUN or group.
+    pub fn new(name: impl Into<String>) -> IscsiTargetConfig {
+        IscsiTargetConfig {
+            name: name.into(),
+            enabled: true,
+            portals: Vec::new(),
+            tpgt: default_tpgt(),
+            luns: Vec::new(),
+            ini_groups: Vec::new(),
+            alias: None,
+        }
+    }
+
+    /// The portals as socket addresses (entries that do not parse are
+    /// skipped; [`Config::validate`] refuses them).
+    pub fn portal_addrs(&self) -> Vec<SocketAddr> {
+        self.portals.iter().filter_map(|p| p.parse().ok()).collect()
+    }
+}
+
+/// One LUN of a map.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LunConfig {
+    pub lun: u16,
+    /// Name of a device in `devices`.
+    pub device: String,
+    /// Read-only through this mapping even if the device is writable.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub read_only: bool,
+}
+
+/// An initiator group: name patterns (`*`, `?`) and their own LUN map.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupConfig {
+    pub name: String,
+    #[serde(default)]
+    pub initiators: Vec<String>,
+    #[serde(default)]
+    pub luns: Vec<LunConfig>,
+}
+
+/// Portal-independent iSCSI settings: the values the target offers or
+/// accepts in login negotiation (RFC 7143 §13) and its timers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IscsiParamsConfig {
+    /// RFC 7143 §13.12: the target's MaxRecvDataSegmentLength, 512..2^24-1.
+    pub max_recv_data_segment_length: u32,
+    /// RFC 7143 §13.13: 512..2^24-1.
+    pub max_burst_length: u32,
+    /// RFC 7143 §13.14: 512..2^24-1, at most max_burst_length.
+    pub first_burst_length: u32,
+    /// RFC 7143 §13.11.
+    pub immediate_data: bool,
+    /// RFC 7143 §13.10.
+    pub initial_r2t: bool,
+    /// RFC 7143 §13.17: 1..65535.
+    pub max_outstanding_r2t: u16,
+    /// RFC 7143 §13.2: 1..65535.
+    pub max_connections: u16,
+    /// Seconds between NOP-In pings on an idle connection; 0 disables.
+    pub nop_in_interval_s: u32,
+    /// Seconds to wait for the NOP-Out answer before dropping the connection.
+    pub nop_in_timeout_s: u32,
+    /// Seconds a connection may take to reach full feature phase.
+    pub login_timeout_s: u32,
+}
+
+impl Default for IscsiParamsConfig {
+    fn default() -> Self {
+        IscsiParamsConfig {
+            max_recv_data_segment_length: 1 << 18,
+            max_burst_length: 1 << 20,
+            first_burst_length: 1 << 16,
+            immediate_data: true,
+            initial_r2t: false,
+            max_outstanding_r2t: 32,
+            max_connections: 1,
+            nop_in_interval_s: 30,
+            nop_in_timeout_s: 30,
+            login_timeout_s: 15,
+        }
+    }
+}
+
+/// The reactors: how many cores, and how long each polls before sleeping.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReactorConfig {
+    /// Number of reactor threads; `None`: the available parallelism.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cores: Option<usize>,
+    /// Microseconds a reactor busy-polls before it sleeps on its ring.
+    pub poll_us: u32,
+}
+
+impl ReactorConfig {
+    /// `cores`, or the machine's available parallelism.
+    pub fn effective_cores(&self) -> usize {
+        self.cores.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        })
+    }
+}
+
+/// Device, group and handler object names: what SCST accepts in sysfs and
+/// what needs no quoting in a command line.
+pub fn validate_object_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 64 {
+        return Err(format!("{name:?}: a name has 1 to 64 characters"));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+    {
+        return Err(format!("{name:?}: valid characters are A-Z a-z 0-9 _ - ."));
+    }
+    if name == "." || name == ".." || name == "mgmt" {
+        return Err(format!("{name:?} is reserved"));
+    }
+    Ok(())
+}
+
+/// Checks an iSCSI name: RFC 7143 §4.2.7.2 (RFC 3720 §3.2.6.3.1) `iqn.`
+/// (`iqn.yyyy-mm.reversed.domain[:unique]`), `eui.` (16 hex digits) and
+/// RFC 3980 `naa.` (16 or 32 hex digits); at most 223 bytes (§4.2.7.1) of
+/// the characters stringprep leaves (RFC 3722): lower-case letters, digits,
+/// `-`, `.`, `:`.
+pub fn validate_iscsi_name(name: &str) -> Result<(), String> {
+    const VALID: &str = "valid forms: iqn.yyyy-mm.reversed.domain[:unique], \
+                         eui.<16 hex digits>, naa.<16 or 32 hex digits>";
+    if name.is_empty() || name.len() > MAX_ISCSI_NAME_LEN {
+        return Err(format!(
+            "{name:?}: an iSCSI name has 1 to {MAX_ISCSI_NAME_LEN} bytes"
+        ));
+    }
+    if let Some(bad) = name
+        .chars()
+        .find(|&c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || "-.:".contains(c)))
+    {
+        return Err(format!(
+            "{name:?}: character {bad:?} is not allowed; iSCSI names are lower-case \
+             letters, digits, '-', '.' and ':' (RFC 3722)"
+        ));
+    }
+    if let Some(rest) = name.strip_prefix("iqn.") {
+        let b = rest.as_bytes();
+        let date_ok = b.len() >= 7
+            && b[..4].iter().all(u8::is_ascii_digit)
+            && b[4] == b'-'
+            && b[5..7].iter().all(u8::is_ascii_digit)
+            && matches!(
+                &rest[5..7],
+                "01" | "02" | "03" | "04" | "05" | "06" | "07" | "08" | "09" | "10" | "11" | "12"
+            );
+        if !date_ok {
+            return Err(format!(
+                "{name:?}: iqn. must be followed by yyyy-mm; {VALID}"
+            ));
+        }
+        let after = &rest[7..];
+        let domain = after
+            .strip_prefix('.')
+            .map(|d| d.split(':').next().unwrap_or(""))
+            .unwrap_or("");
+        if domain.is_empty() || domain.split('.').any(str::is_empty) {
+            return Err(format!(
+                "{name:?}: iqn.yyyy-mm must be followed by .reversed.domain; {VALID}"
+            ));
+        }
+        return Ok(());
+    }
+    let hex_ok = |h: &str, lens: &[usize]| {
+        lens.contains(&h.len()) && h.bytes().all(|b| b.is_ascii_hexdigit())
+    };
+    if let Some(h) = name.strip_prefix("eui.") {
+        return if hex_ok(h, &[16]) {
+            Ok(())
+        } else {
+            Err(format!("{name:?}: eui. takes 16 hex digits; {VALID}"))
+        };
+    }
+    if let Some(h) = name.strip_prefix("naa.") {
+        return if hex_ok(h, &[16, 32]) {
+            Ok(())
+        } else {
+            Err(format!("{name:?}: naa. takes 16 or 32 hex digits; {VALID}"))
+        };
+    }
+    Err(format!("{name:?}: unknown iSCSI name type; {VALID}"))
+}
+
+/// Checks an initiator name pattern (`*` and `?` wildcards allowed).
+pub fn validate_initiator_pattern(p: &str) -> Result<(), String> {
+    if p.is_empty() || p.len() > MAX_ISCSI_NAME_LEN {
+        return Err(format!(
+            "{p:?}: an initiator pattern has 1 to {MAX_ISCSI_NAME_LEN} bytes"
+        ));
+    }
+    if p.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!("{p:?}: an initiator pattern has no spaces"));
+    }
+    Ok(())
+}
+
+/// Checks one LUN map: numbers below 16384, each used once, devices that
+/// exist. `at` is the JSON path of the map.
+pub fn validate_lun_map(
+    luns: &[LunConfig],
+    devices: &BTreeSet<&str>,
+    at: &str,
+) -> Result<(), ConfigError> {
+    let mut seen = BTreeMap::new();
+    for (i, l) in luns.iter().enumerate() {
+        let here = format!("{at}[{i}]");
+        // SAM-5 §4.7.4: flat space addressing reaches LUN 16383.
+        if l.lun >= MAX_LUNS {
+            return Err(ConfigError::invalid(
+                format!("{here}.lun"),
+                format!("LUN {} is out of range; valid: 0..{}", l.lun, MAX_LUNS - 1),
+            ));
+        }
+        if let Some(prev) = seen.insert(l.lun, i) {
+            return Err(ConfigError::invalid(
+                format!("{here}.lun"),
+                format!("LUN {} is already used by {at}[{prev}]", l.lun),
+            ));
+        }
+        if !devices.contains(l.device.as_str()) {
+            return Err(ConfigError::invalid(
+                format!("{here}.device"),
+                format!("no device named {:?}", l.device),
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl Config {
+    /// Reads, parses and validates `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let cfg = Config::from_json(&text, &path.display().to_string())?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Parses JSON text (no validation); `file` names it in errors.
+    pub fn from_json(text: &str, file: &str) -> Result<Config, ConfigError> {
+        let de = &mut serde_json::Deserializer::from_str(text);
+        let cfg: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+            let at = e.path().to_string();
+            let inner = e.into_inner();
+            ConfigError::Parse {
+                file: file.to_string(),
+                at: if at.is_empty() { ".".into() } else { at },
+                line: inner.line(),
+                column: inner.column(),
+                msg: strip_position(&inner.to_string()),
+            }
+        })?;
+        Ok(cfg)
+    }
+
+    /// Pretty JSON, as [`Config::save_atomic`] writes it.
+    pub fn to_json(&self) -> String {
+        // Serializing these types cannot fail: every map key is a string.
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// Checks everything that can be checked without touching the system.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut names = BTreeMap::new();
+        for (i, d) in self.devices.iter().enumerate() {
+            let at = format!("devices[{i}]");
+            d.validate(&at)?;
+            if let Some(prev) = names.insert(d.name.as_str(), i) {
+                return Err(ConfigError::invalid(
+                    format!("{at}.name"),
+                    format!("device {:?} is already defined at devices[{prev}]", d.name),
+                ));
+            }
+        }
+        let devices: BTreeSet<&str> = names.keys().copied().collect();
+        let mut targets = BTreeMap::new();
+        for (i, t) in self.targets.iscsi.iter().enumerate() {
+            let at = format!("targets.iscsi[{i}]");
+            validate_iscsi_name(&t.name)
+                .map_err(|m| ConfigError::invalid(format!("{at}.name"), m))?;
+            if let Some(prev) = targets.insert(t.name.as_str(), i) {
+                return Err(ConfigError::invalid(
+                    format!("{at}.name"),
+                    format!(
+                        "target {:?} is already defined at targets.iscsi[{prev}]",
+                        t.name
+                    ),
+                ));
+            }
+            for (j, p) in t.portals.iter().enumerate() {
+                if p.parse::<SocketAddr>().is_err() {
+                    return Err(ConfigError::invalid(
+                        format!("{at}.portals[{j}]"),
+                        format!(
+                            "{p:?} is not an address:port; valid: \"192.0.2.1:3260\", \"[::1]:3260\""
+                        ),
+                    ));
+                }
+            }
+            if let Some(a) = &t.alias {
+                // RFC 7143 §13.6 TargetAlias: UTF-8 text, at most 255 bytes.
+                if a.len() > 255 || a.chars().any(char::is_control) {
+                    return Err(ConfigError::invalid(
+                        format!("{at}.alias"),
+                        "an alias is at most 255 bytes of printable text",
+                    ));
+                }
+            }
+            validate_lun_map(&t.luns, &devices, &format!("{at}.luns"))?;
+            let mut groups = BTreeMap::new();
+            let mut patterns: BTreeMap<&str, &str> = BTreeMap::new();
+            for (j, g) in t.ini_groups.iter().enumerate() {
+                let gat = format!("{at}.ini_groups[{j}]");
+                validate_object_name(&g.name)
+                    .map_err(|m| ConfigError::invalid(format!("{gat}.name"), m))?;
+                if let Some(prev) = groups.insert(g.name.as_str(), j) {
+                    return Err(ConfigError::invalid(
+                        format!("{gat}.name"),
+                        format!(
+                            "group {:?} is already defined at {at}.ini_groups[{prev}]",
+                            g.name
+                        ),
+                    ));
+                }
+                for (k, p) in g.initiators.iter().enumerate() {
+                    validate_initiator_pattern(p)
+                        .map_err(|m| ConfigError::invalid(format!("{gat}.initiators[{k}]"), m))?;
+                    // An initiator belongs to at most one group of a target,
+                    // or its LUN map would be ambiguous.
+                    if let Some(other) = patterns.insert(p.as_str(), g.name.as_str()) {
+                        return Err(ConfigError::invalid(
+                            format!("{gat}.initiators[{k}]"),
+                            format!("initiator {p:?} is already in group {other:?}"),
+                        ));
+                    }
+                }
+                validate_lun_map(&g.luns, &devices, &format!("{gat}.luns"))?;
+            }
+        }
+        self.iscsi.validate()?;
+        if self.reactor.cores == Some(0) {
+            return Err(ConfigError::invalid(
+                "reactor.cores",
+                "0 cores; valid: at least 1, or absent for all available",
+            ));
+        }
+        if self.reactor.poll_us > 1_000_000 {
+            return Err(ConfigError::invalid(
+                "reactor.poll_us",
+                format!(
+                    "{} is over one second; valid: 0..1000000",
+                    self.reactor.poll_us
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Writes the configuration so that a crash leaves either the old or the
+    /// new file: a temporary file in the same directory (mode 0600), written
+    /// and fsynced, renamed over `path`, then the directory fsynced.
+    pub fn save_atomic(&self, path: &Path) -> Result<(), ConfigError> {
+        let io = |p: &Path| {
+            let p = p.to_path_buf();
+            move |source| ConfigError::Io { path: p, source }
+        };
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let file_name = path
+            .file_name()
+            .ok_or_else(|| ConfigError::invalid(path.display().to_string(), "not a file name"))?;
+        let tmp = dir.join(format!(
+            ".{}.tmp.{}",
+            file_name.to_string_lossy(),
+            std::process::id()
+        ));
+        let mut text = self.to_json();
+        text.push('\n');
+        let write = || -> Result<(), ConfigError> {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)
+                .map_err(io(&tmp))?;
+            f.write_all(text.as_bytes()).map_err(io(&tmp))?;
+            f.sync_all().map_err(io(&tmp))?;
+            fs::rename(&tmp, path).map_err(io(path))?;
+            File::open(&dir)
+                .and_then(|d| d.sync_all())
+                .map_err(io(&dir))?;
+            Ok(())
+        };
+        let r = write();
+        if r.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        r
+    }
+
+    /// The configuration ferrited runs with when it has none: target
+    /// [`DEFAULT_TARGET_IQN`] on `listen`, LUN 0 the fileio device `disk0`
+    /// on `state_dir/disk0.img`, 1 GiB, thin provisioned, created sparse on
+    /// first start.
+    pub fn embedded_default(state_dir: &Path, listen: SocketAddr) -> Config {
+        let mut disk = DeviceConfig::new("disk0", Handler::VdiskFileio);
+        disk.filename = Some(state_dir.join("disk0.img"));
+        disk.size = Some(DEFAULT_IMAGE_SIZE);
+        disk.thin_provisioned = true;
+        let mut target = IscsiTargetConfig::new(DEFAULT_TARGET_IQN);
+        target.portals = vec![listen.to_string()];
+        target.luns = vec![LunConfig {
+            lun: 0,
+            device: "disk0".into(),
+            read_only: false,
+        }];
+        Config {
+            devices: vec![disk],
+            targets: TargetsConfig {
+                iscsi: vec![target],
+            },
+            iscsi: IscsiParamsConfig::default(),
+            reactor: ReactorConfig::default(),
+        }
+    }
+
+    /// The device named `name`.
+    pub fn device(&self, name: &str) -> Option<&DeviceConfig> {
+        self.devices.iter().find(|d| d.name == name)
+    }
+
+    /// The iSCSI target named `name`.
+    pub fn iscsi_target(&self, name: &str) -> Option<&IscsiTargetConfig> {
+        self.targets.iscsi.iter().find(|t| t.name == name)
+    }
+}
+
+impl IscsiParamsConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        const MAX_24: u32 = (1 << 24) - 1;
+        for (field, v, sec) in [
+            (
+                "max_recv_data_segment_length",
+                self.max_recv_data_segment_length,
+                "13.12",
+            ),
+            ("max_burst_length", self.max_burst_length, "13.13"),
+            ("first_burst_length", self.first_burst_length, "13.14"),
+        ] {
+            // RFC 7143 §13.12-13.14: 512 to 2^24-1.
+            if !(512..=MAX_24).contains(&v) {
+                return Err(ConfigError::invalid(
+                    format!("iscsi.{field}"),
+                    format!("{v} is out of range; valid: 512..{MAX_24} (RFC 7143 §{sec})"),
+                ));
+            }
+        }
+        // RFC 7143 §13.14: FirstBurstLength MUST NOT exceed MaxBurstLength.
+        if self.first_burst_length > self.max_burst_length {
+            return Err(ConfigError::invalid(
+                "iscsi.first_burst_length",
+                format!(
+                    "{} exceeds max_burst_length {} (RFC 7143 §13.14)",
+                    self.first_burst_length, self.max_burst_length
+                ),
+            ));
+        }
+        // RFC 7143 §13.17 MaxOutstandingR2T and §13.2 MaxConnections: 1..65535.
+        if self.max_outstanding_r2t == 0 {
+            return Err(ConfigError::invalid(
+                "iscsi.max_outstanding_r2t",
+                "0 is out of range; valid: 1..65535 (RFC 7143 §13.17)",
+            ));
+        }
+        if self.max_connections == 0 {
+            return Err(ConfigError::invalid(
+                "iscsi.max_connections",
+                "0 is out of range; valid: 1..65535 (RFC 7143 §13.2)",
+            ));
+        }
+        if self.nop_in_interval_s > 0 && self.nop_in_timeout_s == 0 {
+            return Err(ConfigError::invalid(
+                "iscsi.nop_in_timeout_s",
+                "0 with NOP-In enabled; valid: at least 1 second",
+            ));
+        }
+        if self.login_timeout_s == 0 {
+            return Err(ConfigError::invalid(
+                "iscsi.login_timeout_s",
+                "0; valid: at least 1 second",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// serde_json appends " at line L column C"; the error carries those apart.
+fn strip_position(msg: &str) -> String {
+    match msg.rfind(" at line ") {
+        Some(i) => msg[..i].to_string(),
+        None => msg.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Config {
+        let mut cfg = Config::embedded_default(
+            Path::new("/var/lib/ferrite"),
+            "127.0.0.1:3260".parse().unwrap(),
+        );
+        let mut null = DeviceConfig::new("null0", Handler::VdiskNullio);
+        null.size = Some(1 << 30);
+        null.mem = true;
+        null.blocksize = 4096;
+        cfg.devices.push(null);
+        let t = &mut cfg.targets.iscsi[0];
+        t.luns.push(LunConfig {
+            lun: 1,
+            device: "null0".into(),
+            read_only: true,
+        });
+        t.ini_groups.push(GroupConfig {
+            name: "hosts".into(),
+            initiators: vec!["iqn.1994-05.com.redhat:*".into()],
+            luns: vec![LunConfig {
+                lun: 0,
+                device: "null0".into(),
+                read_only: false,
+            }],
+        });
+        cfg
+    }
+
+    #[test]
+    fn minimal_file_works() {
+        let cfg = Config::from_json("{}", "t").unwrap();
+        assert_eq!(cfg, Config::default());
+        cfg.validate().unwrap();
+        let cfg = Config::from_json(
+            r#"{"devices":[{"name":"d","handler":"vdisk_nullio","size":4096}],
+                "targets":{"iscsi":[{"name":"iqn.2026-01.org.example:t","luns":[{"lun":0,"device":"d"}]}]}}"#,
+            "t",
+        )
+        .unwrap();
+        cfg.validate().unwrap();
+        assert_eq!(cfg.devices[0].blocksize, 512);
+        assert!(cfg.targets.iscsi[0].enabled);
+        assert_eq!(cfg.targets.iscsi[0].tpgt, 1);
+        assert_eq!(cfg.iscsi, IscsiParamsConfig::default());
+    }
+
+    #[test]
+    fn round_trip() {
+        let cfg = sample();
+        cfg.validate().unwrap();
+        let back = Config::from_json(&cfg.to_json(), "t").unwrap();
+        assert_eq!(back, cfg);
+    }
+
+    #[test]
+    fn parse_errors_name_the_path() {
+        let e = Config::from_json(
+            r#"{"devices":[{"name":"d","handler":"vdisk_nullio","blocksiz":512}]}"#,
+            "f.json",
+        )
+        .unwrap_err();
+        let s = e.to_string();
+        assert!(s.contains("devices[0]"), "{s}");
+        assert!(s.contains("blocksiz"), "{s}");
+        let e = Config::from_json(
+            r#"{"devices":[{"name":"d","handler":"vdisk_foo"}]}"#,
+            "f.json",
+        )
+        .unwrap_err();
+        let s = e.to_string();
+        assert!(
+            s.contains("devices[0].handler") && s.contains("vdisk_fileio"),
+            "{s}"
+        );
+        let e = Config::from_json(r#"{"devices": ["#, "f.json").unwrap_err();
+        assert!(matches!(e, ConfigError::Parse { .. }), "{e}");
+    }
+
+    #[test]
+    fn every_validation_error() {
+        type Edit = fn(&mut Config);
+        let cases: Vec<(&str, Edit, &str)> = vec![
+            (
+                "devices[0].name",
+                |c| c.devices[0].name = "bad name".into(),
+                "valid characters",
+            ),
+            (
+                "devices[0].name",
+                |c| c.devices[0].name = String::new(),
+                "1 to 64",
+            ),
+            (
+                "devices[1].name",
+                |c| c.devices[1].name = "disk0".into(),
+                "already defined",
+            ),
+            (
+                "devices[0].blocksize",
+                |c| c.devices[0].blocksize = 1024,
+                "512, 4096",
+            ),
+            (
+                "devices[0].filename",
+                |c| c.devices[0].filename = None,
+                "needs a filename",
+            ),
+            (
+                "devices[0].filename",
+                |c| c.devices[0].filename = Some("rel.img".into()),
+                "absolute",
+            ),
+            (
+                "devices[1].filename",
+                |c| c.devices[1].filename = Some("/x".into()),
+                "remove filename",
+            ),
+            (
+                "devices[1].size",
+                |c| c.devices[1].size = None,
+                "needs a size",
+            ),
+            (
+                "devices[0].size",
+                |c| c.devices[0].size = Some(1000),
+                "multiple",
+            ),
+            (
+                "devices[0].size",
+                |c| c.devices[0].size = Some(0),
+                "multiple",
+            ),
+            (
+                "devices[0].size",
+                |c| {
+                    c.devices[0].handler = Handler::VdiskBlockio;
+                },
+                "remove size",
+            ),
+            ("devices[0].mem", |c| c.devices[0].mem = true, "nullio"),
+            (
+                "devices[0].t10_vendor",
+                |c| c.devices[0].t10_vendor = Some("TOOLONGVENDOR".into()),
+                "1 to 8",
+            ),
+            (
+                "devices[0].t10_product",
+                |c| c.devices[0].t10_product = Some("x".repeat(17)),
+                "1 to 16",
+            ),
+            (
+                "devices[0].t10_revision",
+                |c| c.devices[0].t10_revision = Some("12345".into()),
+                "1 to 4",
+            ),
+            (
+                "devices[0].serial",
+                |c| c.devices[0].serial = Some("caf\u{e9}".into()),
+                "ASCII",
+            ),
+            (
+                "devices[0].naa",
+                |c| c.devices[0].naa = Some("0x6001405000000000".into()),
+                "starting with 5",
+            ),
+            (
+                "devices[0].naa",
+                |c| c.devices[0].naa = Some("5001".into()),
+                "16 hex",
+            ),
+            (
+                "devices[0].eui64",
+                |c| c.devices[0].eui64 = Some("xyz".into()),
+                "16 hex",
+            ),
+            (
+                "targets.iscsi[0].name",
+                |c| c.targets.iscsi[0].name = "iqn.2026.org.x".into(),
+                "yyyy-mm",
+            ),
+            (
+                "targets.iscsi[0].name",
+                |c| c.targets.iscsi[0].name = "iqn.2026-13.org.x".into(),
+                "yyyy-mm",
+            ),
+            (
+                "targets.iscsi[0].name",
+                |c| c.targets.iscsi[0].name = "iqn.2026-11".into(),
+                "reversed.domain",
+            ),
+            (
+                "targets.iscsi[0].name",
+                |c| c.targets.iscsi[0].name = "iqn.2026-11.Org.x".into(),
+                "lower-case",
+            ),
+            (
+                "targets.iscsi[0].name",
+                |c| c.targets.iscsi[0].name = "eui.12".into(),
+                "16 hex",
+            ),
+            (
+                "targets.iscsi[0].name",
+                |c| c.targets.iscsi[0].name = "naa.123".into(),
+                "16 or 32",
+            ),
+            (
+                "targets.iscsi[0].name",
+                |c| c.targets.iscsi[0].name = "foo.bar".into(),
+                "unknown iSCSI name type",
+            ),
+            (
+                "targets.iscsi[0].name",
+                |c| c.targets.iscsi[0].name = format!("iqn.2026-11.org.x:{}", "a".repeat(220)),
+                "223",
+            ),
+            (
+                "targets.iscsi[1].name",
+                |c| {
+                    let t = c.targets.iscsi[0].clone();
+                    c.targets.iscsi.push(t);
+                },
+                "already defined",
+            ),
+            (
+                "targets.iscsi[0].portals[0]",
+                |c| c.targets.iscsi[0].portals[0] = "localhost".into(),
+                "address:port",
+            ),
+            (
+                "targets.iscsi[0].alias",
+                |c| c.targets.iscsi[0].alias = Some("a\nb".into()),
+                "alias",
+            ),
+            (
+                "targets.iscsi[0].luns[1].lun",
+                |c| c.targets.iscsi[0].luns[1].lun = 0,
+                "already used",
+            ),
+            (
+                "targets.iscsi[0].luns[1].lun",
+                |c| c.targets.iscsi[0].luns[1].lun = 16384,
+                "0..16383",
+            ),
+            (
+                "targets.iscsi[0].luns[1].device",
+                |c| c.targets.iscsi[0].luns[1].device = "nope".into(),
+                "no device",
+            ),
+            (
+                "targets.iscsi[0].ini_groups[0].name",
+                |c| c.targets.iscsi[0].ini_groups[0].name = "a/b".into(),
+                "valid characters",
+            ),
+            (
+                "targets.iscsi[0].ini_groups[1].name",
+                |c| {
+                    let mut g = c.targets.iscsi[0].ini_groups[0].clone();
+                    g.initiators.clear();
+                    c.targets.iscsi[0].ini_groups.push(g);
+                },
+                "already defined",
+            ),
+            (
+                "targets.iscsi[0].ini_groups[1].initiators[0]",
+                |c| {
+                    let mut g = c.targets.iscsi[0].ini_groups[0].clone();
+                    g.name = "other".into();
+                    c.targets.iscsi[0].ini_groups.push(g);
+                },
+                "already in group",
+            ),
+            (
+                "targets.iscsi[0].ini_groups[0].initiators[0]",
+                |c| c.targets.iscsi[0].ini_groups[0].initiators[0] = "a b".into(),
+                "no spaces",
+            ),
+            (
+                "targets.iscsi[0].ini_groups[0].luns[0].device",
+                |c| c.targets.iscsi[0].ini_groups[0].luns[0].device = "x".into(),
+                "no device",
+            ),
+            (
+                "iscsi.max_burst_length",
+                |c| c.iscsi.max_burst_length = 100,
+                "512..",
+            ),
+            (
+                "iscsi.max_recv_data_segment_length",
+                |c| c.iscsi.max_recv_data_segment_length = 1 << 24,
+                "512..",
+            ),
+            (
+                "iscsi.first_burst_length",
+                |c| c.iscsi.first_burst_length = 1 << 23,
+                "exceeds",
+            ),
+            (
+                "iscsi.max_outstanding_r2t",
+                |c| c.iscsi.max_outstanding_r2t = 0,
+                "1..65535",
+            ),
+            (
+                "iscsi.max_connections",
+                |c| c.iscsi.max_connections = 0,
+                "1..65535",
+            ),
+            (
+                "iscsi.nop_in_timeout_s",
+                |c| c.iscsi.nop_in_timeout_s = 0,
+                "at least 1",
+            ),
+            (
+                "iscsi.login_timeout_s",
+                |c| c.iscsi.login_timeout_s = 0,
+                "at least 1",
+            ),
+            ("reactor.cores", |c| c.reactor.cores = Some(0), "at least 1"),
+            (
+                "reactor.poll_us",
+                |c| c.reactor.poll_us = 2_000_000,
+                "0..1000000",
+            ),
+        ];
+        for (want_at, edit, want_msg) in cases {
+            let mut cfg = sample();
+            edit(&mut cfg);
+            match cfg.validate() {
+                Err(ConfigError::Invalid { at, msg }) => {
+                    assert_eq!(at, want_at, "{msg}");
+                    assert!(msg.contains(want_msg), "{at}: {msg:?} lacks {want_msg:?}");
+                }
+                other => panic!("{want_at}: expected an error, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn iscsi_names() {
+        for ok in [
+            "iqn.2026-11.org.ferrite:default",
+            "iqn.1994-05.com.redhat:abc",
+            "iqn.2001-04.com.example",
+            "eui.02004567a425678d",
+            "naa.52004567ba64678d",
+            "naa.62004567ba64678d0123456789abcdef",
+        ] {
+            validate_iscsi_name(ok).unwrap();
+        }
+    }
+
+    #[test]
+    fn derived_ids_are_stable_and_distinct() {
+        let a = DeviceConfig::new("disk0", Handler::VdiskFileio);
+        let b = DeviceConfig::new("disk1", Handler::VdiskFileio);
+        assert_eq!(
+            a.effective_naa(),
+            DeviceConfig::new("disk0", Handler::VdiskNullio).effective_naa()
+        );
+        assert_ne!(a.effective_naa(), b.effective_naa());
+        assert_ne!(a.effective_eui64(), b.effective_eui64());
+        assert_ne!(a.effective_serial(), b.effective_serial());
+        assert_eq!(a.effective_naa() >> 60, 5);
+        assert_eq!(
+            (a.effective_naa() >> 36) & 0xff_ffff,
+            u64::from(DERIVED_ID_OUI)
+        );
+        assert_eq!(a.effective_serial().len(), 16);
+        // Fixed value: a change here changes every deployed device's identity.
+        let sha = Sha256::digest(b"ferrite-device:disk0");
+        let expect: String = sha[..8].iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(a.effective_serial(), expect);
+        let mut c = a.clone();
+        c.naa = Some("0x5000000000000001".into());
+        c.eui64 = Some("0011223344556677".into());
+        c.serial = Some("S1".into());
+        assert_eq!(c.effective_naa(), 0x5000_0000_0000_0001);
+        assert_eq!(c.effective_eui64(), 0x0011_2233_4455_6677);
+        let id = c.identity();
+        assert_eq!(id.serial, "S1");
+        assert_eq!(id.vendor, "FERRITE");
+    }
+
+    #[test]
+    fn default_config() {
+        let dir = Path::new("/srv/ferrite");
+        let cfg = Config::embedded_default(dir, "127.0.0.1:3260".parse().unwrap());
+        cfg.validate().unwrap();
+        assert_eq!(cfg.devices.len(), 1);
+        let d = &cfg.devices[0];
+        assert_eq!(d.name, "disk0");
+        assert_eq!(d.handler, Handler::VdiskFileio);
+        assert_eq!(d.filename.as_deref(), Some(dir.join("disk0.img").as_path()));
+        assert_eq!(d.size, Some(1 << 30));
+        assert!(d.thin_provisioned);
+        let t = &cfg.targets.iscsi[0];
+        assert_eq!(t.name, DEFAULT_TARGET_IQN);
+        assert!(t.enabled);
+        assert_eq!(
+            t.portal_addrs(),
+            vec!["127.0.0.1:3260".parse::<SocketAddr>().unwrap()]
+        );
+        assert_eq!(
+            t.luns,
+            vec![LunConfig {
+                lun: 0,
+                device: "disk0".into(),
+                read_only: false
+            }]
+        );
+        let v6 = Config::embedded_default(dir, "[::1]:3260".parse().unwrap());
+        v6.validate().unwrap();
+        assert_eq!(v6.targets.iscsi[0].portals, vec!["[::1]:3260".to_string()]);
+    }
+
+    #[test]
+    fn atomic_save_leaves_no_temp_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ferrite.json");
+        let cfg = sample();
+        cfg.save_atomic(&path).unwrap();
+        // Overwrite an existing file too.
+        let mut cfg2 = cfg.clone();
+        cfg2.reactor.poll_us = 50;
+        cfg2.save_atomic(&path).unwrap();
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names, vec!["ferrite.json".to_string()]);
+        let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(Config::load(&path).unwrap(), cfg2);
+        // A directory that does not exist: an error naming it, nothing left.
+        let bad = dir.path().join("missing").join("x.json");
+        let e = cfg.save_atomic(&bad).unwrap_err();
+        assert!(e.to_string().contains("missing"), "{e}");
+    }
+
+    #[test]
+    fn load_validates() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.json");
+        fs::write(
+            &path,
+            r#"{"devices":[{"name":"d","handler":"vdisk_nullio"}]}"#,
+        )
+        .unwrap();
+        let e = Config::load(&path).unwrap_err();
+        assert!(e.to_string().contains("devices[0].size"), "{e}");
+        let e = Config::load(&dir.path().join("none.json")).unwrap_err();
+        assert!(matches!(e, ConfigError::Io { .. }));
+    }
+}
