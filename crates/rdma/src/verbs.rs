@@ -1,0 +1,1 @@
+//! libibverbs + librdmacm provider.

@@ -1,0 +1,2 @@
+//! ferrite-srp: the SCSI RDMA Protocol target.
+#![forbid(unsafe_code)]
