@@ -1,4 +1,746 @@
-//! ferrite-fileio: a backend on a regular file through the page cache, driven by
-//! io_uring. Write-back by default (flush = fdatasync, FUA = RWF_DSYNC),
+//! ferrite-fileio: a backend on a regular file through the page cache, driven
+//! by io_uring. Write-back by default (flush = fdatasync, FUA = RWF_DSYNC),
 //! write-through when configured.
+//!
+//! Owns: [`FileBackend`] (open, geometry, capabilities, thin-provisioning
+//! probe, `SEEK_DATA`/`SEEK_HOLE` mapping, resync) and [`queue::UringQueue`],
+//! the per-core io_uring data plane that `ferrite-blockio` reuses. Does not
+//! own: the ring's unsafe plumbing (`ferrite_reactor::blockring`), nor
+//! anything SCSI.
+//!
+//! Thin provisioning: `Unmap` punches holes (`FALLOC_FL_PUNCH_HOLE |
+//! FALLOC_FL_KEEP_SIZE`), probed at open beyond the end of the file so no data
+//! is touched; `WriteZeroes` uses `FALLOC_FL_ZERO_RANGE`, or punches a hole on
+//! filesystems without it (tmpfs). Both read back as zeroes.
+
 #![forbid(unsafe_code)]
+
+pub mod queue;
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsFd;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use ferrite_core::backend::{Backend, BackendError, BackendQueue, Caps, Geometry};
+use ferrite_reactor::blockring;
+
+use crate::queue::{QueueConfig, Shared, UnmapVia, UringQueue, ZeroesVia};
+
+/// How to open a file backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileOptions {
+    /// Logical block size: a power of two, 512 to 65536.
+    pub block_size: u32,
+    /// Every write durable before completion (`RWF_DSYNC`); no volatile cache.
+    pub write_through: bool,
+    /// The cache is non-volatile (battery-backed): flushes and FUA skip the
+    /// fsync (SCST's `nv_cache`).
+    pub nv_cache: bool,
+    /// Create a sparse file of this many bytes if the file does not exist.
+    pub create_size: Option<u64>,
+    /// Open read-only; writes, unmaps and write-zeroes fail with EROFS.
+    pub read_only: bool,
+}
+
+impl Default for FileOptions {
+    fn default() -> FileOptions {
+        FileOptions {
+            block_size: 512,
+            write_through: false,
+            nv_cache: false,
+            create_size: None,
+            read_only: false,
+        }
+    }
+}
+
+/// A backend on a regular file.
+#[derive(Debug)]
+pub struct FileBackend {
+    path: PathBuf,
+    opts: FileOptions,
+    shared: Arc<Shared>,
+    phys_exp: u8,
+    /// Holes can be punched (probed at open).
+    punch_hole: bool,
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BackendError {
+    let what = what.into();
+    move |source| BackendError::Io { what, source }
+}
+
+/// Checks a configured block size.
+pub fn check_block_size(bs: u32) -> Result<(), BackendError> {
+    if bs.is_power_of_two() && (512..=65536).contains(&bs) {
+        Ok(())
+    } else {
+        Err(BackendError::Invalid(format!(
+            "block size {bs} is not a power of two between 512 and 65536"
+        )))
+    }
+}
+
+/// Physical-block exponent for a filesystem block of `fs_block` bytes under
+/// logical blocks of `bs` bytes (capped at 4 KiB physical blocks).
+pub fn phys_exp(fs_block: u64, bs: u32) -> u8 {
+    let phys = fs_block.clamp(bs as u64, 4096.max(bs as u64));
+    (phys / bs as u64).trailing_zeros() as u8
+}
+
+impl FileBackend {
+    /// Opens (or with `create_size`, creates sparse) the file at `path`.
+    pub fn open(path: impl AsRef<Path>, opts: FileOptions) -> Result<FileBackend, BackendError> {
+        let path = path.as_ref().to_path_buf();
+        check_block_size(opts.block_size)?;
+        let shown = path.display().to_string();
+        if let Some(size) = opts.create_size
+            && !path.exists()
+        {
+            if opts.read_only {
+                return Err(BackendError::Invalid(format!(
+                    "{shown}: cannot create a read-only file"
+                )));
+            }
+            let f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .map_err(io_err(format!("create {shown}")))?;
+            f.set_len(size)
+                .map_err(io_err(format!("size {shown} to {size} bytes")))?;
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(!opts.read_only)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(io_err(format!("open {shown}")))?;
+        FileBackend::from_file(path, file, opts)
+    }
+
+    /// A backend over an already opened file (`opts.create_size` is ignored).
+    pub fn from_file(
+        path: PathBuf,
+        file: File,
+        opts: FileOptions,
+    ) -> Result<FileBackend, BackendError> {
+        check_block_size(opts.block_size)?;
+        let shown = path.display().to_string();
+        let md = file.metadata().map_err(io_err(format!("stat {shown}")))?;
+        if !md.file_type().is_file() {
+            let kind = if md.file_type().is_block_device() {
+                "a block device (use blockio)"
+            } else {
+                "not a regular file"
+            };
+            return Err(BackendError::Invalid(format!("{shown} is {kind}")));
+        }
+        let size = md.len();
+        // Probe hole punching past the end of the file, where no data can be
+        // lost: KEEP_SIZE leaves the size alone.
+        let punch_hole = !opts.read_only
+            && blockring::fallocate(
+                file.as_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                size,
+                opts.block_size as u64,
+            )
+            .is_ok();
+        if opts.nv_cache {
+            tracing::info!(path = %shown, "nv_cache: flushes and FUA skip fdatasync");
+        }
+        let capacity = size / opts.block_size as u64 * opts.block_size as u64;
+        Ok(FileBackend {
+            phys_exp: phys_exp(md.blksize(), opts.block_size),
+            path,
+            opts,
+            shared: Arc::new(Shared::new(file, capacity)),
+            punch_hole,
+        })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Opens a queue with its concrete type (for statistics).
+    pub fn open_uring_queue(&self, depth: u32) -> Result<UringQueue, BackendError> {
+        UringQueue::new(self.shared.clone(), self.queue_config(), depth)
+    }
+
+    fn queue_config(&self) -> QueueConfig {
+        QueueConfig {
+            block_size: self.opts.block_size,
+            read_only: self.opts.read_only,
+            write_through: self.opts.write_through,
+            nv_cache: self.opts.nv_cache,
+            direct_align: 0,
+            unmap: if self.punch_hole {
+                UnmapVia::PunchHole
+            } else {
+                UnmapVia::None
+            },
+            zeroes: if self.opts.read_only {
+                ZeroesVia::None
+            } else {
+                ZeroesVia::ZeroRange {
+                    punch_fallback: self.punch_hole,
+                }
+            },
+        }
+    }
+}
+
+/// `mapping()` for any file descriptor that knows `SEEK_DATA`/`SEEK_HOLE`:
+/// `(mapped, bytes)` from `offset`, clipped to `capacity` and rounded to
+/// whole blocks of `bs`.
+pub fn seek_mapping(
+    file: &File,
+    capacity: u64,
+    bs: u64,
+    offset: u64,
+    len: u64,
+) -> Option<(bool, u64)> {
+    let end = offset.checked_add(len)?.min(capacity);
+    if offset >= end {
+        return None;
+    }
+    let fd = file.as_fd();
+    let (mapped, stop) = match blockring::seek_data(fd, offset).ok()? {
+        None => (false, end),
+        Some(d) if d > offset => (false, d.min(end)),
+        Some(_) => {
+            let h = blockring::seek_hole(fd, offset).ok()?.unwrap_or(end);
+            (true, h.min(end))
+        }
+    };
+    let mut n = stop - offset;
+    if mapped {
+        // A partly mapped block counts as mapped.
+        n = n.next_multiple_of(bs).min(end - offset);
+    } else {
+        n = n / bs * bs;
+        if n == 0 {
+            // The hole ends inside this block: the block holds data.
+            return Some((true, bs.min(end - offset)));
+        }
+    }
+    Some((mapped, n))
+}
+
+impl Backend for FileBackend {
+    fn geometry(&self) -> Geometry {
+        let bs = self.opts.block_size;
+        Geometry {
+            block_size: bs,
+            num_blocks: self.shared.capacity.load(Ordering::Acquire) / bs as u64,
+            phys_exp: self.phys_exp,
+        }
+    }
+
+    fn caps(&self) -> Caps {
+        let writable = !self.opts.read_only;
+        Caps {
+            unmap: writable && self.punch_hole,
+            // Without ZERO_RANGE or hole punching a write-zeroes could fail
+            // with Unsupported; only the punch probe is certain.
+            write_zeroes: writable && self.punch_hole,
+            fua: true,
+            write_cache: !self.opts.write_through,
+            unmap_zeroes: self.punch_hole,
+        }
+    }
+
+    fn open_queue(&self, depth: u32) -> Result<Box<dyn BackendQueue>, BackendError> {
+        Ok(Box::new(self.open_uring_queue(depth)?))
+    }
+
+    fn resync(&self) -> Result<Geometry, BackendError> {
+        let md = self
+            .shared
+            .file
+            .metadata()
+            .map_err(io_err(format!("stat {}", self.path.display())))?;
+        let bs = self.opts.block_size as u64;
+        self.shared
+            .capacity
+            .store(md.len() / bs * bs, Ordering::Release);
+        Ok(self.geometry())
+    }
+
+    fn mapping(&self, offset: u64, len: u64) -> Option<(bool, u64)> {
+        seek_mapping(
+            &self.shared.file,
+            self.shared.capacity.load(Ordering::Acquire),
+            self.opts.block_size as u64,
+            offset,
+            len,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferrite_core::backend::{BlockDone, BlockError, BlockOp, Busy};
+    use ferrite_nullio::integrity::{self, Options, Rng};
+    use ferrite_reactor::buf::{BufPool, SgList};
+
+    const MIB: u64 = 1 << 20;
+
+    fn shm_dir() -> tempfile::TempDir {
+        // tmpfs if there is one (no ZERO_RANGE there), else the temp dir.
+        let base = Path::new("/dev/shm");
+        if base.is_dir() {
+            tempfile::tempdir_in(base).unwrap()
+        } else {
+            tempfile::tempdir().unwrap()
+        }
+    }
+
+    fn create(dir: &tempfile::TempDir, size: u64, bs: u32) -> FileBackend {
+        FileBackend::open(
+            dir.path().join("lun"),
+            FileOptions {
+                block_size: bs,
+                create_size: Some(size),
+                ..FileOptions::default()
+            },
+        )
+        .unwrap()
+    }
+
+    fn drain(q: &mut dyn BackendQueue) -> Vec<BlockDone> {
+        let mut out = Vec::new();
+        while q.in_flight() > 0 {
+            let before = out.len();
+            q.poll(&mut out);
+            if out.len() == before {
+                std::thread::yield_now();
+            }
+        }
+        out
+    }
+
+    fn run(q: &mut dyn BackendQueue, op: BlockOp) -> BlockDone {
+        q.submit(1, op).unwrap();
+        let mut v = drain(q);
+        assert_eq!(v.len(), 1);
+        v.pop().unwrap()
+    }
+
+    fn pattern(len: usize, seed: u8) -> SgList {
+        let pool = BufPool::new(4096, 64);
+        let mut sg = pool.sg(len);
+        let data: Vec<u8> = (0..len)
+            .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+            .collect();
+        sg.copy_in(0, &data);
+        sg
+    }
+
+    #[test]
+    fn creates_sparse_file_and_reports_geometry() {
+        let dir = shm_dir();
+        let b = create(&dir, 10 * MIB + 100, 4096);
+        let g = b.geometry();
+        assert_eq!(g.block_size, 4096);
+        assert_eq!(g.num_blocks, (10 * MIB) / 4096);
+        let md = std::fs::metadata(dir.path().join("lun")).unwrap();
+        assert_eq!(md.len(), 10 * MIB + 100);
+        assert!(md.blocks() * 512 < MIB, "file was not created sparse");
+        assert_eq!(b.mapping(0, 10 * MIB), Some((false, 10 * MIB)));
+    }
+
+    #[test]
+    fn open_missing_without_create_fails() {
+        let dir = shm_dir();
+        let e = FileBackend::open(dir.path().join("nope"), FileOptions::default()).unwrap_err();
+        assert!(matches!(e, BackendError::Io { .. }), "{e}");
+        assert!(FileBackend::open(dir.path(), FileOptions::default()).is_err());
+        let e = FileBackend::open(
+            dir.path().join("x"),
+            FileOptions {
+                block_size: 1000,
+                create_size: Some(MIB),
+                ..FileOptions::default()
+            },
+        )
+        .unwrap_err();
+        assert!(matches!(e, BackendError::Invalid(_)));
+    }
+
+    #[test]
+    fn round_trip_multi_segment() {
+        let dir = shm_dir();
+        let b = create(&dir, 4 * MIB, 512);
+        let mut q = b.open_queue(8).unwrap();
+        let data = pattern(12288 + 1536, 9);
+        let expect = data.to_vec();
+        let d = run(
+            &mut *q,
+            BlockOp::Write {
+                offset: 512 * 7,
+                buf: data,
+                fua: false,
+            },
+        );
+        assert_eq!(d.result, Ok(()));
+        assert_eq!(d.buf.map(|b| b.len()), Some(expect.len()));
+        let d = run(
+            &mut *q,
+            BlockOp::Read {
+                offset: 512 * 7,
+                buf: BufPool::new(4096, 8).sg(expect.len()),
+            },
+        );
+        assert_eq!(d.result, Ok(()));
+        assert_eq!(d.buf.unwrap().to_vec(), expect);
+    }
+
+    #[test]
+    fn integrity_qd32_tmpfs_and_disk() {
+        for dir in [shm_dir(), tempfile::tempdir().unwrap()] {
+            for bs in [512u32, 4096] {
+                let b = create(&dir, 16 * MIB, bs);
+                let mut q = b.open_queue(32).unwrap();
+                let mut rng = Rng::new(bs as u64 + 17);
+                let opts = Options {
+                    zeroing: b.caps().unmap_zeroes,
+                    ..Options::qd32(600)
+                };
+                let r = integrity::run_with(
+                    &mut *q,
+                    &mut std::thread::yield_now,
+                    b.geometry(),
+                    &mut rng,
+                    opts,
+                )
+                .unwrap_or_else(|e| panic!("{} bs {bs}: {e}", dir.path().display()));
+                assert_eq!(r.blocks_checked, b.geometry().num_blocks);
+                drop(q);
+                std::fs::remove_file(dir.path().join("lun")).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn busy_at_full_depth() {
+        let dir = shm_dir();
+        let b = create(&dir, MIB, 512);
+        let mut q = b.open_queue(4).unwrap();
+        for t in 0..4 {
+            q.submit(
+                t,
+                BlockOp::Read {
+                    offset: 0,
+                    buf: SgList::zeroed(4096),
+                },
+            )
+            .unwrap();
+        }
+        match q.submit(
+            9,
+            BlockOp::Write {
+                offset: 4096,
+                buf: SgList::zeroed(512),
+                fua: true,
+            },
+        ) {
+            Err(Busy(BlockOp::Write {
+                offset: 4096,
+                buf,
+                fua: true,
+            })) => assert_eq!(buf.len(), 512),
+            other => panic!("expected Busy with the write back, got {other:?}"),
+        }
+        let done = drain(&mut *q);
+        assert_eq!(done.len(), 4);
+        assert!(done.iter().all(|d| d.result.is_ok()));
+        q.submit(9, BlockOp::Flush).unwrap();
+        assert_eq!(drain(&mut *q).len(), 1);
+    }
+
+    #[test]
+    fn flush_fua_and_write_through_flags() {
+        let dir = shm_dir();
+        let b = create(&dir, MIB, 512);
+        let mut q = b.open_uring_queue(4).unwrap();
+        run(
+            &mut q,
+            BlockOp::Write {
+                offset: 0,
+                buf: SgList::zeroed(512),
+                fua: false,
+            },
+        );
+        assert_eq!(q.ring_stats().dsync_writes, 0);
+        run(
+            &mut q,
+            BlockOp::Write {
+                offset: 0,
+                buf: SgList::zeroed(512),
+                fua: true,
+            },
+        );
+        assert_eq!(q.ring_stats().dsync_writes, 1);
+        assert_eq!(run(&mut q, BlockOp::Flush).result, Ok(()));
+        assert_eq!(q.ring_stats().fsyncs, 1);
+        assert!(b.caps().write_cache);
+
+        let wt = FileBackend::open(
+            dir.path().join("lun"),
+            FileOptions {
+                write_through: true,
+                ..FileOptions::default()
+            },
+        )
+        .unwrap();
+        assert!(!wt.caps().write_cache);
+        let mut q = wt.open_uring_queue(4).unwrap();
+        run(
+            &mut q,
+            BlockOp::Write {
+                offset: 0,
+                buf: SgList::zeroed(512),
+                fua: false,
+            },
+        );
+        assert_eq!(q.ring_stats().dsync_writes, 1);
+
+        let nv = FileBackend::open(
+            dir.path().join("lun"),
+            FileOptions {
+                nv_cache: true,
+                ..FileOptions::default()
+            },
+        )
+        .unwrap();
+        let mut q = nv.open_uring_queue(4).unwrap();
+        run(
+            &mut q,
+            BlockOp::Write {
+                offset: 0,
+                buf: SgList::zeroed(512),
+                fua: true,
+            },
+        );
+        assert_eq!(run(&mut q, BlockOp::Flush).result, Ok(()));
+        assert_eq!(q.ring_stats().dsync_writes, 0);
+        assert_eq!(q.ring_stats().fsyncs, 0);
+    }
+
+    #[test]
+    fn unmap_reads_zeroes_and_mapping_shows_hole() {
+        for dir in [shm_dir(), tempfile::tempdir().unwrap()] {
+            let b = create(&dir, 4 * MIB, 512);
+            if !b.caps().unmap {
+                eprintln!("skipping {}: no hole punching", dir.path().display());
+                continue;
+            }
+            let mut q = b.open_queue(4).unwrap();
+            let d = run(
+                &mut *q,
+                BlockOp::Write {
+                    offset: 0,
+                    buf: pattern(2 * MIB as usize, 3),
+                    fua: false,
+                },
+            );
+            assert_eq!(d.result, Ok(()));
+            assert_eq!(b.mapping(0, 4 * MIB), Some((true, 2 * MIB)));
+            assert_eq!(b.mapping(2 * MIB, 4 * MIB), Some((false, 2 * MIB)));
+            let d = run(
+                &mut *q,
+                BlockOp::Unmap {
+                    offset: MIB / 2,
+                    len: MIB / 2,
+                },
+            );
+            assert_eq!(d.result, Ok(()));
+            assert_eq!(b.mapping(0, 4 * MIB), Some((true, MIB / 2)));
+            assert_eq!(b.mapping(MIB / 2, 4 * MIB), Some((false, MIB / 2)));
+            assert_eq!(b.mapping(MIB, 4 * MIB), Some((true, MIB)));
+            let d = run(
+                &mut *q,
+                BlockOp::Read {
+                    offset: 0,
+                    buf: SgList::zeroed(2 * MIB as usize),
+                },
+            );
+            let v = d.buf.unwrap().to_vec();
+            let h = (MIB / 2) as usize;
+            assert!(v[h..2 * h].iter().all(|&x| x == 0));
+            assert!(v[..h].iter().any(|&x| x != 0));
+            assert!(v[2 * h..].iter().any(|&x| x != 0));
+        }
+    }
+
+    #[test]
+    fn write_zeroes_on_tmpfs_and_disk() {
+        for dir in [shm_dir(), tempfile::tempdir().unwrap()] {
+            let b = create(&dir, MIB, 512);
+            if !b.caps().write_zeroes {
+                eprintln!("skipping {}: no write-zeroes", dir.path().display());
+                continue;
+            }
+            let mut q = b.open_queue(4).unwrap();
+            run(
+                &mut *q,
+                BlockOp::Write {
+                    offset: 0,
+                    buf: pattern(65536, 1),
+                    fua: false,
+                },
+            );
+            // Twice: the second one takes the remembered path on tmpfs.
+            for _ in 0..2 {
+                let d = run(
+                    &mut *q,
+                    BlockOp::WriteZeroes {
+                        offset: 4096,
+                        len: 8192,
+                    },
+                );
+                assert_eq!(d.result, Ok(()), "{}", dir.path().display());
+            }
+            let d = run(
+                &mut *q,
+                BlockOp::Read {
+                    offset: 0,
+                    buf: SgList::zeroed(65536),
+                },
+            );
+            let v = d.buf.unwrap().to_vec();
+            assert!(v[4096..12288].iter().all(|&x| x == 0));
+            assert!(v[..4096].iter().any(|&x| x != 0));
+            assert!(v[12288..].iter().any(|&x| x != 0));
+        }
+    }
+
+    #[test]
+    fn read_only_backend_refuses_writes() {
+        let dir = shm_dir();
+        drop(create(&dir, MIB, 512));
+        let b = FileBackend::open(
+            dir.path().join("lun"),
+            FileOptions {
+                read_only: true,
+                ..FileOptions::default()
+            },
+        )
+        .unwrap();
+        assert!(!b.caps().unmap && !b.caps().write_zeroes);
+        let mut q = b.open_queue(4).unwrap();
+        let d = run(
+            &mut *q,
+            BlockOp::Write {
+                offset: 0,
+                buf: SgList::zeroed(512),
+                fua: false,
+            },
+        );
+        assert_eq!(d.result, Err(BlockError::Os(libc::EROFS)));
+        assert_eq!(d.buf.map(|b| b.len()), Some(512));
+        assert_eq!(
+            run(
+                &mut *q,
+                BlockOp::Read {
+                    offset: 0,
+                    buf: SgList::zeroed(512)
+                }
+            )
+            .result,
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn kernel_error_is_mapped_and_buffer_returned() {
+        // A descriptor opened read-only behind a backend told it is writable:
+        // the kernel answers EBADF, which means the backing store is gone.
+        let dir = shm_dir();
+        drop(create(&dir, MIB, 512));
+        let path = dir.path().join("lun");
+        let ro = File::open(&path).unwrap();
+        let b = FileBackend::from_file(path, ro, FileOptions::default()).unwrap();
+        let mut q = b.open_queue(4).unwrap();
+        let d = run(
+            &mut *q,
+            BlockOp::Write {
+                offset: 0,
+                buf: SgList::zeroed(1024),
+                fua: false,
+            },
+        );
+        assert_eq!(d.result, Err(BlockError::Offline));
+        assert_eq!(d.buf.map(|b| b.len()), Some(1024));
+    }
+
+    #[test]
+    fn out_of_range_is_refused() {
+        let dir = shm_dir();
+        let b = create(&dir, MIB, 512);
+        let mut q = b.open_queue(4).unwrap();
+        let d = run(
+            &mut *q,
+            BlockOp::Read {
+                offset: MIB - 512,
+                buf: SgList::zeroed(1024),
+            },
+        );
+        assert_eq!(d.result, Err(BlockError::Os(libc::EINVAL)));
+        assert_eq!(d.buf.map(|b| b.len()), Some(1024));
+    }
+
+    #[test]
+    fn resync_and_short_read_after_shrink() {
+        let dir = shm_dir();
+        let b = create(&dir, MIB, 512);
+        let mut q = b.open_queue(4).unwrap();
+        run(
+            &mut *q,
+            BlockOp::Write {
+                offset: MIB - 4096,
+                buf: pattern(4096, 5),
+                fua: false,
+            },
+        );
+        let f = OpenOptions::new()
+            .write(true)
+            .open(dir.path().join("lun"))
+            .unwrap();
+        f.set_len(MIB - 2048).unwrap();
+        // Not resynced yet: the read is in range but hits end of file.
+        let mut buf = SgList::zeroed(4096);
+        buf.copy_in(0, &[0xee; 4096]);
+        let d = run(
+            &mut *q,
+            BlockOp::Read {
+                offset: MIB - 4096,
+                buf,
+            },
+        );
+        assert_eq!(d.result, Ok(()));
+        let v = d.buf.unwrap().to_vec();
+        assert_eq!(v[..2048], pattern(4096, 5).to_vec()[..2048]);
+        assert!(v[2048..].iter().all(|&x| x == 0));
+        f.set_len(3 * MIB).unwrap();
+        assert_eq!(b.resync().unwrap().num_blocks, 3 * MIB / 512);
+        assert_eq!(b.geometry().num_blocks, 3 * MIB / 512);
+    }
+
+    #[test]
+    fn phys_exp_from_fs_block() {
+        assert_eq!(phys_exp(4096, 512), 3);
+        assert_eq!(phys_exp(4096, 4096), 0);
+        assert_eq!(phys_exp(65536, 512), 3);
+        assert_eq!(phys_exp(512, 4096), 0);
+    }
+}

@@ -1,0 +1,565 @@
+//! The data plane shared by the file and block backends: one io_uring
+//! ([`BlockRing`]) per core on a shared file descriptor.
+//!
+//! Each queue owns its ring (created in `open_queue`), whose eventfd is the
+//! queue's `notify_fd`. Queue depth is the ring size; a full queue answers
+//! `Busy`. Operations that need no kernel work (a flush with `nv_cache`, a
+//! write to a read-only backend, a range past the end) still complete in the
+//! next `poll`, never inline.
+//!
+//! `submit` enters the kernel once per operation: the contract has no
+//! "end of batch" call that would let several operations share one
+//! `io_uring_enter`.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use ferrite_core::backend::{BackendError, BackendQueue, BlockDone, BlockError, BlockOp, Busy};
+use ferrite_reactor::blockring::{self, BlockRing, RingFull, RingStats};
+use ferrite_reactor::buf::SgList;
+
+/// How `BlockOp::Unmap` is carried out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnmapVia {
+    /// `fallocate(PUNCH_HOLE | KEEP_SIZE)` through the ring (files).
+    PunchHole,
+    /// `BLKDISCARD`, a blocking ioctl issued from `submit` (block devices;
+    /// io_uring has no discard opcode before Linux 6.12's uring_cmd).
+    BlkDiscard,
+    /// Not supported: completes with `BlockError::Unsupported`.
+    None,
+}
+
+/// How `BlockOp::WriteZeroes` is carried out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ZeroesVia {
+    /// `fallocate(ZERO_RANGE | KEEP_SIZE)` through the ring; if the
+    /// filesystem rejects it (tmpfs does) and `punch_fallback` is set, every
+    /// later request punches a hole instead (reads back as zeroes).
+    ZeroRange { punch_fallback: bool },
+    /// Not supported: completes with `BlockError::Unsupported`.
+    None,
+}
+
+/// What a queue needs to know about its backend.
+#[derive(Clone, Copy, Debug)]
+pub struct QueueConfig {
+    pub block_size: u32,
+    pub read_only: bool,
+    /// Every write with `RWF_DSYNC`.
+    pub write_through: bool,
+    /// Flushes complete without an fsync and FUA adds no `RWF_DSYNC`.
+    pub nv_cache: bool,
+    /// O_DIRECT: every segment length and the offset must be multiples of
+    /// this (0: no check).
+    pub direct_align: u32,
+    pub unmap: UnmapVia,
+    pub zeroes: ZeroesVia,
+}
+
+/// State every queue of one backend shares.
+#[derive(Debug)]
+pub struct Shared {
+    pub file: File,
+    /// Capacity in bytes as last published (`resync` updates it).
+    pub capacity: AtomicU64,
+    /// Set once `ZERO_RANGE` was refused: punch holes from then on.
+    zero_range_refused: AtomicBool,
+}
+
+impl Shared {
+    pub fn new(file: File, capacity: u64) -> Shared {
+        Shared {
+            file,
+            capacity: AtomicU64::new(capacity),
+            zero_range_refused: AtomicBool::new(false),
+        }
+    }
+}
+
+/// Maps an errno to the error the core turns into sense data.
+pub fn map_errno(errno: i32) -> BlockError {
+    match errno {
+        libc::EIO => BlockError::Io,
+        libc::ENOSPC | libc::EDQUOT => BlockError::NoSpace,
+        libc::ENOENT | libc::ESTALE | libc::ENODEV | libc::EBADF | libc::ENXIO => {
+            BlockError::Offline
+        }
+        libc::EOPNOTSUPP => BlockError::Unsupported,
+        e => BlockError::Os(e),
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Read,
+    Write,
+    Flush,
+    Unmap,
+    /// Kept so a refused `ZERO_RANGE` can be redone as a hole punch.
+    WriteZeroes {
+        offset: u64,
+        len: u64,
+        punched: bool,
+    },
+}
+
+#[derive(Debug)]
+struct Pending {
+    tag: u64,
+    kind: Kind,
+}
+
+/// One core's queue: a ring and the operations in it.
+pub struct UringQueue {
+    ring: BlockRing,
+    shared: Arc<Shared>,
+    cfg: QueueConfig,
+    fd: RawFd,
+    depth: usize,
+    /// Ring user_data -> operation; indexes are reused.
+    pending: Vec<Option<Pending>>,
+    free: Vec<u64>,
+    /// Finished without the kernel; returned by the next poll.
+    ready: VecDeque<BlockDone>,
+    in_flight: usize,
+}
+
+impl std::fmt::Debug for UringQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UringQueue")
+            .field("depth", &self.depth)
+            .field("in_flight", &self.in_flight)
+            .field("ring", &self.ring)
+            .finish()
+    }
+}
+
+impl UringQueue {
+    /// A queue of `depth` operations on `shared.file`.
+    pub fn new(
+        shared: Arc<Shared>,
+        cfg: QueueConfig,
+        depth: u32,
+    ) -> Result<UringQueue, BackendError> {
+        if depth == 0 {
+            return Err(BackendError::Invalid("queue depth 0".into()));
+        }
+        let ring = BlockRing::new(depth).map_err(|source| BackendError::Io {
+            what: format!("io_uring of {depth} entries"),
+            source,
+        })?;
+        let depth = ring.capacity();
+        let fd = shared.file.as_raw_fd();
+        Ok(UringQueue {
+            ring,
+            shared,
+            cfg,
+            fd,
+            depth,
+            pending: Vec::with_capacity(depth),
+            free: Vec::new(),
+            ready: VecDeque::new(),
+            in_flight: 0,
+        })
+    }
+
+    /// What this queue's ring has submitted (for tests and statistics).
+    pub fn ring_stats(&self) -> RingStats {
+        self.ring.stats()
+    }
+
+    fn finish_now(&mut self, tag: u64, result: Result<(), BlockError>, buf: Option<SgList>) {
+        self.in_flight += 1;
+        self.ready.push_back(BlockDone { tag, result, buf });
+    }
+
+    fn slot(&mut self, p: Pending) -> u64 {
+        match self.free.pop() {
+            Some(i) => {
+                self.pending[i as usize] = Some(p);
+                i
+            }
+            None => {
+                self.pending.push(Some(p));
+                (self.pending.len() - 1) as u64
+            }
+        }
+    }
+
+    fn unslot(&mut self, ud: u64) -> Option<Pending> {
+        let p = self.pending.get_mut(ud as usize)?.take()?;
+        self.free.push(ud);
+        Some(p)
+    }
+
+    fn in_range(&self, offset: u64, len: u64) -> bool {
+        let cap = self.shared.capacity.load(Ordering::Acquire);
+        offset.checked_add(len).is_some_and(|end| end <= cap)
+    }
+
+    fn aligned(&self, offset: u64, buf: &SgList) -> bool {
+        let a = self.cfg.direct_align as u64;
+        a == 0
+            || (offset.is_multiple_of(a)
+                && buf
+                    .segments()
+                    .iter()
+                    .all(|s| (s.len() as u64).is_multiple_of(a)))
+    }
+
+    /// Submits a ring operation for `p`; on a full ring, gives back `p` and the buffer.
+    fn push(&mut self, p: Pending, op: RingOp) -> Result<(), (Pending, Option<SgList>)> {
+        let kind = p.kind;
+        let ud = self.slot(p);
+        let r = match op {
+            RingOp::Read { offset, buf } => self.ring.submit_readv(self.fd, offset, buf, ud, 0),
+            RingOp::Write { offset, buf, flags } => {
+                self.ring.submit_writev(self.fd, offset, buf, ud, flags)
+            }
+            RingOp::Fsync => self.ring.submit_fsync(self.fd, true, ud),
+            RingOp::Fallocate { mode, offset, len } => {
+                self.ring.submit_fallocate(self.fd, mode, offset, len, ud)
+            }
+        };
+        match r {
+            Ok(()) => {
+                self.in_flight += 1;
+                // A failure leaves the SQE queued; poll submits it again.
+                let _ = self.ring.submit();
+                Ok(())
+            }
+            Err(RingFull(buf)) => {
+                let p = self.unslot(ud).unwrap_or(Pending { tag: 0, kind });
+                Err((p, buf))
+            }
+        }
+    }
+
+    fn zero_range_op(&self, offset: u64, len: u64) -> RingOp {
+        let punch = match self.cfg.zeroes {
+            ZeroesVia::ZeroRange { punch_fallback } => {
+                punch_fallback && self.shared.zero_range_refused.load(Ordering::Relaxed)
+            }
+            ZeroesVia::None => false,
+        };
+        let mode = if punch {
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE
+        } else {
+            libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE
+        };
+        RingOp::Fallocate { mode, offset, len }
+    }
+}
+
+enum RingOp {
+    Read {
+        offset: u64,
+        buf: SgList,
+    },
+    Write {
+        offset: u64,
+        buf: SgList,
+        flags: i32,
+    },
+    Fsync,
+    Fallocate {
+        mode: i32,
+        offset: u64,
+        len: u64,
+    },
+}
+
+/// Rebuilds the `BlockOp` a full ring refused, so `Busy` hands it back whole.
+fn give_back(op_for_busy: OpShape, buf: Option<SgList>) -> BlockOp {
+    match (op_for_busy, buf) {
+        (OpShape::Read { offset }, Some(buf)) => BlockOp::Read { offset, buf },
+        (OpShape::Write { offset, fua }, Some(buf)) => BlockOp::Write { offset, buf, fua },
+        (OpShape::Unmap { offset, len }, _) => BlockOp::Unmap { offset, len },
+        (OpShape::WriteZeroes { offset, len }, _) => BlockOp::WriteZeroes { offset, len },
+        // Flush, or a buffer-less read/write (cannot happen: the ring returns
+        // the buffer it was given).
+        _ => BlockOp::Flush,
+    }
+}
+
+#[derive(Clone, Copy)]
+enum OpShape {
+    Read { offset: u64 },
+    Write { offset: u64, fua: bool },
+    Flush,
+    Unmap { offset: u64, len: u64 },
+    WriteZeroes { offset: u64, len: u64 },
+}
+
+impl BackendQueue for UringQueue {
+    fn submit(&mut self, tag: u64, op: BlockOp) -> Result<(), Busy<BlockOp>> {
+        if self.in_flight >= self.depth || !self.ring.has_room() {
+            return Err(Busy(op));
+        }
+        let range_err = Err(BlockError::Os(libc::EINVAL));
+        let rofs = Err(BlockError::Os(libc::EROFS));
+        let (shape, p, rop) = match op {
+            BlockOp::Read { offset, buf } => {
+                if !self.in_range(offset, buf.len() as u64) || !self.aligned(offset, &buf) {
+                    self.finish_now(tag, range_err, Some(buf));
+                    return Ok(());
+                }
+                if buf.is_empty() {
+                    self.finish_now(tag, Ok(()), Some(buf));
+                    return Ok(());
+                }
+                (
+                    OpShape::Read { offset },
+                    Pending {
+                        tag,
+                        kind: Kind::Read,
+                    },
+                    RingOp::Read { offset, buf },
+                )
+            }
+            BlockOp::Write { offset, buf, fua } => {
+                if self.cfg.read_only {
+                    self.finish_now(tag, rofs, Some(buf));
+                    return Ok(());
+                }
+                if !self.in_range(offset, buf.len() as u64) || !self.aligned(offset, &buf) {
+                    self.finish_now(tag, range_err, Some(buf));
+                    return Ok(());
+                }
+                if buf.is_empty() {
+                    self.finish_now(tag, Ok(()), Some(buf));
+                    return Ok(());
+                }
+                // SBC-4 §5.40 WRITE (10): FUA=1 means the data is on the
+                // medium before GOOD status; RWF_DSYNC gives exactly that
+                // for this write. Write-through does it for every write.
+                let dsync = self.cfg.write_through || (fua && !self.cfg.nv_cache);
+                let flags = if dsync { libc::RWF_DSYNC } else { 0 };
+                (
+                    OpShape::Write { offset, fua },
+                    Pending {
+                        tag,
+                        kind: Kind::Write,
+                    },
+                    RingOp::Write { offset, buf, flags },
+                )
+            }
+            BlockOp::Flush => {
+                if self.cfg.nv_cache || self.cfg.read_only {
+                    self.finish_now(tag, Ok(()), None);
+                    return Ok(());
+                }
+                // SBC-4 §5.27 SYNCHRONIZE CACHE: every write completed so
+                // far must be on the medium: fdatasync.
+                (
+                    OpShape::Flush,
+                    Pending {
+                        tag,
+                        kind: Kind::Flush,
+                    },
+                    RingOp::Fsync,
+                )
+            }
+            BlockOp::Unmap { offset, len } => {
+                if self.cfg.read_only {
+                    self.finish_now(tag, rofs, None);
+                    return Ok(());
+                }
+                if !self.in_range(offset, len) {
+                    self.finish_now(tag, range_err, None);
+                    return Ok(());
+                }
+                match self.cfg.unmap {
+                    UnmapVia::None => {
+                        self.finish_now(tag, Err(BlockError::Unsupported), None);
+                        return Ok(());
+                    }
+                    UnmapVia::BlkDiscard => {
+                        // Blocking: see `UnmapVia::BlkDiscard`.
+                        let r = blockring::blk_discard(self.shared.file.as_fd(), offset, len)
+                            .map_err(|e| map_errno(e.raw_os_error().unwrap_or(libc::EIO)));
+                        self.finish_now(tag, r, None);
+                        return Ok(());
+                    }
+                    UnmapVia::PunchHole => (
+                        OpShape::Unmap { offset, len },
+                        Pending {
+                            tag,
+                            kind: Kind::Unmap,
+                        },
+                        RingOp::Fallocate {
+                            mode: libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                            offset,
+                            len,
+                        },
+                    ),
+                }
+            }
+            BlockOp::WriteZeroes { offset, len } => {
+                if self.cfg.read_only {
+                    self.finish_now(tag, rofs, None);
+                    return Ok(());
+                }
+                if !self.in_range(offset, len) {
+                    self.finish_now(tag, range_err, None);
+                    return Ok(());
+                }
+                if self.cfg.zeroes == ZeroesVia::None {
+                    self.finish_now(tag, Err(BlockError::Unsupported), None);
+                    return Ok(());
+                }
+                let rop = self.zero_range_op(offset, len);
+                let punched = matches!(rop, RingOp::Fallocate { mode, .. } if mode & libc::FALLOC_FL_PUNCH_HOLE != 0);
+                (
+                    OpShape::WriteZeroes { offset, len },
+                    Pending {
+                        tag,
+                        kind: Kind::WriteZeroes {
+                            offset,
+                            len,
+                            punched,
+                        },
+                    },
+                    rop,
+                )
+            }
+        };
+        match self.push(p, rop) {
+            Ok(()) => Ok(()),
+            // Cannot happen after the `has_room` check above (one slot per
+            // operation), but a full ring is back-pressure, never a panic.
+            Err((_, buf)) => Err(Busy(give_back(shape, buf))),
+        }
+    }
+
+    fn poll(&mut self, out: &mut Vec<BlockDone>) {
+        // Anything a failed io_uring_enter left queued goes now.
+        let _ = self.ring.submit();
+        while let Some(d) = self.ready.pop_front() {
+            self.in_flight -= 1;
+            out.push(d);
+        }
+        let mut reaped: Vec<(u64, blockring::OpResult, Option<SgList>)> = Vec::new();
+        self.ring.reap(|ud, r, buf| reaped.push((ud, r, buf)));
+        for (ud, r, buf) in reaped {
+            let Some(p) = self.unslot(ud) else { continue };
+            let tag = p.tag;
+            self.in_flight -= 1;
+            let (result, buf) = match (p.kind, r) {
+                (Kind::Read, Ok(n)) => {
+                    let mut buf = buf;
+                    if let Some(b) = buf.as_mut() {
+                        // Short read at end of file (the file shrank under
+                        // us): the rest reads as zeroes.
+                        zero_from(b, n as usize);
+                    }
+                    (Ok(()), buf)
+                }
+                (Kind::Write, Ok(n)) => {
+                    let want = buf.as_ref().map_or(0, |b| b.len() as u64);
+                    // The ring resubmits short writes; a write that stops
+                    // making progress is an I/O error.
+                    (
+                        if n == want {
+                            Ok(())
+                        } else {
+                            Err(BlockError::Io)
+                        },
+                        buf,
+                    )
+                }
+                (
+                    Kind::WriteZeroes {
+                        offset,
+                        len,
+                        punched: false,
+                    },
+                    Err(e),
+                ) if matches!(e, libc::EOPNOTSUPP | libc::EINVAL)
+                    && matches!(
+                        self.cfg.zeroes,
+                        ZeroesVia::ZeroRange {
+                            punch_fallback: true
+                        }
+                    ) =>
+                {
+                    // The filesystem has no ZERO_RANGE (tmpfs): punch a hole,
+                    // which reads back as zeroes, and remember.
+                    self.shared
+                        .zero_range_refused
+                        .store(true, Ordering::Relaxed);
+                    let p = Pending {
+                        tag,
+                        kind: Kind::WriteZeroes {
+                            offset,
+                            len,
+                            punched: true,
+                        },
+                    };
+                    let rop = self.zero_range_op(offset, len);
+                    match self.push(p, rop) {
+                        Ok(()) => continue,
+                        Err(_) => (Err(BlockError::Unsupported), None),
+                    }
+                }
+                (_, Ok(_)) => (Ok(()), buf),
+                (_, Err(e)) => (Err(map_errno(e)), buf),
+            };
+            out.push(BlockDone { tag, result, buf });
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    fn notify_fd(&self) -> Option<RawFd> {
+        Some(self.ring.eventfd())
+    }
+}
+
+/// Zeroes `buf` from byte `from` to its end.
+fn zero_from(buf: &mut SgList, from: usize) {
+    let mut skip = from;
+    for seg in buf.segments_mut() {
+        if skip >= seg.len() {
+            skip -= seg.len();
+            continue;
+        }
+        seg[skip..].fill(0);
+        skip = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errno_mapping() {
+        assert_eq!(map_errno(libc::EIO), BlockError::Io);
+        assert_eq!(map_errno(libc::ENOSPC), BlockError::NoSpace);
+        assert_eq!(map_errno(libc::ENOENT), BlockError::Offline);
+        assert_eq!(map_errno(libc::ESTALE), BlockError::Offline);
+        assert_eq!(map_errno(libc::ENODEV), BlockError::Offline);
+        assert_eq!(map_errno(libc::EBADF), BlockError::Offline);
+        assert_eq!(map_errno(libc::EOPNOTSUPP), BlockError::Unsupported);
+        assert_eq!(map_errno(libc::EPERM), BlockError::Os(libc::EPERM));
+    }
+
+    #[test]
+    fn zero_from_spans_segments() {
+        let mut sg = SgList::new();
+        for _ in 0..3 {
+            sg.push(ferrite_reactor::buf::IoBuf::from_slice(&[7u8; 100]));
+        }
+        zero_from(&mut sg, 150);
+        let v = sg.to_vec();
+        assert!(v[..150].iter().all(|&b| b == 7));
+        assert!(v[150..].iter().all(|&b| b == 0));
+    }
+}
