@@ -141,16 +141,7 @@ impl FileBackend {
             return Err(BackendError::Invalid(format!("{shown} is {kind}")));
         }
         let size = md.len();
-        // Probe hole punching past the end of the file, where no data can be
-        // lost: KEEP_SIZE leaves the size alone.
-        let punch_hole = !opts.read_only
-            && blockring::fallocate(
-                file.as_fd(),
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                size,
-                opts.block_size as u64,
-            )
-            .is_ok();
+        let punch_hole = !opts.read_only && probe_punch_hole(&file, size, opts.block_size);
         if opts.nv_cache {
             tracing::info!(path = %shown, "nv_cache: flushes and FUA skip fdatasync");
         }
@@ -195,6 +186,18 @@ impl FileBackend {
             },
         }
     }
+}
+
+/// Whether holes can be punched in `file`: probed past its end (`size`),
+/// where no data can be lost; `KEEP_SIZE` leaves the size alone.
+pub fn probe_punch_hole(file: &File, size: u64, len: u32) -> bool {
+    blockring::fallocate(
+        file.as_fd(),
+        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+        size,
+        len as u64,
+    )
+    .is_ok()
 }
 
 /// `mapping()` for any file descriptor that knows `SEEK_DATA`/`SEEK_HOLE`:
@@ -411,10 +414,7 @@ mod tests {
                 let b = create(&dir, 16 * MIB, bs);
                 let mut q = b.open_queue(32).unwrap();
                 let mut rng = Rng::new(bs as u64 + 17);
-                let opts = Options {
-                    zeroing: b.caps().unmap_zeroes,
-                    ..Options::qd32(600)
-                };
+                let opts = Options::for_caps(600, b.caps());
                 let r = integrity::run_with(
                     &mut *q,
                     &mut std::thread::yield_now,

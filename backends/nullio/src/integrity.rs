@@ -55,21 +55,34 @@ pub struct Options {
     pub writes: u64,
     /// Largest write, in blocks.
     pub max_blocks: u64,
-    /// Mix in unmap and write-zeroes (the backend must read them back as
-    /// zeroes: `Caps::unmap_zeroes` and `Caps::write_zeroes`).
-    pub zeroing: bool,
+    /// Mix in unmaps (the backend must read them back as zeroes:
+    /// `Caps::unmap_zeroes`).
+    pub unmap: bool,
+    /// Mix in write-zeroes (`Caps::write_zeroes`).
+    pub write_zeroes: bool,
     /// Operations kept in flight.
     pub depth: usize,
 }
 
 impl Options {
-    /// `writes` writes of up to 64 blocks at queue depth 32, with zeroing.
+    /// `writes` writes of up to 64 blocks at queue depth 32, with unmaps and
+    /// write-zeroes.
     pub fn qd32(writes: u64) -> Options {
         Options {
             writes,
             max_blocks: 64,
-            zeroing: true,
+            unmap: true,
+            write_zeroes: true,
             depth: 32,
+        }
+    }
+
+    /// [`Options::qd32`] with the zeroing operations `caps` allows.
+    pub fn for_caps(writes: u64, caps: ferrite_core::backend::Caps) -> Options {
+        Options {
+            unmap: caps.unmap && caps.unmap_zeroes,
+            write_zeroes: caps.write_zeroes,
+            ..Options::qd32(writes)
         }
     }
 }
@@ -144,15 +157,14 @@ pub fn run_with(
                     let tag = next_tag;
                     next_tag += 1;
                     issued += 1;
-                    let zeroing = opts.zeroing && rng.range(0, 9) == 0;
                     let offset = lba * bs;
-                    if zeroing {
-                        let len = blocks * bs;
-                        let op = if rng.range(0, 1) == 0 {
-                            BlockOp::Unmap { offset, len }
-                        } else {
-                            BlockOp::WriteZeroes { offset, len }
-                        };
+                    let len = blocks * bs;
+                    let zeroing = match rng.range(0, 19) {
+                        0 if opts.unmap => Some(BlockOp::Unmap { offset, len }),
+                        1 if opts.write_zeroes => Some(BlockOp::WriteZeroes { offset, len }),
+                        _ => None,
+                    };
+                    if let Some(op) = zeroing {
                         (tag, op, (lba, blocks, 0))
                     } else {
                         let stamp = tag;
