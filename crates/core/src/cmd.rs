@@ -143,7 +143,9 @@ impl Response {
 /// Task management functions (SAM-5 §7).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TmfFunction {
-    AbortTask { tag: TaskTag },
+    AbortTask {
+        tag: TaskTag,
+    },
     AbortTaskSet,
     ClearTaskSet,
     ClearAca,
@@ -151,7 +153,9 @@ pub enum TmfFunction {
     ItNexusReset,
     /// Target warm reset (iSCSI TARGET WARM RESET, SRP has none).
     TargetReset,
-    QueryTask { tag: TaskTag },
+    QueryTask {
+        tag: TaskTag,
+    },
     QueryTaskSet,
     QueryAsyncEvent,
 }

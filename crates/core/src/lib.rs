@@ -5,6 +5,11 @@
 //! management, unit attentions and AENs, and the SPC-4/SBC-4 emulation.
 //! It is sans-IO: no sockets, no threads, no clock (time is an argument).
 //!
+//! Layout: [`cmd`], [`backend`] and [`device`] are the contracts with
+//! fabrics, backends and management; [`emulate`] is the SCSI emulation as
+//! pure functions; [`shard`] is the per-core state machine ([`Shard`],
+//! [`Session`]) that orders, executes, aborts and answers commands.
+//!
 //! Does not own: transports (fabrics call [`Session`] and carry out the
 //! [`Action`]s it returns) or storage (backends implement
 //! [`backend::Backend`] and are driven through per-core
@@ -14,8 +19,11 @@
 pub mod backend;
 pub mod cmd;
 pub mod device;
+pub mod emulate;
+pub mod shard;
 
 pub use cmd::{
     Abort, Action, Cdb, CmdId, CmdRequest, DataDir, Residual, Response, TaskAttr, TaskTag,
     TmfFunction, TmfId, TmfRequest, TmfResponse,
 };
+pub use shard::{Nexus, Session, SessionId, Shard};

@@ -1,0 +1,502 @@
+//! The SPC-4/SBC-4 emulation: pure functions from a CDB and the device's
+//! state to a plan ([`plan`]: what the command needs from the backend and the
+//! transport) and to parameter data ([`data_in`]: INQUIRY, MODE SENSE, READ
+//! CAPACITY, REPORT LUNS, REQUEST SENSE).
+//!
+//! Owns: which commands this target supports, their field checks, range
+//! checks, write protection, residual rules. Does not own: ordering, unit
+//! attentions or buffers (see [`crate::shard`]).
+
+use ferrite_scsi::capacity::Capacity;
+use ferrite_scsi::cdb::{
+    BlockCdb, InquiryCdb, ModeSenseCdb, PreventAllowCdb, ReadCapacity10Cdb, ReportLunsCdb,
+    RequestSenseCdb, ServiceActionIn16Cdb, StartStopCdb, check_cdb,
+};
+use ferrite_scsi::inquiry::{self, vpd};
+use ferrite_scsi::mode::{self, ModeState};
+use ferrite_scsi::opcode::service_action_in_16;
+use ferrite_scsi::{Opcode, Sense};
+
+use crate::cmd::{DataDir, Residual};
+use crate::device::{LunEntry, LunMap};
+
+/// The largest data transfer of one READ or WRITE (reported in the Block
+/// Limits VPD page as MAXIMUM TRANSFER LENGTH).
+pub const MAX_TRANSFER_BYTES: u64 = 8 << 20;
+
+/// What a command needs once the task set lets it run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Plan {
+    /// Fails at once with this sense (and residual), before any ordering.
+    Fail(Sense, Residual),
+    /// GOOD without data or I/O.
+    Good(Residual),
+    /// Parameter data built by [`data_in`] at execution time.
+    DataIn,
+    /// Read `len` bytes at `offset` from the backend, send the first `xfer`.
+    Read {
+        offset: u64,
+        len: u32,
+        xfer: u32,
+        residual: Residual,
+    },
+    /// Fetch `len` bytes of write data, write them at `offset`.
+    Write {
+        offset: u64,
+        len: u32,
+        fua: bool,
+        residual: Residual,
+    },
+    /// Flush the backend's volatile cache.
+    Flush(Residual),
+}
+
+/// The Data-In residual when the device server has `spdtl` bytes to send and
+/// the transport expects `expected` (SAM-5 §5.4.3, RFC 7143 §11.4.5.2).
+pub fn residual_in(spdtl: u64, expected: u32) -> (u32, Residual) {
+    let exp = expected as u64;
+    if spdtl < exp {
+        (spdtl as u32, Residual::Underflow((exp - spdtl) as u32))
+    } else if spdtl > exp {
+        let over = u32::try_from(spdtl - exp).unwrap_or(u32::MAX);
+        (expected, Residual::Overflow(over))
+    } else {
+        (expected, Residual::None)
+    }
+}
+
+/// Residual for a command that transfers no data.
+fn no_data(expected: u32) -> Residual {
+    if expected > 0 {
+        Residual::Underflow(expected)
+    } else {
+        Residual::None
+    }
+}
+
+/// Byte of the TRANSFER LENGTH field, for field pointers.
+fn xfer_len_byte(cdb_len: usize) -> u16 {
+    match cdb_len {
+        6 => 4,
+        10 => 7,
+        12 => 6,
+        _ => 10,
+    }
+}
+
+fn fail(s: Sense) -> Plan {
+    Plan::Fail(s, Residual::None)
+}
+
+/// Decides what `cdb` needs. `entry` is `None` for a LUN that is not mapped;
+/// the caller has already answered everything but INQUIRY, REPORT LUNS and
+/// REQUEST SENSE for those.
+pub fn plan(cdb: &[u8], entry: Option<&LunEntry>, expected_len: u32, dir: DataDir) -> Plan {
+    let len = match check_cdb(cdb) {
+        Ok(l) => l,
+        Err(s) => return fail(s),
+    };
+    let op = Opcode(cdb[0]);
+    match op {
+        Opcode::INQUIRY => match InquiryCdb::decode(cdb) {
+            Ok(_) => Plan::DataIn,
+            Err(s) => fail(s),
+        },
+        Opcode::REPORT_LUNS => match ReportLunsCdb::decode(cdb) {
+            Ok(_) => Plan::DataIn,
+            Err(s) => fail(s),
+        },
+        Opcode::REQUEST_SENSE => match RequestSenseCdb::decode(cdb) {
+            Ok(_) => Plan::DataIn,
+            Err(s) => fail(s),
+        },
+        _ => {
+            let Some(e) = entry else {
+                return fail(Sense::LOGICAL_UNIT_NOT_SUPPORTED);
+            };
+            plan_lu(op, cdb, len, e, expected_len, dir)
+        }
+    }
+}
+
+fn plan_lu(
+    op: Opcode,
+    cdb: &[u8],
+    len: usize,
+    e: &LunEntry,
+    expected_len: u32,
+    dir: DataDir,
+) -> Plan {
+    let dev = &e.device;
+    let geo = dev.geometry();
+    let bs = geo.block_size as u64;
+    match op {
+        Opcode::TEST_UNIT_READY => Plan::Good(no_data(expected_len)),
+        Opcode::MODE_SENSE_6 | Opcode::MODE_SENSE_10 => match ModeSenseCdb::decode(cdb) {
+            Ok(_) => Plan::DataIn,
+            Err(s) => fail(s),
+        },
+        Opcode::READ_CAPACITY_10 => match ReadCapacity10Cdb::decode(cdb) {
+            Ok(_) => Plan::DataIn,
+            Err(s) => fail(s),
+        },
+        Opcode::SERVICE_ACTION_IN_16 => match ServiceActionIn16Cdb::decode(cdb) {
+            Ok(c) if c.action == service_action_in_16::READ_CAPACITY_16 => Plan::DataIn,
+            Ok(_) => fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(4))),
+            Err(s) => fail(s),
+        },
+        Opcode::START_STOP_UNIT => match StartStopCdb::decode(cdb) {
+            // SBC-4 §5.25: accepted; this device has no medium to load or
+            // eject and no power conditions.
+            Ok(_) => Plan::Good(no_data(expected_len)),
+            Err(s) => fail(s),
+        },
+        Opcode::PREVENT_ALLOW_MEDIUM_REMOVAL => match PreventAllowCdb::decode(cdb) {
+            Ok(_) => Plan::Good(no_data(expected_len)),
+            Err(s) => fail(s),
+        },
+        Opcode::READ_6 | Opcode::READ_10 | Opcode::READ_12 | Opcode::READ_16 => {
+            let c = match BlockCdb::decode(cdb) {
+                Ok(c) => c,
+                Err(s) => return fail(s),
+            };
+            if let Err(s) = c.check_no_protect() {
+                return fail(s);
+            }
+            if let Err(s) = c.check_range(geo.num_blocks) {
+                return fail(s);
+            }
+            let spdtl = c.blocks as u64 * bs;
+            if spdtl > MAX_TRANSFER_BYTES {
+                return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(xfer_len_byte(len), None));
+            }
+            // SAM-5 §5.4.3: transfer at most the expected length; read only the
+            // blocks that cover it.
+            let (xfer, residual) = residual_in(spdtl, expected_len);
+            if xfer == 0 {
+                return Plan::Good(residual);
+            }
+            let read = (xfer as u64).div_ceil(bs) * bs;
+            Plan::Read {
+                offset: c.lba * bs,
+                len: read as u32,
+                xfer,
+                residual,
+            }
+        }
+        Opcode::WRITE_6 | Opcode::WRITE_10 | Opcode::WRITE_12 | Opcode::WRITE_16 => {
+            let c = match BlockCdb::decode(cdb) {
+                Ok(c) => c,
+                Err(s) => return fail(s),
+            };
+            if let Err(s) = c.check_no_protect() {
+                return fail(s);
+            }
+            if let Err(s) = c.check_range(geo.num_blocks) {
+                return fail(s);
+            }
+            let spdtl = c.blocks as u64 * bs;
+            if spdtl > MAX_TRANSFER_BYTES {
+                return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(xfer_len_byte(len), None));
+            }
+            // SBC-4 §4.11: writes to a write-protected medium fail with
+            // DATA PROTECT, WRITE PROTECTED.
+            if dev.flags.read_only || e.read_only {
+                return fail(Sense::WRITE_PROTECTED);
+            }
+            // Write data can only arrive on a Data-Out transfer.
+            let expected = match dir {
+                DataDir::Write | DataDir::Bidi => expected_len,
+                DataDir::None | DataDir::Read => 0,
+            };
+            if spdtl > expected as u64 {
+                // FCP-4 §9.4.2 b) (the rule libiscsi's iSCSIResiduals tests
+                // hold iSCSI targets to): the initiator will send less than the
+                // CDB asks for; transfer nothing and report INVALID FIELD IN
+                // COMMAND INFORMATION UNIT with the overflow.
+                let over = u32::try_from(spdtl - expected as u64).unwrap_or(u32::MAX);
+                return Plan::Fail(
+                    Sense::INVALID_FIELD_IN_COMMAND_INFORMATION_UNIT,
+                    Residual::Overflow(over),
+                );
+            }
+            let residual = no_data(expected - spdtl as u32);
+            if spdtl == 0 {
+                // SBC-4 §5.32: a TRANSFER LENGTH of zero writes nothing.
+                return Plan::Good(residual);
+            }
+            Plan::Write {
+                offset: c.lba * bs,
+                len: spdtl as u32,
+                // FUA is implied on a write-through device.
+                fua: c.fua() && !dev.flags.write_through,
+                residual,
+            }
+        }
+        Opcode::VERIFY_10 | Opcode::VERIFY_12 | Opcode::VERIFY_16 => {
+            let c = match BlockCdb::decode(cdb) {
+                Ok(c) => c,
+                Err(s) => return fail(s),
+            };
+            if let Err(s) = c.check_no_protect() {
+                return fail(s);
+            }
+            // SBC-4 §5.34: BYTCHK = 00b verifies the medium only; comparing
+            // with Data-Out (01b, 11b) is not supported.
+            if c.bytchk() != 0 {
+                return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(2)));
+            }
+            if let Err(s) = c.check_range(geo.num_blocks) {
+                return fail(s);
+            }
+            Plan::Good(no_data(expected_len))
+        }
+        Opcode::SYNCHRONIZE_CACHE_10 | Opcode::SYNCHRONIZE_CACHE_16 => {
+            let c = match BlockCdb::decode(cdb) {
+                Ok(c) => c,
+                Err(s) => return fail(s),
+            };
+            // SBC-4 §5.26: the range is checked even though the whole cache is
+            // flushed.
+            if let Err(s) = c.check_range(geo.num_blocks) {
+                return fail(s);
+            }
+            if dev.flags.nv_cache {
+                Plan::Good(no_data(expected_len))
+            } else {
+                Plan::Flush(no_data(expected_len))
+            }
+        }
+        _ => fail(Sense::INVALID_COMMAND_OPERATION_CODE),
+    }
+}
+
+/// What [`data_in`] needs besides the CDB.
+#[derive(Clone, Copy, Debug)]
+pub struct DataCtx<'a> {
+    pub entry: Option<&'a LunEntry>,
+    pub luns: &'a LunMap,
+    /// Relative target port identifier of the session's port.
+    pub rel_port: u16,
+    /// Target name (VPD 83h SCSI name string).
+    pub target: &'a str,
+    /// For REQUEST SENSE: the pending condition to report (a unit attention
+    /// the caller has dequeued).
+    pub pending: Option<Sense>,
+}
+
+/// The VPD pages this target reports, ascending (SPC-4 §7.8.16).
+const VPD_PAGES: [u8; 6] = [
+    vpd::SUPPORTED_PAGES,
+    vpd::UNIT_SERIAL_NUMBER,
+    vpd::DEVICE_IDENTIFICATION,
+    vpd::BLOCK_LIMITS,
+    vpd::BLOCK_DEVICE_CHARACTERISTICS,
+    vpd::LOGICAL_BLOCK_PROVISIONING,
+];
+
+/// Builds the parameter data of a [`Plan::DataIn`] command into `out`
+/// (cleared first). Returns the allocation length to truncate it to.
+pub fn data_in(cdb: &[u8], ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<u32, Sense> {
+    out.clear();
+    match Opcode(cdb[0]) {
+        Opcode::INQUIRY => {
+            let c = InquiryCdb::decode(cdb)?;
+            inquiry_data(&c, ctx, out)?;
+            Ok(c.alloc_len as u32)
+        }
+        Opcode::REPORT_LUNS => {
+            let c = ReportLunsCdb::decode(cdb)?;
+            ferrite_scsi::lun::report_luns(c.select, ctx.luns.luns.keys().copied(), out);
+            Ok(c.alloc_len)
+        }
+        Opcode::REQUEST_SENSE => {
+            let c = RequestSenseCdb::decode(cdb)?;
+            // SPC-4 §6.39: report a pending unit attention (and clear it, done
+            // by the caller); for an unmapped LUN, LOGICAL UNIT NOT SUPPORTED;
+            // else NO SENSE. Status is GOOD in every case.
+            let s = match (ctx.pending, ctx.entry) {
+                (Some(s), _) => s,
+                (None, None) => Sense::LOGICAL_UNIT_NOT_SUPPORTED,
+                (None, Some(_)) => Sense::NO_SENSE,
+            };
+            out.extend_from_slice(&s.encode(c.desc));
+            Ok(c.alloc_len as u32)
+        }
+        Opcode::MODE_SENSE_6 | Opcode::MODE_SENSE_10 => {
+            let e = ctx.entry.ok_or(Sense::LOGICAL_UNIT_NOT_SUPPORTED)?;
+            let c = ModeSenseCdb::decode(cdb)?;
+            let g = e.device.geometry();
+            let st = ModeState {
+                num_blocks: g.num_blocks,
+                block_size: g.block_size,
+                write_protect: e.read_only || e.device.flags.read_only,
+                write_cache: !e.device.flags.write_through,
+                d_sense: false,
+            };
+            mode::mode_sense(&c, &st, out)?;
+            Ok(c.alloc_len as u32)
+        }
+        Opcode::READ_CAPACITY_10 => {
+            let e = ctx.entry.ok_or(Sense::LOGICAL_UNIT_NOT_SUPPORTED)?;
+            out.extend_from_slice(&capacity(e).read_capacity_10());
+            Ok(8)
+        }
+        Opcode::SERVICE_ACTION_IN_16 => {
+            let e = ctx.entry.ok_or(Sense::LOGICAL_UNIT_NOT_SUPPORTED)?;
+            let c = ServiceActionIn16Cdb::decode(cdb)?;
+            out.extend_from_slice(&capacity(e).read_capacity_16());
+            Ok(c.alloc_len)
+        }
+        _ => Err(Sense::INVALID_COMMAND_OPERATION_CODE),
+    }
+}
+
+/// Whether this device reports logical block provisioning management. The
+/// core does not emulate UNMAP or WRITE SAME yet, so it never claims LBPME,
+/// LBPU or LBPWS, whatever the backend can do.
+fn lbpme(_e: &LunEntry) -> bool {
+    false
+}
+
+fn capacity(e: &LunEntry) -> Capacity {
+    let g = e.device.geometry();
+    Capacity {
+        num_blocks: g.num_blocks,
+        block_size: g.block_size,
+        phys_exp: g.phys_exp,
+        lbpme: lbpme(e),
+        lbprz: lbpme(e) && e.device.backend.caps().unmap_zeroes,
+    }
+}
+
+fn inquiry_data(c: &InquiryCdb, ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<(), Sense> {
+    let Some(e) = ctx.entry else {
+        if c.evpd {
+            return Err(Sense::LOGICAL_UNIT_NOT_SUPPORTED);
+        }
+        // SPC-4 §6.6.2: peripheral qualifier 011b, device type 1Fh for a LUN
+        // the target cannot support.
+        inquiry::standard_inquiry(
+            &inquiry::StandardInquiry {
+                qualifier: inquiry::QUALIFIER_NOT_SUPPORTED,
+                device_type: inquiry::TYPE_UNKNOWN,
+                vendor: "",
+                product: "",
+                revision: "",
+                tpgs: 0,
+            },
+            out,
+        );
+        return Ok(());
+    };
+    let id = &e.device.identity;
+    let pq = inquiry::TYPE_DISK;
+    if !c.evpd {
+        inquiry::standard_inquiry(
+            &inquiry::StandardInquiry {
+                qualifier: 0,
+                device_type: inquiry::TYPE_DISK,
+                vendor: &id.vendor,
+                product: &id.product,
+                revision: &id.revision,
+                tpgs: 0,
+            },
+            out,
+        );
+        return Ok(());
+    }
+    let g = e.device.geometry();
+    let bs = g.block_size.max(1) as u64;
+    match c.page {
+        vpd::SUPPORTED_PAGES => inquiry::supported_pages(pq, &VPD_PAGES, out),
+        vpd::UNIT_SERIAL_NUMBER => inquiry::unit_serial(pq, &id.serial, out),
+        vpd::DEVICE_IDENTIFICATION => inquiry::device_identification(
+            pq,
+            &inquiry::DeviceIds {
+                naa: id.naa,
+                eui64: id.eui64,
+                vendor: &id.vendor,
+                vendor_specific: if id.serial.is_empty() {
+                    &e.device.name
+                } else {
+                    &id.serial
+                },
+                rel_port: ctx.rel_port,
+                tpg: None,
+                target_name: ctx.target,
+            },
+            out,
+        ),
+        vpd::BLOCK_LIMITS => {
+            let max = (MAX_TRANSFER_BYTES / bs) as u32;
+            inquiry::block_limits(
+                pq,
+                &inquiry::BlockLimits {
+                    opt_granularity: 1u16 << g.phys_exp.min(15),
+                    max_transfer: max,
+                    opt_transfer: max,
+                    // SBC-4 §6.6.4: zero when UNMAP is not supported.
+                    max_unmap_lbas: 0,
+                    max_unmap_descriptors: 0,
+                    unmap_granularity: 0,
+                    max_write_same: 0,
+                },
+                out,
+            )
+        }
+        vpd::BLOCK_DEVICE_CHARACTERISTICS => {
+            inquiry::block_device_characteristics(pq, e.device.flags.rotational, out)
+        }
+        vpd::LOGICAL_BLOCK_PROVISIONING => inquiry::logical_block_provisioning(
+            pq,
+            &inquiry::Provisioning {
+                lbpu: lbpme(e),
+                lbpws: lbpme(e),
+                lbpws10: lbpme(e),
+                lbprz: lbpme(e) && e.device.backend.caps().unmap_zeroes,
+                thin: e.device.flags.thin_provisioned,
+            },
+            out,
+        ),
+        // SPC-4 §6.6.1: an unsupported VPD page is an INVALID FIELD IN CDB.
+        _ => return Err(Sense::INVALID_FIELD_IN_CDB.cdb_field(2, None)),
+    }
+    Ok(())
+}
+
+/// True for the commands a pending unit attention does not fail (SAM-5
+/// §5.14, SPC-4 §5.12): INQUIRY, REPORT LUNS, REQUEST SENSE.
+pub fn passes_unit_attention(op: u8) -> bool {
+    matches!(
+        Opcode(op),
+        Opcode::INQUIRY | Opcode::REPORT_LUNS | Opcode::REQUEST_SENSE
+    )
+}
+
+/// True for the commands answered on a LUN that is not mapped.
+pub fn serves_unmapped_lun(op: u8) -> bool {
+    passes_unit_attention(op)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn residual_rules() {
+        assert_eq!(residual_in(512, 10000), (512, Residual::Underflow(9488)));
+        assert_eq!(residual_in(512, 200), (200, Residual::Overflow(312)));
+        assert_eq!(residual_in(512, 0), (0, Residual::Overflow(512)));
+        assert_eq!(residual_in(512, 512), (512, Residual::None));
+    }
+
+    #[test]
+    fn exempt_commands() {
+        assert!(passes_unit_attention(0x12));
+        assert!(passes_unit_attention(0xa0));
+        assert!(passes_unit_attention(0x03));
+        assert!(!passes_unit_attention(0x00));
+        assert!(!serves_unmapped_lun(0x28));
+    }
+}

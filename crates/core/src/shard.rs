@@ -1,0 +1,1185 @@
+//! The per-core target core: a [`Shard`] owns the sessions (I_T nexuses) of
+//! one core, their commands and task sets, their unit attentions, pending task
+//! management functions, and that core's backend queues.
+//!
+//! Everything here runs on one thread, with no lock: a fabric calls a
+//! [`Session`] handle, the reactor calls [`Shard::poll`], and both drain the
+//! actions each session queues. Commands live in one slab; their life is the
+//! [`CmdState`] enum advanced in [`Shard::advance`].
+//!
+//! Does not own: the transport (fabrics), storage (backends), or resets that
+//! span cores (a reset's scope here is this shard's sessions; the daemon
+//! forwards a TARGET RESET to other cores by message).
+
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::time::Instant;
+
+use ferrite_reactor::buf::{BufPool, SgList};
+use ferrite_scsi::{Lun, Sense};
+use slab::Slab;
+use smallvec::SmallVec;
+
+use crate::backend::{BackendQueue, BlockDone, BlockError, BlockOp, Busy};
+use crate::cmd::{
+    Abort, Action, Cdb, CmdId, CmdRequest, Residual, Response, TaskAttr, TaskTag, TmfFunction,
+    TmfId, TmfRequest, TmfResponse,
+};
+use crate::device::{Device, DeviceId, LunEntry, LunMap};
+use crate::emulate::{self, DataCtx, Plan};
+
+/// Depth of each backend queue this shard opens.
+pub const QUEUE_DEPTH: u32 = 128;
+
+/// Unit attentions kept per nexus per LUN; older ones are dropped first.
+const UA_QUEUE_MAX: usize = 8;
+
+/// A session's handle inside its shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionId(pub u32);
+
+/// The I_T nexus of a session (SAM-5 §4.6).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Nexus {
+    /// Initiator name (iSCSI initiator name, SRP initiator port id).
+    pub initiator: String,
+    /// Initiator port name, e.g. `iqn...,i,0x<isid>`.
+    pub initiator_port: String,
+    /// Target name.
+    pub target: String,
+    /// Relative target port identifier (VPD 83h).
+    pub rel_port_id: u16,
+}
+
+/// Where a command is in its life; each state says what it waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CmdState {
+    /// Checked and planned; not yet looked at by the task set.
+    New,
+    /// Waits for older tasks of its task set (SAM-5 §8.6: an older ORDERED
+    /// task, or for an ORDERED task any older task) to finish.
+    Blocked,
+    /// `Action::FetchData` is queued or carried out; waits for
+    /// `data_out_done`.
+    NeedData,
+    /// The backend queue said Busy; the op waits in `Cmd::op` for a retry
+    /// after the next `poll`.
+    QueueFull,
+    /// A block operation is in flight; waits for its `BlockDone`.
+    Exec,
+    /// `Action::Respond` is queued or being sent; waits for `response_sent`.
+    Respond,
+}
+
+struct Cmd {
+    session: SessionId,
+    /// Shard-wide sequence number, the high half of the backend tag.
+    seq: u32,
+    tag: TaskTag,
+    lun: Lun,
+    attr: TaskAttr,
+    cdb: Cdb,
+    expected_len: u32,
+    state: CmdState,
+    plan: Plan,
+    entry: Option<LunEntry>,
+    /// Aborted by task management or session close: never responds.
+    aborted: bool,
+    /// Counted in its LU's task set.
+    in_task_set: bool,
+    /// A block operation handed back by a Busy queue.
+    op: Option<BlockOp>,
+}
+
+/// Per nexus per LUN state: unit attentions, the capacity generation last
+/// seen, and the task set (TST = 001b: one per I_T nexus).
+#[derive(Default)]
+struct LuState {
+    ua: VecDeque<Sense>,
+    generation: Option<u32>,
+    /// Active tasks in arrival order (slab keys).
+    tasks: VecDeque<usize>,
+    /// ORDERED tasks among `tasks`.
+    ordered: usize,
+}
+
+impl LuState {
+    fn raise(&mut self, s: Sense) {
+        if self.ua.contains(&s) {
+            return;
+        }
+        if self.ua.len() >= UA_QUEUE_MAX {
+            self.ua.pop_front();
+        }
+        self.ua.push_back(s);
+    }
+}
+
+struct SessionState {
+    nexus: Nexus,
+    luns: Arc<LunMap>,
+    aen: bool,
+    /// Closed by the fabric; lingers until backend I/O drains.
+    closing: bool,
+    actions: VecDeque<Action>,
+    in_ready: bool,
+    lus: HashMap<Lun, LuState>,
+    /// Commands of this session in the slab.
+    live: usize,
+    next_tmf: u32,
+}
+
+struct PendingTmf {
+    session: SessionId,
+    id: TmfId,
+    tag: TaskTag,
+    rsp: TmfResponse,
+    /// Commands (slab key, seq) still draining.
+    waiting: SmallVec<[(usize, u32); 8]>,
+}
+
+struct DevQueue {
+    q: Option<Box<dyn BackendQueue>>,
+    logged: bool,
+}
+
+/// The target core of one reactor core.
+pub struct Shard {
+    core: usize,
+    pool: BufPool,
+    sessions: HashMap<SessionId, SessionState>,
+    next_session: u32,
+    cmds: Slab<Cmd>,
+    next_seq: u32,
+    queues: HashMap<DeviceId, DevQueue>,
+    /// Commands in `QueueFull`, oldest first.
+    retry: VecDeque<usize>,
+    tmfs: Vec<PendingTmf>,
+    ready: Vec<SessionId>,
+    done: Vec<BlockDone>,
+    scratch: Vec<u8>,
+}
+
+impl std::fmt::Debug for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shard")
+            .field("core", &self.core)
+            .field("sessions", &self.sessions.len())
+            .field("cmds", &self.cmds.len())
+            .finish()
+    }
+}
+
+/// A handle on one open session, borrowing its shard.
+pub struct Session<'a> {
+    shard: &'a mut Shard,
+    id: SessionId,
+}
+
+impl std::fmt::Debug for Session<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Session({:?})", self.id)
+    }
+}
+
+fn tag_of(key: usize, seq: u32) -> u64 {
+    ((seq as u64) << 32) | key as u64
+}
+
+/// SBC-4 §4.? / SPC-4 Annex D: the sense a failed block operation reports.
+fn block_error_sense(e: BlockError, write: bool) -> Sense {
+    match e {
+        BlockError::Io if write => Sense::WRITE_ERROR,
+        BlockError::Io => Sense::UNRECOVERED_READ_ERROR,
+        BlockError::NoSpace => Sense::SPACE_ALLOCATION_FAILED_WRITE_PROTECT,
+        BlockError::Offline => Sense::LOGICAL_UNIT_NOT_READY_CAUSE_NOT_REPORTABLE,
+        BlockError::Unsupported | BlockError::Os(_) => Sense::INTERNAL_TARGET_FAILURE,
+    }
+}
+
+fn check(sense: Sense, residual: Residual) -> Response {
+    let mut r = Response::check(sense);
+    r.residual = residual;
+    r
+}
+
+fn good(residual: Residual) -> Response {
+    let mut r = Response::good();
+    r.residual = residual;
+    r
+}
+
+impl Shard {
+    /// A shard for reactor core `core`, taking buffers from `pool`.
+    pub fn new(core: usize, pool: BufPool) -> Shard {
+        Shard {
+            core,
+            pool,
+            sessions: HashMap::new(),
+            next_session: 1,
+            cmds: Slab::with_capacity(256),
+            next_seq: 1,
+            queues: HashMap::new(),
+            retry: VecDeque::new(),
+            tmfs: Vec::new(),
+            ready: Vec::new(),
+            done: Vec::with_capacity(QUEUE_DEPTH as usize),
+            scratch: Vec::with_capacity(512),
+        }
+    }
+
+    /// The reactor core this shard belongs to.
+    pub fn core(&self) -> usize {
+        self.core
+    }
+
+    /// Opens a session (I_T nexus) with `luns`. SAM-5 §5.14: every LUN starts
+    /// with POWER ON, RESET, OR BUS DEVICE RESET OCCURRED pending.
+    pub fn open_session(
+        &mut self,
+        _now: Instant,
+        nexus: Nexus,
+        luns: Arc<LunMap>,
+        aen: bool,
+    ) -> SessionId {
+        let id = SessionId(self.next_session);
+        self.next_session = self.next_session.wrapping_add(1).max(1);
+        let mut lus = HashMap::new();
+        for (lun, e) in &luns.luns {
+            let mut st = LuState {
+                generation: Some(e.device.generation()),
+                ..LuState::default()
+            };
+            st.raise(Sense::POWER_ON_RESET);
+            lus.insert(*lun, st);
+        }
+        self.sessions.insert(
+            id,
+            SessionState {
+                nexus,
+                luns,
+                aen,
+                closing: false,
+                actions: VecDeque::new(),
+                in_ready: false,
+                lus,
+                live: 0,
+                next_tmf: 1,
+            },
+        );
+        id
+    }
+
+    /// A handle on an open session; `None` once it is closed.
+    pub fn session(&mut self, id: SessionId) -> Option<Session<'_>> {
+        match self.sessions.get(&id) {
+            Some(s) if !s.closing => Some(Session { shard: self, id }),
+            _ => None,
+        }
+    }
+
+    /// Ends a session: aborts its tasks and drops its queued actions. It
+    /// lingers until its backend I/O drains; no further actions are queued
+    /// for it.
+    pub fn close_session(&mut self, _now: Instant, id: SessionId) {
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        s.closing = true;
+        s.actions.clear();
+        self.tmfs.retain(|t| t.session != id);
+        let keys: Vec<usize> = self
+            .cmds
+            .iter()
+            .filter(|(_, c)| c.session == id)
+            .map(|(k, _)| k)
+            .collect();
+        for k in keys {
+            // The fabric will not call back for this session: a command
+            // waiting for data or for response_sent is gone now.
+            match self.cmds[k].state {
+                CmdState::Exec => self.cmds[k].aborted = true,
+                _ => self.free(k),
+            }
+        }
+        self.reap(id);
+    }
+
+    /// Polls backend queues, completes commands and retries operations a
+    /// full queue handed back. True if anything moved.
+    pub fn poll(&mut self, _now: Instant) -> bool {
+        let mut done = std::mem::take(&mut self.done);
+        for dq in self.queues.values_mut() {
+            if let Some(q) = dq.q.as_mut()
+                && q.in_flight() > 0
+            {
+                q.poll(&mut done);
+            }
+        }
+        let mut progress = !done.is_empty();
+        for d in done.drain(..) {
+            self.complete(d);
+        }
+        self.done = done;
+        if !self.retry.is_empty() {
+            progress |= self.retry_busy();
+        }
+        progress
+    }
+
+    /// Moves the sessions with queued actions into `out`.
+    pub fn ready_sessions(&mut self, out: &mut Vec<SessionId>) {
+        for id in self.ready.drain(..) {
+            if let Some(s) = self.sessions.get_mut(&id) {
+                s.in_ready = false;
+                if !s.actions.is_empty() {
+                    out.push(id);
+                }
+            }
+        }
+    }
+
+    /// True while some backend queue without a notify fd has I/O in flight, or
+    /// an operation waits for a queue slot: the reactor must keep polling.
+    pub fn wants_spin(&self) -> bool {
+        !self.retry.is_empty()
+            || self.queues.values().any(|d| {
+                d.q.as_ref()
+                    .is_some_and(|q| q.notify_fd().is_none() && q.in_flight() > 0)
+            })
+    }
+
+    /// The notify fd of every open backend queue.
+    pub fn notify_fds(&self, out: &mut Vec<RawFd>) {
+        for d in self.queues.values() {
+            if let Some(fd) = d.q.as_ref().and_then(|q| q.notify_fd()) {
+                out.push(fd);
+            }
+        }
+    }
+
+    /// Replaces a session's LUN map: SPC-4 §5.12 (table 25) REPORTED LUNS DATA
+    /// HAS CHANGED on every LUN of the new map, and an AEN if the fabric can
+    /// carry one.
+    pub fn set_luns(&mut self, id: SessionId, luns: Arc<LunMap>) {
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        if s.closing {
+            return;
+        }
+        for (lun, e) in &luns.luns {
+            let st = s.lus.entry(*lun).or_default();
+            if st.generation.is_none() {
+                st.generation = Some(e.device.generation());
+            }
+            st.raise(Sense::REPORTED_LUNS_DATA_HAS_CHANGED);
+        }
+        let first = luns.luns.keys().next().copied().unwrap_or_default();
+        s.luns = luns;
+        if s.aen {
+            s.actions.push_back(Action::Aen {
+                lun: first,
+                sense: Sense::REPORTED_LUNS_DATA_HAS_CHANGED,
+            });
+            self.mark_ready(id);
+        }
+    }
+
+    // ----- internals -----
+
+    fn mark_ready(&mut self, id: SessionId) {
+        if let Some(s) = self.sessions.get_mut(&id)
+            && !s.in_ready
+        {
+            s.in_ready = true;
+            self.ready.push(id);
+        }
+    }
+
+    fn push_action(&mut self, id: SessionId, a: Action) {
+        if let Some(s) = self.sessions.get_mut(&id)
+            && !s.closing
+        {
+            s.actions.push_back(a);
+            self.mark_ready(id);
+        }
+    }
+
+    fn submit(&mut self, id: SessionId, req: CmdRequest) -> CmdId {
+        // The LUN as the fabric decoded it, unless the raw field says
+        // otherwise (a fabric may leave `lun_raw` zeroed).
+        let lun = if req.lun_raw == [0; 8] {
+            Some(req.lun)
+        } else {
+            Lun::decode(req.lun_raw)
+        };
+        let Some(s) = self.sessions.get_mut(&id) else {
+            // No such session: nothing will ever be answered; hand back an id
+            // that no command has.
+            return CmdId(u32::MAX);
+        };
+        let entry = lun.and_then(|l| s.luns.get(l).cloned());
+        let op = req.cdb.first().copied().unwrap_or(0);
+        let mut early: Option<Response> = None;
+        if let (Some(l), Some(e)) = (lun, entry.as_ref()) {
+            let st = s.lus.entry(l).or_default();
+            // SBC-4 §4.10: CAPACITY DATA HAS CHANGED once per nexus after a
+            // resize.
+            let g = e.device.generation();
+            match st.generation {
+                Some(old) if old != g => st.raise(Sense::CAPACITY_DATA_HAS_CHANGED),
+                _ => {}
+            }
+            st.generation = Some(g);
+            // SAM-5 §5.14: a pending unit attention fails the next command,
+            // except INQUIRY, REPORT LUNS and REQUEST SENSE, and is cleared.
+            if !emulate::passes_unit_attention(op)
+                && let Some(ua) = st.ua.pop_front()
+            {
+                early = Some(Response::check(ua));
+            }
+        } else if !emulate::serves_unmapped_lun(op) {
+            // SPC-4 §4.? / SAM-5 §5.9.? : LOGICAL UNIT NOT SUPPORTED.
+            early = Some(Response::check(Sense::LOGICAL_UNIT_NOT_SUPPORTED));
+        }
+        let plan = match early {
+            Some(_) => Plan::Good(Residual::None),
+            None => emulate::plan(&req.cdb, entry.as_ref(), req.expected_len, req.dir),
+        };
+        s.live += 1;
+        let seq = self.next_seq;
+        self.next_seq = self.next_seq.wrapping_add(1);
+        let key = self.cmds.insert(Cmd {
+            session: id,
+            seq,
+            tag: req.tag,
+            lun: lun.unwrap_or_default(),
+            attr: req.attr,
+            cdb: req.cdb,
+            expected_len: req.expected_len,
+            state: CmdState::New,
+            plan,
+            entry,
+            aborted: false,
+            in_task_set: false,
+            op: None,
+        });
+        let cid = CmdId(key as u32);
+        if let Some(rsp) = early {
+            self.respond(key, rsp);
+            return cid;
+        }
+        if let Plan::Fail(sense, residual) = plan {
+            self.respond(key, check(sense, residual));
+            return cid;
+        }
+        // Enter the task set of this nexus and LU.
+        if let Some(st) = self.lu_mut(key) {
+            st.tasks.push_back(key);
+            if req.attr == TaskAttr::Ordered {
+                st.ordered += 1;
+            }
+            self.cmds[key].in_task_set = true;
+        }
+        self.advance(key);
+        cid
+    }
+
+    fn lu_mut(&mut self, key: usize) -> Option<&mut LuState> {
+        let c = self.cmds.get(key)?;
+        let (sid, lun) = (c.session, c.lun);
+        self.sessions.get_mut(&sid)?.lus.get_mut(&lun)
+    }
+
+    /// SAM-5 §8.6: may this task start? HEAD OF QUEUE at once; SIMPLE when no
+    /// older ORDERED task is active; ORDERED when no older task is active.
+    fn may_start(&self, key: usize) -> bool {
+        let Some(c) = self.cmds.get(key) else {
+            return false;
+        };
+        if !c.in_task_set {
+            return true;
+        }
+        let Some(st) = self
+            .sessions
+            .get(&c.session)
+            .and_then(|s| s.lus.get(&c.lun))
+        else {
+            return true;
+        };
+        match c.attr {
+            TaskAttr::HeadOfQueue => true,
+            TaskAttr::Ordered => st.tasks.front() == Some(&key),
+            TaskAttr::Simple | TaskAttr::Aca => {
+                if st.ordered == 0 {
+                    return true;
+                }
+                for &k in &st.tasks {
+                    if k == key {
+                        return true;
+                    }
+                    if self
+                        .cmds
+                        .get(k)
+                        .is_some_and(|o| o.attr == TaskAttr::Ordered)
+                    {
+                        return false;
+                    }
+                }
+                true
+            }
+        }
+    }
+
+    /// Advances a command as far as it can go now.
+    fn advance(&mut self, key: usize) {
+        let Some(c) = self.cmds.get(key) else {
+            return;
+        };
+        match c.state {
+            CmdState::New | CmdState::Blocked => {
+                if !self.may_start(key) {
+                    self.cmds[key].state = CmdState::Blocked;
+                    return;
+                }
+                self.start(key);
+            }
+            // The others move on events: data_out_done, poll, response_sent.
+            CmdState::NeedData | CmdState::QueueFull | CmdState::Exec | CmdState::Respond => {}
+        }
+    }
+
+    /// Runs a command the task set let through.
+    fn start(&mut self, key: usize) {
+        let c = &self.cmds[key];
+        match c.plan {
+            Plan::Fail(s, r) => self.respond(key, check(s, r)),
+            Plan::Good(r) => self.respond(key, good(r)),
+            Plan::DataIn => self.start_data_in(key),
+            Plan::Read { offset, len, .. } => {
+                let buf = self.pool.sg(len as usize);
+                self.submit_op(key, BlockOp::Read { offset, buf });
+            }
+            Plan::Write { len, .. } => {
+                let buf = self.pool.sg(len as usize);
+                let (sid, tag) = (c.session, c.tag);
+                self.cmds[key].state = CmdState::NeedData;
+                self.push_action(
+                    sid,
+                    Action::FetchData {
+                        id: CmdId(key as u32),
+                        tag,
+                        buf,
+                        offset: 0,
+                        len,
+                    },
+                );
+            }
+            Plan::Flush(_) => self.submit_op(key, BlockOp::Flush),
+        }
+    }
+
+    fn start_data_in(&mut self, key: usize) {
+        let c = &self.cmds[key];
+        let Some(s) = self.sessions.get_mut(&c.session) else {
+            return;
+        };
+        // REQUEST SENSE reports (and so clears) a pending unit attention.
+        let pending = if c.cdb.first() == Some(&ferrite_scsi::Opcode::REQUEST_SENSE.0) {
+            s.lus.get_mut(&c.lun).and_then(|st| st.ua.pop_front())
+        } else {
+            None
+        };
+        let ctx = DataCtx {
+            entry: c.entry.as_ref(),
+            luns: &s.luns,
+            rel_port: s.nexus.rel_port_id,
+            target: &s.nexus.target,
+            pending,
+        };
+        let mut out = std::mem::take(&mut self.scratch);
+        let rsp = match emulate::data_in(&c.cdb, &ctx, &mut out) {
+            Ok(alloc) => {
+                // SPC-4 §4.2.5.6: truncate to the allocation length, then to
+                // what the transport expects.
+                let spdtl = out.len().min(alloc as usize);
+                let (xfer, residual) = emulate::residual_in(spdtl as u64, c.expected_len);
+                let mut rsp = good(residual);
+                if xfer > 0 {
+                    let mut sg = self.pool.sg(xfer as usize);
+                    sg.copy_in(0, &out[..xfer as usize]);
+                    rsp.data = Some(sg);
+                    rsp.data_len = xfer;
+                }
+                rsp
+            }
+            Err(s) => Response::check(s),
+        };
+        self.scratch = out;
+        self.respond(key, rsp);
+    }
+
+    /// The backend queue of `dev` on this shard, opened on first use.
+    fn queue(&mut self, dev: &Device) -> Option<&mut Box<dyn BackendQueue>> {
+        let dq = self.queues.entry(dev.id).or_insert(DevQueue {
+            q: None,
+            logged: false,
+        });
+        if dq.q.is_none() {
+            match dev.backend.open_queue(QUEUE_DEPTH) {
+                Ok(q) => dq.q = Some(q),
+                Err(e) => {
+                    if !dq.logged {
+                        dq.logged = true;
+                        tracing::error!(device = %dev.name, core = self.core, error = %e,
+                            "cannot open backend queue");
+                    }
+                }
+            }
+        }
+        dq.q.as_mut()
+    }
+
+    fn submit_op(&mut self, key: usize, op: BlockOp) {
+        let Some(dev) = self.cmds[key].entry.as_ref().map(|e| e.device.clone()) else {
+            self.respond(key, Response::check(Sense::LOGICAL_UNIT_NOT_SUPPORTED));
+            return;
+        };
+        // Keep arrival order behind operations already waiting for a slot.
+        if !self.retry.is_empty() {
+            self.cmds[key].op = Some(op);
+            self.cmds[key].state = CmdState::QueueFull;
+            self.retry.push_back(key);
+            return;
+        }
+        let tag = tag_of(key, self.cmds[key].seq);
+        let Some(q) = self.queue(&dev) else {
+            drop(op);
+            self.respond(
+                key,
+                Response::check(Sense::LOGICAL_UNIT_COMMUNICATION_FAILURE),
+            );
+            return;
+        };
+        match q.submit(tag, op) {
+            Ok(()) => self.cmds[key].state = CmdState::Exec,
+            Err(Busy(op)) => {
+                // SPDK/STYLE rule 5: a full queue is a waiting state.
+                self.cmds[key].op = Some(op);
+                self.cmds[key].state = CmdState::QueueFull;
+                self.retry.push_back(key);
+            }
+        }
+    }
+
+    /// Retries operations a full queue handed back, oldest first; one that is
+    /// still refused keeps its place. True if any was accepted.
+    fn retry_busy(&mut self) -> bool {
+        let mut progress = false;
+        let n = self.retry.len();
+        let mut refused: SmallVec<[DeviceId; 4]> = SmallVec::new();
+        for _ in 0..n {
+            let Some(key) = self.retry.pop_front() else {
+                break;
+            };
+            let Some(c) = self.cmds.get_mut(key) else {
+                continue;
+            };
+            let tag = tag_of(key, c.seq);
+            let (Some(op), Some(dev)) = (c.op.take(), c.entry.as_ref().map(|e| e.device.clone()))
+            else {
+                continue;
+            };
+            if refused.contains(&dev.id) {
+                self.cmds[key].op = Some(op);
+                self.retry.push_back(key);
+                continue;
+            }
+            let Some(q) = self.queue(&dev) else {
+                drop(op);
+                self.respond(
+                    key,
+                    Response::check(Sense::LOGICAL_UNIT_COMMUNICATION_FAILURE),
+                );
+                progress = true;
+                continue;
+            };
+            match q.submit(tag, op) {
+                Ok(()) => {
+                    self.cmds[key].state = CmdState::Exec;
+                    progress = true;
+                }
+                Err(Busy(op)) => {
+                    self.cmds[key].op = Some(op);
+                    self.retry.push_back(key);
+                    refused.push(dev.id);
+                }
+            }
+        }
+        progress
+    }
+
+    /// A block operation finished.
+    fn complete(&mut self, d: BlockDone) {
+        let key = (d.tag & 0xffff_ffff) as usize;
+        let seq = (d.tag >> 32) as u32;
+        let Some(c) = self.cmds.get(key) else {
+            return;
+        };
+        if c.seq != seq || c.state != CmdState::Exec {
+            return;
+        }
+        if c.aborted {
+            // SAM-5 §7.2: an aborted task sends no status; its buffer goes
+            // back to the pool here.
+            drop(d.buf);
+            self.free(key);
+            return;
+        }
+        let rsp = match (c.plan, d.result) {
+            (Plan::Read { xfer, residual, .. }, Ok(())) => {
+                let mut rsp = good(residual);
+                match d.buf {
+                    Some(buf) if buf.len() >= xfer as usize => {
+                        rsp.data = Some(buf);
+                        rsp.data_len = xfer;
+                    }
+                    _ => {
+                        tracing::error!(core = self.core, "backend returned a short read buffer");
+                        rsp = Response::check(Sense::INTERNAL_TARGET_FAILURE);
+                    }
+                }
+                rsp
+            }
+            (Plan::Write { residual, .. }, Ok(())) | (Plan::Flush(residual), Ok(())) => {
+                good(residual)
+            }
+            (Plan::Read { .. }, Err(e)) => Response::check(block_error_sense(e, false)),
+            (_, Err(e)) => Response::check(block_error_sense(e, true)),
+            (_, Ok(())) => Response::good(),
+        };
+        self.respond(key, rsp);
+    }
+
+    /// Finishes a command's execution: it leaves its task set (unblocking
+    /// younger tasks) and its response is queued.
+    fn respond(&mut self, key: usize, rsp: Response) {
+        self.leave_task_set(key);
+        let Some(c) = self.cmds.get_mut(key) else {
+            return;
+        };
+        c.state = CmdState::Respond;
+        let (sid, tag) = (c.session, c.tag);
+        self.push_action(
+            sid,
+            Action::Respond {
+                id: CmdId(key as u32),
+                tag,
+                rsp,
+            },
+        );
+    }
+
+    fn leave_task_set(&mut self, key: usize) {
+        let Some(c) = self.cmds.get_mut(key) else {
+            return;
+        };
+        if !c.in_task_set {
+            return;
+        }
+        c.in_task_set = false;
+        let ordered = c.attr == TaskAttr::Ordered;
+        let (sid, lun) = (c.session, c.lun);
+        let Some(st) = self
+            .sessions
+            .get_mut(&sid)
+            .and_then(|s| s.lus.get_mut(&lun))
+        else {
+            return;
+        };
+        if let Some(pos) = st.tasks.iter().position(|&k| k == key) {
+            st.tasks.remove(pos);
+        }
+        if ordered {
+            st.ordered = st.ordered.saturating_sub(1);
+        }
+        // Unblock younger tasks that may now run.
+        let cmds = &self.cmds;
+        let blocked: SmallVec<[usize; 16]> = st
+            .tasks
+            .iter()
+            .copied()
+            .filter(|&k| cmds.get(k).is_some_and(|c| c.state == CmdState::Blocked))
+            .collect();
+        for k in blocked {
+            self.advance(k);
+        }
+    }
+
+    /// Removes a command; drains pending TMFs and lingering sessions.
+    fn free(&mut self, key: usize) {
+        self.leave_task_set(key);
+        if !self.cmds.contains(key) {
+            return;
+        }
+        let c = self.cmds.remove(key);
+        if c.state == CmdState::QueueFull
+            && let Some(p) = self.retry.iter().position(|&k| k == key)
+        {
+            self.retry.remove(p);
+        }
+        if !self.tmfs.is_empty() {
+            let mut finished: SmallVec<[usize; 2]> = SmallVec::new();
+            for (i, t) in self.tmfs.iter_mut().enumerate() {
+                t.waiting.retain(|w| *w != (key, c.seq));
+                if t.waiting.is_empty() {
+                    finished.push(i);
+                }
+            }
+            for i in finished.into_iter().rev() {
+                let t = self.tmfs.remove(i);
+                self.push_action(
+                    t.session,
+                    Action::TmfDone {
+                        id: t.id,
+                        tag: t.tag,
+                        rsp: t.rsp,
+                    },
+                );
+            }
+        }
+        if let Some(s) = self.sessions.get_mut(&c.session) {
+            s.live = s.live.saturating_sub(1);
+        }
+        self.reap(c.session);
+    }
+
+    /// Frees a closed session once nothing of it remains.
+    fn reap(&mut self, id: SessionId) {
+        if self
+            .sessions
+            .get(&id)
+            .is_some_and(|s| s.closing && s.live == 0)
+        {
+            self.sessions.remove(&id);
+        }
+    }
+
+    /// Aborts one command (SAM-5 §7.2). Returns true if the caller must wait
+    /// for it (its data transfer or backend I/O is still under way).
+    fn abort(&mut self, key: usize) -> bool {
+        let Some(c) = self.cmds.get_mut(key) else {
+            return false;
+        };
+        if c.aborted {
+            return true;
+        }
+        match c.state {
+            CmdState::New | CmdState::Blocked | CmdState::QueueFull => {
+                self.free(key);
+                false
+            }
+            CmdState::NeedData => {
+                // Cancel the FetchData if the fabric has not taken it yet.
+                let sid = c.session;
+                let id = CmdId(key as u32);
+                let removed = self.sessions.get_mut(&sid).is_some_and(|s| {
+                    let before = s.actions.len();
+                    s.actions
+                        .retain(|a| !matches!(a, Action::FetchData { id: i, .. } if *i == id));
+                    s.actions.len() != before
+                });
+                if removed {
+                    self.free(key);
+                    false
+                } else {
+                    self.cmds[key].aborted = true;
+                    true
+                }
+            }
+            CmdState::Exec => {
+                c.aborted = true;
+                true
+            }
+            CmdState::Respond => {
+                // SAM-5 §7.2: no status for an aborted task, if it is not on
+                // its way already.
+                let sid = c.session;
+                let id = CmdId(key as u32);
+                let removed = self.sessions.get_mut(&sid).is_some_and(|s| {
+                    let before = s.actions.len();
+                    s.actions
+                        .retain(|a| !matches!(a, Action::Respond { id: i, .. } if *i == id));
+                    s.actions.len() != before
+                });
+                if removed {
+                    self.free(key);
+                }
+                false
+            }
+        }
+    }
+
+    /// Aborts every command matching `pred`; returns those to wait for.
+    fn abort_where(&mut self, pred: impl Fn(&Cmd) -> bool) -> SmallVec<[(usize, u32); 8]> {
+        let keys: SmallVec<[usize; 16]> = self
+            .cmds
+            .iter()
+            .filter(|(_, c)| !c.aborted && pred(c))
+            .map(|(k, _)| k)
+            .collect();
+        let mut wait = SmallVec::new();
+        for k in keys {
+            let seq = self.cmds.get(k).map(|c| c.seq);
+            if self.abort(k)
+                && let Some(seq) = seq
+            {
+                wait.push((k, seq));
+            }
+        }
+        wait
+    }
+
+    fn task_mgmt(&mut self, sid: SessionId, req: TmfRequest) -> TmfId {
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return TmfId(u32::MAX);
+        };
+        let id = TmfId(s.next_tmf);
+        s.next_tmf = s.next_tmf.wrapping_add(1);
+        let lu_device = s.luns.get(req.lun).map(|e| e.device.id);
+        let lun = req.lun;
+        let target = s.nexus.target.clone();
+        let live = |c: &Cmd| !c.aborted && c.state != CmdState::Respond;
+        let (rsp, wait) = match req.func {
+            // SAM-5 §7.3: ACA is not supported (NormACA = 0).
+            TmfFunction::ClearAca => (TmfResponse::Rejected, SmallVec::new()),
+            TmfFunction::QueryTask { tag } => {
+                // SAM-5 §7.8: FUNCTION SUCCEEDED if the task exists.
+                let found = self
+                    .cmds
+                    .iter()
+                    .any(|(_, c)| c.session == sid && c.tag == tag && live(c));
+                let r = if found {
+                    TmfResponse::Succeeded
+                } else {
+                    TmfResponse::Complete
+                };
+                (r, SmallVec::new())
+            }
+            TmfFunction::QueryTaskSet => {
+                let found = self
+                    .cmds
+                    .iter()
+                    .any(|(_, c)| c.session == sid && c.lun == lun && live(c));
+                let r = if found {
+                    TmfResponse::Succeeded
+                } else {
+                    TmfResponse::Complete
+                };
+                (r, SmallVec::new())
+            }
+            TmfFunction::QueryAsyncEvent => {
+                let pending = s.lus.get(&lun).is_some_and(|st| !st.ua.is_empty());
+                let r = if pending {
+                    TmfResponse::Succeeded
+                } else {
+                    TmfResponse::Complete
+                };
+                (r, SmallVec::new())
+            }
+            TmfFunction::AbortTask { tag } => {
+                let key = self
+                    .cmds
+                    .iter()
+                    .find(|(_, c)| c.session == sid && c.tag == tag && live(c))
+                    .map(|(k, _)| k);
+                match key {
+                    Some(k) => {
+                        let seq = self.cmds[k].seq;
+                        let mut w = SmallVec::new();
+                        if self.abort(k) {
+                            w.push((k, seq));
+                        }
+                        (TmfResponse::Complete, w)
+                    }
+                    None => (TmfResponse::TaskNotFound, SmallVec::new()),
+                }
+            }
+            TmfFunction::AbortTaskSet | TmfFunction::ClearTaskSet => {
+                // TST = 001b: the task set is this nexus's, so CLEAR TASK SET
+                // affects no other initiator.
+                if lu_device.is_none() {
+                    (TmfResponse::IncorrectLun, SmallVec::new())
+                } else {
+                    let w = self.abort_where(|c| c.session == sid && c.lun == lun);
+                    (TmfResponse::Complete, w)
+                }
+            }
+            TmfFunction::LogicalUnitReset => match lu_device {
+                None => (TmfResponse::IncorrectLun, SmallVec::new()),
+                Some(dev) => {
+                    let w =
+                        self.abort_where(|c| c.entry.as_ref().is_some_and(|e| e.device.id == dev));
+                    // SAM-5 §6.3.3: BUS DEVICE RESET FUNCTION OCCURRED for the
+                    // other nexuses of the logical unit.
+                    self.raise_where(
+                        |sess_id, _| sess_id != sid,
+                        |e| e.device.id == dev,
+                        Sense::BUS_DEVICE_RESET,
+                    );
+                    (TmfResponse::Complete, w)
+                }
+            },
+            TmfFunction::ItNexusReset => {
+                let w = self.abort_where(|c| c.session == sid);
+                // SAM-5 §6.3.4: I_T NEXUS LOSS OCCURRED on this nexus.
+                self.raise_where(|sess_id, _| sess_id == sid, |_| true, Sense::I_T_NEXUS_LOSS);
+                (TmfResponse::Complete, w)
+            }
+            TmfFunction::TargetReset => {
+                let sessions: SmallVec<[SessionId; 8]> = self
+                    .sessions
+                    .iter()
+                    .filter(|(_, s)| s.nexus.target == target)
+                    .map(|(k, _)| *k)
+                    .collect();
+                let w = self.abort_where(|c| sessions.contains(&c.session));
+                self.raise_where(
+                    |sess_id, s| sess_id != sid && s.nexus.target == target,
+                    |_| true,
+                    Sense::POWER_ON_RESET,
+                );
+                (TmfResponse::Complete, w)
+            }
+        };
+        if wait.is_empty() {
+            self.push_action(
+                sid,
+                Action::TmfDone {
+                    id,
+                    tag: req.tag,
+                    rsp,
+                },
+            );
+        } else {
+            self.tmfs.push(PendingTmf {
+                session: sid,
+                id,
+                tag: req.tag,
+                rsp,
+                waiting: wait,
+            });
+        }
+        id
+    }
+
+    /// Raises `sense` on every LU of every session `sess` accepts whose map
+    /// entry `lu` accepts.
+    fn raise_where(
+        &mut self,
+        sess: impl Fn(SessionId, &SessionState) -> bool,
+        lu: impl Fn(&LunEntry) -> bool,
+        sense: Sense,
+    ) {
+        for (sid, s) in self.sessions.iter_mut() {
+            if s.closing || !sess(*sid, s) {
+                continue;
+            }
+            let luns = s.luns.clone();
+            for (l, e) in &luns.luns {
+                if lu(e) {
+                    s.lus.entry(*l).or_default().raise(sense);
+                }
+            }
+        }
+    }
+
+    fn data_out_done(&mut self, sid: SessionId, id: CmdId, data: Result<SgList, Abort>) {
+        let key = id.0 as usize;
+        let Some(c) = self.cmds.get(key) else {
+            return;
+        };
+        if c.session != sid || c.state != CmdState::NeedData {
+            return;
+        }
+        if c.aborted {
+            // Dropping the buffer returns it to the pool.
+            drop(data);
+            self.free(key);
+            return;
+        }
+        let Plan::Write {
+            offset, len, fua, ..
+        } = c.plan
+        else {
+            return;
+        };
+        match data {
+            Ok(mut buf) => {
+                if buf.len() < len as usize {
+                    // The fabric must deliver what FetchData asked for.
+                    self.respond(key, Response::check(Sense::DATA_PHASE_ERROR));
+                    return;
+                }
+                buf.truncate(len as usize);
+                self.submit_op(key, BlockOp::Write { offset, buf, fua });
+            }
+            Err(Abort::ConnectionLost) | Err(Abort::Aborted) => {
+                // Nobody to answer: the command ends here.
+                self.free(key);
+            }
+            Err(Abort::TransportError) => {
+                // RFC 7143 §7.? digest or sequence errors in Data-Out end the
+                // command with ABORTED COMMAND.
+                self.respond(key, Response::check(Sense::PROTOCOL_SERVICE_CRC_ERROR));
+            }
+        }
+    }
+
+    fn response_sent(&mut self, sid: SessionId, id: CmdId) {
+        let key = id.0 as usize;
+        if self
+            .cmds
+            .get(key)
+            .is_some_and(|c| c.session == sid && c.state == CmdState::Respond)
+        {
+            self.free(key);
+        }
+    }
+}
+
+impl Session<'_> {
+    /// This session's id.
+    pub fn id(&self) -> SessionId {
+        self.id
+    }
+
+    /// Accepts a command. Its response (or its FetchData) comes out of
+    /// [`Session::poll_action`], possibly at once.
+    pub fn submit(&mut self, _now: Instant, req: CmdRequest) -> CmdId {
+        self.shard.submit(self.id, req)
+    }
+
+    /// The write data of a command arrived (or will not).
+    pub fn data_out_done(&mut self, id: CmdId, data: Result<SgList, Abort>) {
+        self.shard.data_out_done(self.id, id, data)
+    }
+
+    /// The response of `id` is sent; the command is forgotten.
+    pub fn response_sent(&mut self, id: CmdId) {
+        self.shard.response_sent(self.id, id)
+    }
+
+    /// Starts a task management function. `Action::TmfDone` is queued once
+    /// every affected command has finished or been aborted.
+    pub fn task_mgmt(&mut self, _now: Instant, req: TmfRequest) -> TmfId {
+        self.shard.task_mgmt(self.id, req)
+    }
+
+    /// The next action for the fabric.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.shard.sessions.get_mut(&self.id)?.actions.pop_front()
+    }
+}
