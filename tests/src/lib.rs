@@ -1,3 +1,311 @@
 //! ferrite-tests: end-to-end tests that start `ferrited` and drive it with real
 //! initiators (libiscsi's tools, qemu-img) and the project's own initiator.
+//!
+//! This library is the harness: it finds the `ferrited` binary, starts it on a
+//! free loopback port with a private state directory, waits until it listens,
+//! and stops it when dropped. Tests need the external tools installed
+//! (`tools/test-all` installs them); a missing tool fails the test with a
+//! message naming the package.
 #![forbid(unsafe_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Path of the `ferrited` binary: `$FERRITED`, else next to the test binary's
+/// profile directory (`target/<profile>/ferrited`).
+pub fn ferrited_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("FERRITED") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/<profile>/deps/<test> -> target/<profile>/ferrited
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test binary lives in target/<profile>/deps");
+    let p = profile_dir.join("ferrited");
+    assert!(
+        p.exists(),
+        "{} not found: build it first (cargo build --bin ferrited, same profile) or set FERRITED",
+        p.display()
+    );
+    p
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind ephemeral port");
+    l.local_addr().expect("local_addr").port()
+}
+
+/// Fails with a clear message if a command-line tool is missing.
+pub fn require_tool(tool: &str, package: &str) {
+    let found = std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).any(|d| d.join(tool).is_file()))
+        .unwrap_or(false);
+    assert!(
+        found,
+        "`{tool}` is not installed: install the Debian package `{package}` (tools/test-all does)"
+    );
+}
+
+/// A running ferrited, stopped (SIGTERM, then SIGKILL) when dropped.
+pub struct Ferrited {
+    child: Option<Child>,
+    pub addr: SocketAddr,
+    pub state_dir: PathBuf,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+/// How to start ferrited.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// A JSON configuration file; None = the embedded default.
+    pub config: Option<PathBuf>,
+    /// Extra arguments.
+    pub args: Vec<String>,
+}
+
+impl Ferrited {
+    /// Starts the embedded default on a free port with `state_dir`.
+    pub fn start_default(state_dir: &Path) -> Ferrited {
+        Ferrited::start(state_dir, free_port(), Options::default())
+    }
+
+    /// Starts ferrited listening on 127.0.0.1:`port`.
+    pub fn start(state_dir: &Path, port: u16, opts: Options) -> Ferrited {
+        let addr: SocketAddr = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut cmd = Command::new(ferrited_path());
+        cmd.arg("--state-dir")
+            .arg(state_dir)
+            .arg("--listen")
+            .arg(addr.to_string());
+        if let Some(c) = &opts.config {
+            cmd.arg("--config").arg(c);
+        }
+        cmd.args(&opts.args)
+            .env(
+                "RUST_LOG",
+                std::env::var("FERRITE_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn ferrited");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        if let Some(err) = child.stderr.take() {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(err).lines().map_while(Result::ok) {
+                    if std::env::var_os("FERRITE_TEST_ECHO").is_some() {
+                        eprintln!("[ferrited] {line}");
+                    }
+                    if let Ok(mut l) = log.lock() {
+                        l.push(line);
+                    }
+                }
+            });
+        }
+        let mut f = Ferrited {
+            child: Some(child),
+            addr,
+            state_dir: state_dir.to_path_buf(),
+            log,
+        };
+        f.wait_listening();
+        f
+    }
+
+    fn wait_listening(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)).is_ok() {
+                return;
+            }
+            if let Some(c) = self.child.as_mut()
+                && let Ok(Some(st)) = c.try_wait()
+            {
+                panic!(
+                    "ferrited exited with {st} before listening:\n{}",
+                    self.log_text()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "ferrited did not listen on {} within 60 s:\n{}",
+                self.addr,
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Everything ferrited logged so far.
+    pub fn log_text(&self) -> String {
+        self.log.lock().map(|l| l.join("\n")).unwrap_or_default()
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// iscsi:// URL of `target`/`lun` on this instance.
+    pub fn url(&self, target: &str, lun: u16) -> String {
+        format!("iscsi://{}/{}/{}", self.addr, target, lun)
+    }
+
+    /// True while the process runs.
+    pub fn alive(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// SIGTERM, wait up to 20 s (then SIGKILL); returns whether it exited by itself.
+    pub fn stop(&mut self) -> bool {
+        let Some(mut c) = self.child.take() else {
+            return true;
+        };
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(c.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = c.try_wait() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+        false
+    }
+
+    /// SIGKILL at once (crash simulation).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Ferrited {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Runs a command with a time limit; returns its output.
+pub fn run_with_timeout(cmd: &mut Command, limit: Duration) -> Output {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    let out_h = child.stdout.take().map(|mut s| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut s, &mut v);
+            v
+        })
+    });
+    let err_h = child.stderr.take().map(|mut s| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut s, &mut v);
+            v
+        })
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let st = child.wait().expect("wait");
+            eprintln!("{cmd:?} killed after {limit:?}");
+            break st;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: out_h.and_then(|h| h.join().ok()).unwrap_or_default(),
+        stderr: err_h.and_then(|h| h.join().ok()).unwrap_or_default(),
+    }
+}
+
+/// Verdicts of one `iscsi-test-cu` run.
+#[derive(Debug, Default)]
+pub struct CuResult {
+    pub passed: Vec<String>,
+    pub failed: Vec<String>,
+    /// Passed in CUnit's eyes but printed `[SKIPPED]`.
+    pub skipped: Vec<String>,
+    pub output: String,
+}
+
+/// Parses `iscsi-test-cu` output (CUnit basic mode): each test prints
+/// `  Test: NAME ...` then `passed` or `FAILED`; libiscsi prints `[SKIPPED]`
+/// inside a test it skips, which CUnit counts as passed.
+pub fn parse_cu(output: &str) -> CuResult {
+    let mut r = CuResult {
+        output: output.to_string(),
+        ..CuResult::default()
+    };
+    let mut suite = String::new();
+    let mut cur: Option<(String, String)> = None; // (name, body)
+    let finish = |cur: &mut Option<(String, String)>, r: &mut CuResult| {
+        if let Some((name, body)) = cur.take() {
+            if body.contains("FAILED") {
+                r.failed.push(name);
+            } else if body.contains("passed") {
+                if body.contains("[SKIPPED]") {
+                    r.skipped.push(name);
+                } else {
+                    r.passed.push(name);
+                }
+            } else {
+                r.failed.push(format!("{name} (no verdict)"));
+            }
+        }
+    };
+    for line in output.lines() {
+        if let Some(s) = line.strip_prefix("Suite: ") {
+            finish(&mut cur, &mut r);
+            suite = s.trim().to_string();
+        } else if let Some(t) = line.strip_prefix("  Test: ") {
+            finish(&mut cur, &mut r);
+            let (name, rest) = t.split_once(" ...").unwrap_or((t, ""));
+            cur = Some((format!("{suite}.{name}"), rest.to_string()));
+        } else if line.starts_with("Run Summary:") {
+            finish(&mut cur, &mut r);
+        } else if let Some((_, body)) = cur.as_mut() {
+            body.push('\n');
+            body.push_str(line);
+        }
+    }
+    finish(&mut cur, &mut r);
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_cunit_output() {
+        let out = "Suite: Read10\n  Test: Simple ...passed\n  Test: Beyond ...\n[SKIPPED] no\npassed\n  Test: Bad ...FAILED\n    1. x.c:1  - CU_ASSERT\n\nRun Summary:    Type  Total\n";
+        let r = parse_cu(out);
+        assert_eq!(r.passed, vec!["Read10.Simple"]);
+        assert_eq!(r.skipped, vec!["Read10.Beyond"]);
+        assert_eq!(r.failed, vec!["Read10.Bad"]);
+    }
+}
