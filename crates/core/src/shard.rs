@@ -540,6 +540,9 @@ impl Shard {
         };
         match c.state {
             CmdState::New | CmdState::Blocked => {
+                if c.aborted {
+                    return;
+                }
                 if !self.may_start(key) {
                     self.cmds[key].state = CmdState::Blocked;
                     return;
@@ -766,7 +769,6 @@ impl Shard {
     /// Finishes a command's execution: it leaves its task set (unblocking
     /// younger tasks) and its response is queued.
     fn respond(&mut self, key: usize, rsp: Response) {
-        self.leave_task_set(key);
         let Some(c) = self.cmds.get_mut(key) else {
             return;
         };
@@ -780,6 +782,7 @@ impl Shard {
                 rsp,
             },
         );
+        self.leave_task_set(key);
     }
 
     fn leave_task_set(&mut self, key: usize) {
@@ -867,15 +870,14 @@ impl Shard {
         }
     }
 
-    /// Aborts one command (SAM-5 §7.2). Returns true if the caller must wait
-    /// for it (its data transfer or backend I/O is still under way).
+    /// Aborts one command already marked `aborted` (SAM-5 §7.2). Returns true
+    /// if the caller must wait for it (its data transfer or backend I/O is
+    /// still under way).
     fn abort(&mut self, key: usize) -> bool {
         let Some(c) = self.cmds.get_mut(key) else {
             return false;
         };
-        if c.aborted {
-            return true;
-        }
+        c.aborted = true;
         match c.state {
             CmdState::New | CmdState::Blocked | CmdState::QueueFull => {
                 self.free(key);
@@ -922,16 +924,29 @@ impl Shard {
         }
     }
 
-    /// Aborts every command matching `pred`; returns those to wait for.
+    /// Aborts every command matching `pred`; returns those to wait for,
+    /// including ones an earlier abort left draining.
     fn abort_where(&mut self, pred: impl Fn(&Cmd) -> bool) -> SmallVec<[(usize, u32); 8]> {
         let keys: SmallVec<[usize; 16]> = self
             .cmds
             .iter()
-            .filter(|(_, c)| !c.aborted && pred(c))
+            .filter(|(_, c)| (c.aborted || c.state != CmdState::Respond) && pred(c))
             .map(|(k, _)| k)
             .collect();
+        // Mark them all first, so that freeing one does not start another
+        // that is about to be aborted.
         let mut wait = SmallVec::new();
-        for k in keys {
+        let mut fresh: SmallVec<[usize; 16]> = SmallVec::new();
+        for &k in &keys {
+            let c = &mut self.cmds[k];
+            if c.aborted {
+                wait.push((k, c.seq));
+            } else {
+                c.aborted = true;
+                fresh.push(k);
+            }
+        }
+        for k in fresh {
             let seq = self.cmds.get(k).map(|c| c.seq);
             if self.abort(k)
                 && let Some(seq) = seq
@@ -998,11 +1013,7 @@ impl Shard {
                 match key {
                     Some(k) => {
                         let seq = self.cmds[k].seq;
-                        let mut w = SmallVec::new();
-                        if self.abort(k) {
-                            w.push((k, seq));
-                        }
-                        (TmfResponse::Complete, w)
+                        (TmfResponse::Complete, self.abort_where(|c| c.seq == seq))
                     }
                     None => (TmfResponse::TaskNotFound, SmallVec::new()),
                 }

@@ -1,0 +1,1159 @@
+//! Scenario tests: a `Shard` driven through its public API the way a fabric
+//! and a reactor drive it, over an in-memory backend that completes on the
+//! next poll and can be made to hold, refuse (Busy) or fail operations. The
+//! expectations mirror libiscsi's iscsi-test-cu suites (SCSI.Inquiry,
+//! SCSI.ReadCapacity*, SCSI.Read*/Write*, SCSI.Mandatory, iSCSI.iSCSIResiduals).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use ferrite_core::backend::{
+    Backend, BackendError, BackendQueue, BlockDone, BlockError, BlockOp, Busy, Caps, Geometry,
+};
+use ferrite_core::device::{Device, DeviceFlags, DeviceId, Identity, LunEntry, LunMap};
+use ferrite_core::{
+    Action, Cdb, CmdId, CmdRequest, DataDir, Nexus, Residual, Response, SessionId, Shard, TaskAttr,
+    TaskTag, TmfFunction, TmfRequest, TmfResponse,
+};
+use ferrite_reactor::buf::BufPool;
+use ferrite_scsi::{Lun, Status};
+
+const BS: u32 = 512;
+const BLOCKS: u64 = 1024;
+
+/// What the in-memory backend is told to do, shared with the test.
+#[derive(Default)]
+struct Ctl {
+    data: Vec<u8>,
+    /// Queue depth; submit beyond it is Busy.
+    depth: usize,
+    /// Completions are withheld while set.
+    hold: bool,
+    /// The next completion fails with this.
+    fail_next: Option<BlockError>,
+    /// Refuse to open queues.
+    refuse_open: bool,
+    /// Every op submitted, in order: ("R"|"W"|"F", offset, len, fua).
+    log: Vec<(&'static str, u64, usize, bool)>,
+    busy_count: usize,
+}
+
+struct MemBackend {
+    ctl: Arc<Mutex<Ctl>>,
+}
+
+struct MemQueue {
+    ctl: Arc<Mutex<Ctl>>,
+    pending: VecDeque<(u64, BlockOp)>,
+}
+
+impl Backend for MemBackend {
+    fn geometry(&self) -> Geometry {
+        let n = self.ctl.lock().unwrap().data.len() as u64 / BS as u64;
+        Geometry {
+            block_size: BS,
+            num_blocks: n,
+            phys_exp: 0,
+        }
+    }
+    fn caps(&self) -> Caps {
+        Caps {
+            write_cache: true,
+            fua: true,
+            ..Caps::default()
+        }
+    }
+    fn open_queue(&self, _depth: u32) -> Result<Box<dyn BackendQueue>, BackendError> {
+        if self.ctl.lock().unwrap().refuse_open {
+            return Err(BackendError::Invalid("refused".into()));
+        }
+        Ok(Box::new(MemQueue {
+            ctl: self.ctl.clone(),
+            pending: VecDeque::new(),
+        }))
+    }
+}
+
+impl BackendQueue for MemQueue {
+    fn submit(&mut self, tag: u64, op: BlockOp) -> Result<(), Busy<BlockOp>> {
+        let mut c = self.ctl.lock().unwrap();
+        if self.pending.len() >= c.depth {
+            c.busy_count += 1;
+            return Err(Busy(op));
+        }
+        let e = match &op {
+            BlockOp::Read { offset, buf } => ("R", *offset, buf.len(), false),
+            BlockOp::Write { offset, buf, fua } => ("W", *offset, buf.len(), *fua),
+            BlockOp::Flush => ("F", 0, 0, false),
+            BlockOp::Unmap { offset, len } | BlockOp::WriteZeroes { offset, len } => {
+                ("U", *offset, *len as usize, false)
+            }
+        };
+        c.log.push(e);
+        self.pending.push_back((tag, op));
+        Ok(())
+    }
+
+    fn poll(&mut self, out: &mut Vec<BlockDone>) {
+        let mut c = self.ctl.lock().unwrap();
+        if c.hold {
+            return;
+        }
+        while let Some((tag, op)) = self.pending.pop_front() {
+            let fail = c.fail_next.take();
+            let (buf, result) = match op {
+                BlockOp::Read { offset, mut buf } => {
+                    let o = offset as usize;
+                    let n = buf.len();
+                    if fail.is_none() {
+                        buf.copy_in(0, &c.data[o..o + n]);
+                    }
+                    (Some(buf), fail.map_or(Ok(()), Err))
+                }
+                BlockOp::Write { offset, buf, .. } => {
+                    if fail.is_none() {
+                        let o = offset as usize;
+                        let v = buf.to_vec();
+                        c.data[o..o + v.len()].copy_from_slice(&v);
+                    }
+                    (Some(buf), fail.map_or(Ok(()), Err))
+                }
+                _ => (None, fail.map_or(Ok(()), Err)),
+            };
+            out.push(BlockDone { tag, result, buf });
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        self.pending.len()
+    }
+}
+
+struct H {
+    shard: Shard,
+    sid: SessionId,
+    now: Instant,
+    ctl: Arc<Mutex<Ctl>>,
+    dev: Arc<Device>,
+    map: Arc<LunMap>,
+    next_tag: u64,
+}
+
+fn device(ctl: &Arc<Mutex<Ctl>>, flags: DeviceFlags) -> Arc<Device> {
+    Arc::new(Device::new(
+        DeviceId(1),
+        "disk1",
+        Arc::new(MemBackend { ctl: ctl.clone() }),
+        Identity {
+            vendor: "FERRITE".into(),
+            product: "mem disk".into(),
+            revision: "0.1".into(),
+            serial: "SN0001".into(),
+            naa: 0x6001_4050_0000_0001,
+            eui64: 0,
+        },
+        flags,
+    ))
+}
+
+fn nexus(isid: u32) -> Nexus {
+    Nexus {
+        initiator: "iqn.2026-01.test:init".into(),
+        initiator_port: format!("iqn.2026-01.test:init,i,0x{isid:012x}"),
+        target: "iqn.2026-01.test:target".into(),
+        rel_port_id: 1,
+    }
+}
+
+impl H {
+    fn with(flags: DeviceFlags, map_ro: bool) -> H {
+        let ctl = Arc::new(Mutex::new(Ctl {
+            data: vec![0u8; (BLOCKS * BS as u64) as usize],
+            depth: 128,
+            ..Ctl::default()
+        }));
+        let dev = device(&ctl, flags);
+        let mut map = LunMap::default();
+        map.luns.insert(
+            Lun(0),
+            LunEntry {
+                device: dev.clone(),
+                read_only: map_ro,
+            },
+        );
+        let map = Arc::new(map);
+        let now = Instant::now();
+        let mut shard = Shard::new(0, BufPool::new(4096, 64));
+        let sid = shard.open_session(now, nexus(1), map.clone(), true);
+        H {
+            shard,
+            sid,
+            now,
+            ctl,
+            dev,
+            map,
+            next_tag: 1,
+        }
+    }
+
+    fn new() -> H {
+        H::with(DeviceFlags::default(), false)
+    }
+
+    /// A fresh harness whose POWER ON unit attention is consumed.
+    fn ready() -> H {
+        let mut h = H::new();
+        let r = h.run(&[0, 0, 0, 0, 0, 0], DataDir::None, 0, &[]);
+        assert_eq!(sense_of(&r), (0x06, 0x29, 0x00));
+        h
+    }
+
+    fn req(&mut self, lun: u16, cdb: &[u8], dir: DataDir, len: u32, attr: TaskAttr) -> CmdRequest {
+        let tag = TaskTag(self.next_tag);
+        self.next_tag += 1;
+        CmdRequest {
+            lun: Lun(lun),
+            lun_raw: Lun(lun).encode(),
+            tag,
+            cdb: Cdb::from_slice(cdb),
+            attr,
+            dir,
+            expected_len: len,
+            expected_read_len: 0,
+        }
+    }
+
+    fn submit(&mut self, cdb: &[u8], dir: DataDir, len: u32, attr: TaskAttr) -> CmdId {
+        let r = self.req(0, cdb, dir, len, attr);
+        self.shard.session(self.sid).unwrap().submit(self.now, r)
+    }
+
+    fn actions(&mut self) -> Vec<Action> {
+        let mut s = self.shard.session(self.sid).unwrap();
+        std::iter::from_fn(|| s.poll_action()).collect()
+    }
+
+    /// Runs one command to its response, supplying `data` as write data
+    /// (truncated or padded to what FetchData asks for).
+    fn run(&mut self, cdb: &[u8], dir: DataDir, len: u32, data: &[u8]) -> Response {
+        self.run_lun(0, cdb, dir, len, data)
+    }
+
+    fn run_lun(&mut self, lun: u16, cdb: &[u8], dir: DataDir, len: u32, data: &[u8]) -> Response {
+        let r = self.req(lun, cdb, dir, len, TaskAttr::Simple);
+        let id = self.shard.session(self.sid).unwrap().submit(self.now, r);
+        for _ in 0..100 {
+            for a in self.actions() {
+                match a {
+                    Action::FetchData {
+                        id: i,
+                        mut buf,
+                        offset,
+                        len,
+                        ..
+                    } => {
+                        assert_eq!(i, id);
+                        assert_eq!(offset, 0);
+                        assert_eq!(buf.len(), len as usize);
+                        let n = data.len().min(len as usize);
+                        buf.copy_in(0, &data[..n]);
+                        self.shard
+                            .session(self.sid)
+                            .unwrap()
+                            .data_out_done(id, Ok(buf));
+                    }
+                    Action::Respond { id: i, rsp, .. } => {
+                        assert_eq!(i, id);
+                        self.shard.session(self.sid).unwrap().response_sent(id);
+                        return rsp;
+                    }
+                    other => panic!("unexpected action {other:?}"),
+                }
+            }
+            self.shard.poll(self.now);
+        }
+        panic!("command did not complete");
+    }
+
+    fn poll(&mut self) {
+        self.shard.poll(self.now);
+    }
+}
+
+fn sense_of(r: &Response) -> (u8, u8, u8) {
+    assert_eq!(r.status, Status::CHECK_CONDITION, "{r:?}");
+    let s = r.sense.as_ref().expect("sense data");
+    (s[2] & 0x0f, s[12], s[13])
+}
+
+fn data_of(r: &Response) -> Vec<u8> {
+    match &r.data {
+        Some(d) => d.to_vec()[..r.data_len as usize].to_vec(),
+        None => Vec::new(),
+    }
+}
+
+fn good(r: &Response) {
+    assert_eq!(r.status, Status::GOOD, "{r:?}");
+}
+
+fn rw10(op: u8, lba: u32, blocks: u16, flags: u8) -> [u8; 10] {
+    let mut c = [0u8; 10];
+    c[0] = op;
+    c[1] = flags;
+    c[2..6].copy_from_slice(&lba.to_be_bytes());
+    c[7..9].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+fn rw12(op: u8, lba: u32, blocks: u32) -> [u8; 12] {
+    let mut c = [0u8; 12];
+    c[0] = op;
+    c[2..6].copy_from_slice(&lba.to_be_bytes());
+    c[6..10].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+fn rw16(op: u8, lba: u64, blocks: u32) -> [u8; 16] {
+    let mut c = [0u8; 16];
+    c[0] = op;
+    c[2..10].copy_from_slice(&lba.to_be_bytes());
+    c[10..14].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+fn inquiry(evpd: bool, page: u8, alloc: u16) -> [u8; 6] {
+    let a = alloc.to_be_bytes();
+    [0x12, evpd as u8, page, a[0], a[1], 0]
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed))
+        .collect()
+}
+
+// ----- unit attentions -----
+
+#[test]
+fn unit_attention_on_first_command_then_cleared() {
+    let mut h = H::new();
+    // INQUIRY and REPORT LUNS pass a pending UA without clearing it.
+    good(&h.run(&inquiry(false, 0, 96), DataDir::Read, 96, &[]));
+    let rl = [0xa0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+    good(&h.run(&rl, DataDir::Read, 256, &[]));
+    let r = h.run(&[0; 6], DataDir::None, 0, &[]);
+    assert_eq!(sense_of(&r), (0x06, 0x29, 0x00));
+    good(&h.run(&[0; 6], DataDir::None, 0, &[]));
+}
+
+#[test]
+fn request_sense_reports_and_clears_unit_attention() {
+    let mut h = H::new();
+    let r = h.run(&[0x03, 0, 0, 0, 252, 0], DataDir::Read, 252, &[]);
+    good(&r);
+    let d = data_of(&r);
+    assert_eq!(d.len(), 18);
+    assert_eq!((d[0], d[2], d[12], d[13]), (0x70, 0x06, 0x29, 0x00));
+    assert_eq!(r.residual, Residual::Underflow(252 - 18));
+    good(&h.run(&[0; 6], DataDir::None, 0, &[]));
+    // Nothing pending: NO SENSE, in descriptor format when DESC = 1.
+    let r = h.run(&[0x03, 1, 0, 0, 252, 0], DataDir::Read, 252, &[]);
+    assert_eq!(data_of(&r), [0x72, 0, 0, 0, 0, 0, 0, 0]);
+}
+
+#[test]
+fn capacity_change_raises_unit_attention_once() {
+    let mut h = H::ready();
+    h.dev.set_num_blocks(BLOCKS / 2);
+    let r = h.run(&[0; 6], DataDir::None, 0, &[]);
+    assert_eq!(sense_of(&r), (0x06, 0x2a, 0x09));
+    good(&h.run(&[0; 6], DataDir::None, 0, &[]));
+    let r = h.run(&[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], DataDir::Read, 8, &[]);
+    assert_eq!(&data_of(&r)[..4], &((BLOCKS / 2 - 1) as u32).to_be_bytes());
+}
+
+#[test]
+fn lun_map_change_raises_unit_attention_and_aen() {
+    let mut h = H::ready();
+    let mut m = (*h.map).clone();
+    m.luns.insert(
+        Lun(1),
+        LunEntry {
+            device: h.dev.clone(),
+            read_only: true,
+        },
+    );
+    h.shard.set_luns(h.sid, Arc::new(m));
+    let mut ready = Vec::new();
+    h.shard.ready_sessions(&mut ready);
+    assert_eq!(ready, vec![h.sid]);
+    let a = h.actions();
+    assert!(
+        matches!(&a[..], [Action::Aen { sense, .. }] if sense.asc == 0x3f && sense.ascq == 0x0e)
+    );
+    let r = h.run(&[0; 6], DataDir::None, 0, &[]);
+    assert_eq!(sense_of(&r), (0x06, 0x3f, 0x0e));
+    let r = h.run_lun(1, &[0; 6], DataDir::None, 0, &[]);
+    assert_eq!(sense_of(&r), (0x06, 0x3f, 0x0e));
+    good(&h.run_lun(1, &[0; 6], DataDir::None, 0, &[]));
+    // LUN 1 is a read-only mapping.
+    let r = h.run_lun(1, &rw10(0x2a, 0, 1, 0), DataDir::Write, BS, &[0; 512]);
+    assert_eq!(sense_of(&r), (0x07, 0x27, 0x00));
+}
+
+// ----- reads and writes -----
+
+#[test]
+fn write_then_read_back_all_sizes() {
+    let mut h = H::ready();
+    let d = pattern(3 * BS as usize, 1);
+    good(&h.run(&rw10(0x2a, 10, 3, 0), DataDir::Write, 3 * BS, &d));
+    let r = h.run(&rw10(0x28, 10, 3, 0), DataDir::Read, 3 * BS, &[]);
+    good(&r);
+    assert_eq!(r.residual, Residual::None);
+    assert_eq!(data_of(&r), d);
+    // READ (6), (12), (16) see the same blocks.
+    let r = h.run(&[0x08, 0, 0, 11, 1, 0], DataDir::Read, BS, &[]);
+    assert_eq!(data_of(&r), &d[512..1024]);
+    let r = h.run(&rw12(0xa8, 12, 1), DataDir::Read, BS, &[]);
+    assert_eq!(data_of(&r), &d[1024..]);
+    let r = h.run(&rw16(0x88, 10, 3), DataDir::Read, 3 * BS, &[]);
+    assert_eq!(data_of(&r), d);
+    // WRITE (6), (12), (16).
+    let d2 = pattern(BS as usize, 9);
+    good(&h.run(&[0x0a, 0, 0, 20, 1, 0], DataDir::Write, BS, &d2));
+    good(&h.run(&rw12(0xaa, 21, 1), DataDir::Write, BS, &d2));
+    good(&h.run(&rw16(0x8a, 22, 1), DataDir::Write, BS, &d2));
+    let r = h.run(&rw10(0x28, 20, 3, 0), DataDir::Read, 3 * BS, &[]);
+    assert_eq!(data_of(&r), [d2.clone(), d2.clone(), d2].concat());
+}
+
+#[test]
+fn fua_reaches_the_backend_and_dpo_is_accepted() {
+    let mut h = H::ready();
+    good(&h.run(&rw10(0x2a, 0, 1, 0x18), DataDir::Write, BS, &[1; 512]));
+    good(&h.run(&rw10(0x2a, 0, 1, 0x02), DataDir::Write, BS, &[1; 512]));
+    good(&h.run(&rw10(0x28, 0, 1, 0x18), DataDir::Read, BS, &[]));
+    let log = h.ctl.lock().unwrap().log.clone();
+    assert_eq!(log[0], ("W", 0, 512, true));
+    assert_eq!(log[1], ("W", 0, 512, false));
+    // Write-through: FUA is implied, not passed.
+    let mut h = H::with(
+        DeviceFlags {
+            write_through: true,
+            ..Default::default()
+        },
+        false,
+    );
+    h.run(&[0; 6], DataDir::None, 0, &[]);
+    good(&h.run(&rw10(0x2a, 0, 1, 0x08), DataDir::Write, BS, &[1; 512]));
+    assert_eq!(h.ctl.lock().unwrap().log[0], ("W", 0, 512, false));
+}
+
+#[test]
+fn zero_length_transfers_do_no_io() {
+    let mut h = H::ready();
+    good(&h.run(&rw10(0x28, 0, 0, 0), DataDir::Read, 0, &[]));
+    good(&h.run(&rw10(0x2a, 0, 0, 0), DataDir::Write, 0, &[]));
+    good(&h.run(&rw16(0x88, 0, 0), DataDir::Read, 0, &[]));
+    assert!(h.ctl.lock().unwrap().log.is_empty());
+    // READ (6) with 0 means 256 blocks.
+    let r = h.run(&[0x08, 0, 0, 0, 0, 0], DataDir::Read, 256 * BS, &[]);
+    good(&r);
+    assert_eq!(r.data_len, 256 * BS);
+}
+
+#[test]
+fn out_of_range_lbas() {
+    let mut h = H::ready();
+    let last = (BLOCKS - 1) as u32;
+    good(&h.run(&rw10(0x28, last, 1, 0), DataDir::Read, BS, &[]));
+    for (lba, n) in [
+        (last, 2u16),
+        (last + 1, 1),
+        (last + 2, 0),
+        (0x8000_0000, 1),
+        (u32::MAX, 1),
+    ] {
+        let r = h.run(&rw10(0x28, lba, n, 0), DataDir::Read, n as u32 * BS, &[]);
+        assert_eq!(sense_of(&r), (0x05, 0x21, 0x00), "lba {lba} n {n}");
+        let r = h.run(
+            &rw10(0x2a, lba, n, 0),
+            DataDir::Write,
+            n as u32 * BS,
+            &[0; 1024],
+        );
+        assert_eq!(sense_of(&r), (0x05, 0x21, 0x00), "lba {lba} n {n}");
+    }
+    let r = h.run(&rw16(0x88, u64::MAX, 1), DataDir::Read, BS, &[]);
+    assert_eq!(sense_of(&r), (0x05, 0x21, 0x00));
+    let r = h.run(&[0x08, 0x1f, 0xff, 0xff, 1, 0], DataDir::Read, BS, &[]);
+    assert_eq!(sense_of(&r), (0x05, 0x21, 0x00));
+    assert!(h.ctl.lock().unwrap().log.len() == 1);
+}
+
+#[test]
+fn bad_fields_and_opcodes() {
+    let mut h = H::ready();
+    for p in 1..8u8 {
+        let r = h.run(&rw10(0x28, 0, 1, p << 5), DataDir::Read, BS, &[]);
+        assert_eq!(sense_of(&r), (0x05, 0x24, 0x00));
+        let s = r.sense.as_ref().unwrap();
+        // SKSV, C/D, BPV, bit 7; byte 1.
+        assert_eq!((s[15], s[16], s[17]), (0x80 | 0x40 | 0x08 | 7, 0, 1));
+        let r = h.run(&rw10(0x2a, 0, 1, p << 5), DataDir::Write, BS, &[0; 512]);
+        assert_eq!(sense_of(&r), (0x05, 0x24, 0x00));
+    }
+    // INQUIRY with EVPD = 0 and a page code.
+    let r = h.run(&inquiry(false, 1, 256), DataDir::Read, 256, &[]);
+    assert_eq!(sense_of(&r), (0x05, 0x24, 0x00));
+    // Unknown VPD page.
+    let r = h.run(&inquiry(true, 0x99, 256), DataDir::Read, 256, &[]);
+    assert_eq!(sense_of(&r), (0x05, 0x24, 0x00));
+    // Unsupported opcode.
+    let r = h.run(
+        &[0xc5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        DataDir::None,
+        0,
+        &[],
+    );
+    assert_eq!(sense_of(&r), (0x05, 0x20, 0x00));
+    let r = h.run(&[0x04, 0, 0, 0, 0, 0], DataDir::None, 0, &[]);
+    assert_eq!(sense_of(&r), (0x05, 0x20, 0x00));
+    // NACA in the CONTROL byte.
+    let r = h.run(&[0, 0, 0, 0, 0, 4], DataDir::None, 0, &[]);
+    assert_eq!(sense_of(&r), (0x05, 0x24, 0x00));
+    // MODE SENSE saved values.
+    let r = h.run(&[0x1a, 0, 0xff, 0, 255, 0], DataDir::Read, 255, &[]);
+    assert_eq!(sense_of(&r), (0x05, 0x39, 0x00));
+}
+
+#[test]
+fn unmapped_lun() {
+    let mut h = H::ready();
+    let r = h.run_lun(7, &[0; 6], DataDir::None, 0, &[]);
+    assert_eq!(sense_of(&r), (0x05, 0x25, 0x00));
+    let r = h.run_lun(7, &rw10(0x28, 0, 1, 0), DataDir::Read, BS, &[]);
+    assert_eq!(sense_of(&r), (0x05, 0x25, 0x00));
+    let r = h.run_lun(7, &inquiry(false, 0, 96), DataDir::Read, 96, &[]);
+    good(&r);
+    assert_eq!(data_of(&r)[0], 0x7f);
+    let rl = [0xa0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+    let r = h.run_lun(7, &rl, DataDir::Read, 256, &[]);
+    assert_eq!(
+        data_of(&r),
+        [&[0, 0, 0, 8, 0, 0, 0, 0][..], &Lun(0).encode()].concat()
+    );
+    let r = h.run_lun(7, &[0x03, 0, 0, 0, 18, 0], DataDir::Read, 18, &[]);
+    let d = data_of(&r);
+    assert_eq!((d[2], d[12]), (0x05, 0x25));
+}
+
+#[test]
+fn read_only_device_refuses_writes() {
+    let mut h = H::with(
+        DeviceFlags {
+            read_only: true,
+            ..Default::default()
+        },
+        false,
+    );
+    h.run(&[0; 6], DataDir::None, 0, &[]);
+    let r = h.run(&rw10(0x2a, 0, 1, 0), DataDir::Write, BS, &[0; 512]);
+    assert_eq!(sense_of(&r), (0x07, 0x27, 0x00));
+    let r = h.run(&[0x1a, 0, 0x3f, 0, 255, 0], DataDir::Read, 255, &[]);
+    assert_eq!(data_of(&r)[2] & 0x80, 0x80);
+    good(&h.run(&rw10(0x28, 0, 1, 0), DataDir::Read, BS, &[]));
+}
+
+#[test]
+fn backend_errors_map_to_sense() {
+    let mut h = H::ready();
+    let cases = [
+        (BlockError::Io, false, (0x03, 0x11, 0x00)),
+        (BlockError::Io, true, (0x03, 0x0c, 0x00)),
+        (BlockError::NoSpace, true, (0x07, 0x27, 0x07)),
+        (BlockError::Offline, false, (0x02, 0x04, 0x00)),
+        (BlockError::Os(5), false, (0x04, 0x44, 0x00)),
+    ];
+    for (e, write, want) in cases {
+        h.ctl.lock().unwrap().fail_next = Some(e);
+        let r = if write {
+            h.run(&rw10(0x2a, 0, 1, 0), DataDir::Write, BS, &[0; 512])
+        } else {
+            h.run(&rw10(0x28, 0, 1, 0), DataDir::Read, BS, &[])
+        };
+        assert_eq!(sense_of(&r), want, "{e:?}");
+        assert!(r.data.is_none());
+    }
+}
+
+#[test]
+fn queue_open_failure_is_a_check_condition() {
+    let mut h = H::ready();
+    h.ctl.lock().unwrap().refuse_open = true;
+    let r = h.run(&rw10(0x28, 0, 1, 0), DataDir::Read, BS, &[]);
+    assert_eq!(sense_of(&r), (0x0b, 0x08, 0x00));
+    // It is retried on the next command.
+    h.ctl.lock().unwrap().refuse_open = false;
+    good(&h.run(&rw10(0x28, 0, 1, 0), DataDir::Read, BS, &[]));
+}
+
+#[test]
+fn synchronize_cache_flushes_unless_nv_cache() {
+    let mut h = H::ready();
+    good(&h.run(&[0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0], DataDir::None, 0, &[]));
+    good(&h.run(&rw16(0x91, 0, 0), DataDir::None, 0, &[]));
+    let r = h.run(&[0x35, 0, 0, 0, 0x10, 0, 0, 0, 1, 0], DataDir::None, 0, &[]);
+    assert_eq!(sense_of(&r), (0x05, 0x21, 0x00));
+    assert_eq!(h.ctl.lock().unwrap().log.len(), 2);
+    assert_eq!(h.ctl.lock().unwrap().log[0].0, "F");
+    let mut h = H::with(
+        DeviceFlags {
+            nv_cache: true,
+            ..Default::default()
+        },
+        false,
+    );
+    h.run(&[0; 6], DataDir::None, 0, &[]);
+    good(&h.run(&[0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0], DataDir::None, 0, &[]));
+    assert!(h.ctl.lock().unwrap().log.is_empty());
+}
+
+#[test]
+fn verify_start_stop_prevent_allow() {
+    let mut h = H::ready();
+    good(&h.run(&rw10(0x2f, 0, 8, 0), DataDir::None, 0, &[]));
+    let r = h.run(&rw10(0x2f, BLOCKS as u32, 1, 0), DataDir::None, 0, &[]);
+    assert_eq!(sense_of(&r), (0x05, 0x21, 0x00));
+    let r = h.run(&rw10(0x2f, 0, 1, 0x02), DataDir::Write, BS, &[0; 512]);
+    assert_eq!(sense_of(&r), (0x05, 0x24, 0x00));
+    good(&h.run(&rw16(0x8f, 0, 1), DataDir::None, 0, &[]));
+    good(&h.run(&[0x1b, 0, 0, 0, 1, 0], DataDir::None, 0, &[]));
+    good(&h.run(&[0x1e, 0, 0, 0, 1, 0], DataDir::None, 0, &[]));
+    assert!(h.ctl.lock().unwrap().log.is_empty());
+}
+
+// ----- residuals (iSCSI.iSCSIResiduals) -----
+
+#[test]
+fn read_residuals() {
+    let mut h = H::ready();
+    let d = pattern(2 * BS as usize, 3);
+    good(&h.run(&rw10(0x2a, 0, 2, 0), DataDir::Write, 2 * BS, &d));
+    // One block, EDTL 0: GOOD, overflow of a block, no data.
+    let r = h.run(&rw10(0x28, 0, 1, 0), DataDir::Read, 0, &[]);
+    good(&r);
+    assert_eq!((r.data_len, r.residual), (0, Residual::Overflow(BS)));
+    // One block, EDTL 10000: the block, underflow.
+    let r = h.run(&rw10(0x28, 0, 1, 0), DataDir::Read, 10000, &[]);
+    assert_eq!(data_of(&r), &d[..512]);
+    assert_eq!(r.residual, Residual::Underflow(10000 - BS));
+    // One block, EDTL 200: 200 bytes, overflow.
+    let r = h.run(&rw10(0x28, 0, 1, 0), DataDir::Read, 200, &[]);
+    assert_eq!(data_of(&r), &d[..200]);
+    assert_eq!(r.residual, Residual::Overflow(BS - 200));
+    // Two blocks, EDTL one block.
+    let r = h.run(&rw12(0xa8, 0, 2), DataDir::Read, BS, &[]);
+    assert_eq!(data_of(&r), &d[..512]);
+    assert_eq!(r.residual, Residual::Overflow(BS));
+    // READ flagged as a write on the transport: still served.
+    good(&h.run(&rw16(0x88, 0, 1), DataDir::Write, BS, &[]));
+}
+
+/// Mirrors libiscsi's write_residuals_test: fill with 'a', write 'b' with a
+/// CDB length and EDTL that disagree, then check status, residual and what
+/// reached the medium.
+fn write_residual_case(op: u8, xfer_blocks: u32, edtl: u32, want: Residual) {
+    let mut h = H::ready();
+    let max = (xfer_blocks * BS).max(edtl).div_ceil(BS) * BS;
+    good(&h.run(
+        &rw16(0x8a, 0, max / BS),
+        DataDir::Write,
+        max,
+        &vec![b'a'; max as usize],
+    ));
+    let cdb: Vec<u8> = match op {
+        0x2a => rw10(op, 0, xfer_blocks as u16, 0).to_vec(),
+        0xaa => rw12(op, 0, xfer_blocks).to_vec(),
+        _ => rw16(op, 0, xfer_blocks).to_vec(),
+    };
+    let r = h.run(&cdb, DataDir::Write, edtl, &vec![b'b'; edtl as usize]);
+    assert_eq!(r.residual, want);
+    let r2 = h.run(&rw16(0x88, 0, max / BS), DataDir::Read, max, &[]);
+    let got = data_of(&r2);
+    let spdtl = xfer_blocks * BS;
+    if edtl < spdtl {
+        // Overflow: INVALID FIELD IN COMMAND INFORMATION UNIT, nothing written.
+        assert_eq!(sense_of(&r), (0x05, 0x0e, 0x03));
+        assert!(got.iter().all(|&b| b == b'a'));
+    } else {
+        good(&r);
+        assert!(got[..spdtl as usize].iter().all(|&b| b == b'b'));
+        assert!(got[spdtl as usize..].iter().all(|&b| b == b'a'));
+    }
+}
+
+#[test]
+fn write_residuals() {
+    for op in [0x2a, 0xaa, 0x8a] {
+        write_residual_case(op, 1, 0, Residual::Overflow(BS));
+        write_residual_case(op, 1, 2 * BS, Residual::Underflow(BS));
+        write_residual_case(op, 2, BS, Residual::Overflow(BS));
+        write_residual_case(op, 1, 10000, Residual::Underflow(10000 - BS));
+        write_residual_case(op, 1, 200, Residual::Overflow(BS - 200));
+    }
+}
+
+// ----- parameter data (SCSI.Inquiry, ReadCapacity, Mandatory) -----
+
+#[test]
+fn inquiry_standard_and_alloc_lengths() {
+    let mut h = H::ready();
+    let r = h.run(&inquiry(false, 0, 260), DataDir::Read, 260, &[]);
+    let d = data_of(&r);
+    assert!(d.len() >= 36);
+    assert_eq!(d[0], 0);
+    assert_eq!(d[2], 6);
+    assert_eq!(d[3] & 0x0f, 2);
+    assert_eq!(d[4] as usize, d.len() - 5);
+    assert_eq!(&d[8..16], b"FERRITE ");
+    assert!(
+        d[8..36]
+            .iter()
+            .all(|&c| c == 0 || (0x20..=0x7e).contains(&c))
+    );
+    // SBC-3 version descriptor (libiscsi's sbc3_support).
+    assert!(d[58..74].chunks(2).any(|v| v == [0x04, 0xc0]));
+    for alloc in 5..256u16 {
+        let r = h.run(&inquiry(false, 0, alloc), DataDir::Read, alloc as u32, &[]);
+        good(&r);
+        assert_eq!(r.data_len as usize, (alloc as usize).min(96));
+    }
+    let a = data_of(&h.run(&inquiry(false, 0, 511), DataDir::Read, 511, &[]));
+    let b = data_of(&h.run(&inquiry(false, 0, 512), DataDir::Read, 512, &[]));
+    assert_eq!(a, b);
+    // EDTL smaller than the allocation length: truncated, overflow.
+    let r = h.run(&inquiry(false, 0, 255), DataDir::Read, 36, &[]);
+    assert_eq!((r.data_len, r.residual), (36, Residual::Overflow(96 - 36)));
+}
+
+#[test]
+fn vpd_pages_sorted_and_readable() {
+    let mut h = H::ready();
+    let d = data_of(&h.run(&inquiry(true, 0, 255), DataDir::Read, 255, &[]));
+    let pages = &d[4..4 + d[3] as usize];
+    assert!(pages.windows(2).all(|w| w[0] < w[1]));
+    assert!(pages.contains(&0x80) && pages.contains(&0x83));
+    for &p in pages {
+        let r = h.run(&inquiry(true, p, 255), DataDir::Read, 255, &[]);
+        good(&r);
+        let v = data_of(&r);
+        assert_eq!(v[1], p);
+        assert_eq!(u16::from_be_bytes([v[2], v[3]]) as usize + 4, v.len());
+    }
+    let bl = data_of(&h.run(&inquiry(true, 0xb0, 255), DataDir::Read, 255, &[]));
+    assert_eq!(bl[3], 0x3c);
+    assert_eq!(&bl[20..28], &[0; 8]); // no UNMAP claimed
+    let di = data_of(&h.run(&inquiry(true, 0x83, 255), DataDir::Read, 255, &[]));
+    assert_eq!(&di[8..16], &0x6001_4050_0000_0001u64.to_be_bytes());
+    let sn = data_of(&h.run(&inquiry(true, 0x80, 255), DataDir::Read, 255, &[]));
+    assert_eq!(&sn[4..], b"SN0001");
+}
+
+#[test]
+fn read_capacity_10_and_16() {
+    let mut h = H::ready();
+    let r = h.run(&[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], DataDir::Read, 8, &[]);
+    assert_eq!(data_of(&r), [0, 0, 3, 0xff, 0, 0, 2, 0]);
+    let mut c = [0u8; 16];
+    c[0] = 0x9e;
+    c[1] = 0x10;
+    for alloc in 0..=32u8 {
+        c[13] = alloc;
+        let r = h.run(&c, DataDir::Read, alloc as u32, &[]);
+        good(&r);
+        assert_eq!(r.data_len, alloc as u32);
+    }
+    c[13] = 32;
+    let d = data_of(&h.run(&c, DataDir::Read, 32, &[]));
+    assert_eq!(&d[..8], &(BLOCKS - 1).to_be_bytes());
+    assert_eq!(&d[8..12], &BS.to_be_bytes());
+    assert_eq!(d[12], 0); // PROT_EN = 0
+    // Another SERVICE ACTION IN (16) action is not supported.
+    c[1] = 0x1f;
+    let r = h.run(&c, DataDir::Read, 32, &[]);
+    assert_eq!(sense_of(&r), (0x05, 0x24, 0x00));
+}
+
+#[test]
+fn mode_sense_pages() {
+    let mut h = H::ready();
+    let d = data_of(&h.run(&[0x1a, 0, 0x3f, 0, 255, 0], DataDir::Read, 255, &[]));
+    assert_eq!(d[0] as usize, d.len() - 1);
+    assert_eq!(d[2] & 0x10, 0x10); // DPOFUA
+    assert_eq!(d[3], 8);
+    assert_eq!(d[12], 0x08);
+    assert_eq!(d[14] & 0x04, 0x04); // WCE: write-back
+    assert_eq!(d[32], 0x0a);
+    assert_eq!(d[34] >> 5, 1); // TST = 001b
+    let d = data_of(&h.run(
+        &[0x5a, 0x08, 0x0a, 0, 0, 0, 0, 0, 255, 0],
+        DataDir::Read,
+        255,
+        &[],
+    ));
+    assert_eq!(d.len(), 8 + 12);
+    assert_eq!(d[8], 0x0a);
+    // Allocation length smaller than the data.
+    let r = h.run(&[0x1a, 0, 0x3f, 0, 4, 0], DataDir::Read, 4, &[]);
+    assert_eq!(r.data_len, 4);
+}
+
+#[test]
+fn report_luns_selects() {
+    let mut h = H::ready();
+    let rl = |sel: u8| [0xa0, 0, sel, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+    let d = data_of(&h.run(&rl(0), DataDir::Read, 256, &[]));
+    assert_eq!(&d[..4], &8u32.to_be_bytes());
+    let d = data_of(&h.run(&rl(2), DataDir::Read, 256, &[]));
+    assert_eq!(d.len(), 16);
+    let d = data_of(&h.run(&rl(1), DataDir::Read, 256, &[]));
+    assert_eq!(d, [0; 8]);
+    let r = h.run(&rl(5), DataDir::Read, 256, &[]);
+    assert_eq!(sense_of(&r), (0x05, 0x24, 0x00));
+}
+
+// ----- task set ordering -----
+
+#[test]
+fn ordered_blocks_younger_and_waits_for_older() {
+    let mut h = H::ready();
+    h.ctl.lock().unwrap().hold = true;
+    let a = h.submit(&rw10(0x28, 0, 1, 0), DataDir::Read, BS, TaskAttr::Simple);
+    let b = h.submit(&rw10(0x2a, 1, 1, 0), DataDir::Write, BS, TaskAttr::Ordered);
+    let c = h.submit(&rw10(0x28, 2, 1, 0), DataDir::Read, BS, TaskAttr::Simple);
+    let hq = h.submit(
+        &rw10(0x28, 3, 1, 0),
+        DataDir::Read,
+        BS,
+        TaskAttr::HeadOfQueue,
+    );
+    // Only A and the HEAD OF QUEUE read reached the backend; B has not even
+    // asked for its data.
+    assert!(h.actions().is_empty());
+    assert_eq!(h.ctl.lock().unwrap().log.len(), 2);
+    h.ctl.lock().unwrap().hold = false;
+    h.poll();
+    let acts = h.actions();
+    let ids: Vec<CmdId> = acts
+        .iter()
+        .map(|a| match a {
+            Action::Respond { id, .. } | Action::FetchData { id, .. } => *id,
+            _ => panic!(),
+        })
+        .collect();
+    // B asks for its data only after A responded; HEAD OF QUEUE is younger
+    // than B and did not wait.
+    let pos = |x: CmdId| ids.iter().position(|i| *i == x).unwrap();
+    assert_eq!(ids.len(), 3);
+    assert!(pos(a) < pos(b));
+    assert!(!ids.contains(&c));
+    for x in [a, hq] {
+        h.shard.session(h.sid).unwrap().response_sent(x);
+    }
+    let Some(Action::FetchData { buf, .. }) = acts.into_iter().nth(pos(b)) else {
+        panic!()
+    };
+    h.shard.session(h.sid).unwrap().data_out_done(b, Ok(buf));
+    // C still waits for B's write.
+    assert_eq!(h.ctl.lock().unwrap().log.len(), 3);
+    h.poll();
+    let acts = h.actions();
+    assert!(matches!(acts[..], [Action::Respond { id, .. }] if id == b));
+    assert_eq!(h.ctl.lock().unwrap().log.len(), 4);
+    h.poll();
+    let acts = h.actions();
+    assert!(matches!(acts[..], [Action::Respond { id, .. }] if id == c));
+}
+
+#[test]
+fn simple_commands_run_concurrently() {
+    let mut h = H::ready();
+    h.ctl.lock().unwrap().hold = true;
+    for i in 0..10 {
+        h.submit(&rw10(0x28, i, 1, 0), DataDir::Read, BS, TaskAttr::Simple);
+    }
+    assert_eq!(h.ctl.lock().unwrap().log.len(), 10);
+    assert!(h.shard.wants_spin());
+    h.ctl.lock().unwrap().hold = false;
+    h.poll();
+    assert_eq!(h.actions().len(), 10);
+    assert!(!h.shard.wants_spin());
+}
+
+// ----- back-pressure -----
+
+#[test]
+fn busy_queue_is_a_waiting_state() {
+    let mut h = H::ready();
+    let d = pattern(8 * BS as usize, 5);
+    good(&h.run(&rw10(0x2a, 0, 8, 0), DataDir::Write, 8 * BS, &d));
+    h.ctl.lock().unwrap().depth = 2;
+    let ids: Vec<CmdId> = (0..8)
+        .map(|i| h.submit(&rw10(0x28, i, 1, 0), DataDir::Read, BS, TaskAttr::Simple))
+        .collect();
+    assert!(h.ctl.lock().unwrap().busy_count >= 1);
+    assert!(h.shard.wants_spin());
+    let mut got = Vec::new();
+    for _ in 0..20 {
+        h.poll();
+        for a in h.actions() {
+            let Action::Respond { id, rsp, .. } = a else {
+                panic!()
+            };
+            good(&rsp);
+            let i = ids.iter().position(|x| *x == id).unwrap();
+            assert_eq!(data_of(&rsp), &d[i * 512..(i + 1) * 512]);
+            h.shard.session(h.sid).unwrap().response_sent(id);
+            got.push(i);
+        }
+    }
+    // Every read answered, in submission order.
+    assert_eq!(got, (0..8).collect::<Vec<_>>());
+}
+
+// ----- task management -----
+
+#[test]
+fn abort_task_set_waits_for_io_and_silences_aborted() {
+    let mut h = H::ready();
+    h.ctl.lock().unwrap().hold = true;
+    let r1 = h.submit(&rw10(0x28, 0, 1, 0), DataDir::Read, BS, TaskAttr::Simple);
+    let w = h.submit(&rw10(0x2a, 1, 1, 0), DataDir::Write, BS, TaskAttr::Simple);
+    let _o = h.submit(&rw10(0x28, 2, 1, 0), DataDir::Read, BS, TaskAttr::Ordered);
+    // The fabric took the FetchData of w.
+    let acts = h.actions();
+    let Some(Action::FetchData { buf, .. }) = acts.into_iter().next() else {
+        panic!()
+    };
+    let tmf = h.shard.session(h.sid).unwrap().task_mgmt(
+        h.now,
+        TmfRequest {
+            func: TmfFunction::AbortTaskSet,
+            lun: Lun(0),
+            tag: TaskTag(999),
+        },
+    );
+    assert!(h.actions().is_empty(), "TMF done before I/O drained");
+    h.ctl.lock().unwrap().hold = false;
+    h.poll();
+    assert!(h.actions().is_empty(), "TMF done before the data came back");
+    h.shard.session(h.sid).unwrap().data_out_done(w, Ok(buf));
+    let acts = h.actions();
+    assert!(
+        matches!(acts[..], [Action::TmfDone { id, rsp: TmfResponse::Complete, tag: TaskTag(999) }] if id == tmf),
+        "{acts:?}"
+    );
+    h.poll();
+    assert!(h.actions().is_empty());
+    // Nothing of the aborted commands reached the backend but the first read.
+    assert_eq!(h.ctl.lock().unwrap().log.len(), 1);
+    let _ = r1;
+    good(&h.run(&[0; 6], DataDir::None, 0, &[]));
+}
+
+#[test]
+fn abort_task_by_tag_and_query_task() {
+    let mut h = H::ready();
+    h.ctl.lock().unwrap().hold = true;
+    h.submit(&rw10(0x28, 0, 1, 0), DataDir::Read, BS, TaskAttr::Simple);
+    let tag = TaskTag(h.next_tag - 1);
+    let mut s = h.shard.session(h.sid).unwrap();
+    let q = |func| TmfRequest {
+        func,
+        lun: Lun(0),
+        tag: TaskTag(500),
+    };
+    s.task_mgmt(h.now, q(TmfFunction::QueryTask { tag }));
+    s.task_mgmt(h.now, q(TmfFunction::AbortTask { tag: TaskTag(77) }));
+    s.task_mgmt(h.now, q(TmfFunction::ClearAca));
+    s.task_mgmt(h.now, q(TmfFunction::AbortTask { tag }));
+    let rsps: Vec<TmfResponse> = std::iter::from_fn(|| s.poll_action())
+        .map(|a| match a {
+            Action::TmfDone { rsp, .. } => rsp,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        rsps,
+        vec![
+            TmfResponse::Succeeded,
+            TmfResponse::TaskNotFound,
+            TmfResponse::Rejected
+        ]
+    );
+    h.ctl.lock().unwrap().hold = false;
+    h.poll();
+    let acts = h.actions();
+    assert!(
+        matches!(
+            acts[..],
+            [Action::TmfDone {
+                rsp: TmfResponse::Complete,
+                ..
+            }]
+        ),
+        "{acts:?}"
+    );
+    let mut s = h.shard.session(h.sid).unwrap();
+    s.task_mgmt(h.now, q(TmfFunction::QueryTask { tag }));
+    assert!(matches!(
+        s.poll_action(),
+        Some(Action::TmfDone {
+            rsp: TmfResponse::Complete,
+            ..
+        })
+    ));
+    s.task_mgmt(
+        h.now,
+        TmfRequest {
+            func: TmfFunction::AbortTaskSet,
+            lun: Lun(9),
+            tag: TaskTag(1),
+        },
+    );
+    assert!(matches!(
+        s.poll_action(),
+        Some(Action::TmfDone {
+            rsp: TmfResponse::IncorrectLun,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn abort_cancels_unsent_fetch_and_blocked_commands() {
+    let mut h = H::ready();
+    h.ctl.lock().unwrap().hold = true;
+    h.submit(&rw10(0x2a, 0, 1, 0), DataDir::Write, BS, TaskAttr::Simple);
+    h.submit(&rw10(0x28, 0, 1, 0), DataDir::Read, BS, TaskAttr::Ordered);
+    // FetchData still queued: the abort removes it and completes at once.
+    h.shard.session(h.sid).unwrap().task_mgmt(
+        h.now,
+        TmfRequest {
+            func: TmfFunction::ClearTaskSet,
+            lun: Lun(0),
+            tag: TaskTag(1),
+        },
+    );
+    let acts = h.actions();
+    assert!(
+        matches!(
+            acts[..],
+            [Action::TmfDone {
+                rsp: TmfResponse::Complete,
+                ..
+            }]
+        ),
+        "{acts:?}"
+    );
+    assert!(h.ctl.lock().unwrap().log.is_empty());
+}
+
+#[test]
+fn lu_reset_raises_unit_attention_on_other_nexus_only() {
+    let mut h = H::ready();
+    let other = h.shard.open_session(h.now, nexus(2), h.map.clone(), false);
+    {
+        let r = h.req(0, &[0; 6], DataDir::None, 0, TaskAttr::Simple);
+        let mut s = h.shard.session(other).unwrap();
+        s.submit(h.now, r);
+        let Some(Action::Respond { id, rsp, .. }) = s.poll_action() else {
+            panic!()
+        };
+        assert_eq!(sense_of(&rsp), (0x06, 0x29, 0x00));
+        s.response_sent(id);
+    }
+    h.shard.session(h.sid).unwrap().task_mgmt(
+        h.now,
+        TmfRequest {
+            func: TmfFunction::LogicalUnitReset,
+            lun: Lun(0),
+            tag: TaskTag(1),
+        },
+    );
+    assert!(matches!(
+        h.actions()[..],
+        [Action::TmfDone {
+            rsp: TmfResponse::Complete,
+            ..
+        }]
+    ));
+    good(&h.run(&[0; 6], DataDir::None, 0, &[]));
+    let r = h.req(0, &[0; 6], DataDir::None, 0, TaskAttr::Simple);
+    let mut s = h.shard.session(other).unwrap();
+    s.submit(h.now, r);
+    let Some(Action::Respond { rsp, .. }) = s.poll_action() else {
+        panic!()
+    };
+    assert_eq!(sense_of(&rsp), (0x06, 0x29, 0x03));
+}
+
+#[test]
+fn it_nexus_reset_raises_nexus_loss() {
+    let mut h = H::ready();
+    h.shard.session(h.sid).unwrap().task_mgmt(
+        h.now,
+        TmfRequest {
+            func: TmfFunction::ItNexusReset,
+            lun: Lun(0),
+            tag: TaskTag(1),
+        },
+    );
+    assert_eq!(h.actions().len(), 1);
+    let r = h.run(&[0; 6], DataDir::None, 0, &[]);
+    assert_eq!(sense_of(&r), (0x06, 0x29, 0x07));
+}
+
+// ----- session close -----
+
+#[test]
+fn close_session_lingers_until_io_drains() {
+    let mut h = H::ready();
+    h.ctl.lock().unwrap().hold = true;
+    h.submit(&rw10(0x28, 0, 1, 0), DataDir::Read, BS, TaskAttr::Simple);
+    h.submit(&rw10(0x2a, 0, 1, 0), DataDir::Write, BS, TaskAttr::Simple);
+    h.shard.close_session(h.now, h.sid);
+    assert!(h.shard.session(h.sid).is_none());
+    h.ctl.lock().unwrap().hold = false;
+    assert!(h.shard.poll(h.now));
+    let mut ready = Vec::new();
+    h.shard.ready_sessions(&mut ready);
+    assert!(ready.is_empty());
+    assert!(!h.shard.wants_spin());
+    // A new session works as before.
+    let sid = h.shard.open_session(h.now, nexus(3), h.map.clone(), false);
+    assert_ne!(sid, h.sid);
+    h.sid = sid;
+    let r = h.run(&[0; 6], DataDir::None, 0, &[]);
+    assert_eq!(sense_of(&r), (0x06, 0x29, 0x00));
+}
+
+#[test]
+fn ready_sessions_lists_sessions_with_actions() {
+    let mut h = H::ready();
+    h.ctl.lock().unwrap().hold = true;
+    let id = h.submit(&rw10(0x28, 0, 1, 0), DataDir::Read, BS, TaskAttr::Simple);
+    let mut ready = Vec::new();
+    h.shard.ready_sessions(&mut ready);
+    assert!(ready.is_empty());
+    h.ctl.lock().unwrap().hold = false;
+    h.poll();
+    h.shard.ready_sessions(&mut ready);
+    assert_eq!(ready, vec![h.sid]);
+    let a = h.actions();
+    assert!(matches!(a[..], [Action::Respond { id: i, .. }] if i == id));
+}
