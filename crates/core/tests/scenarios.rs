@@ -4,6 +4,8 @@
 //! expectations mirror libiscsi's iscsi-test-cu suites (SCSI.Inquiry,
 //! SCSI.ReadCapacity*, SCSI.Read*/Write*, SCSI.Mandatory, iSCSI.iSCSIResiduals).
 
+#![allow(clippy::unwrap_used)] // a test crate: a failed lock or lookup is a failed test
+
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
