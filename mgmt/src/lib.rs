@@ -1,15 +1,32 @@
 //! ferrite-mgmt: the management plane of ferrited.
 //!
-//! Owns the one JSON configuration file ([`config`]): its types, validation
-//! and atomic save, and the embedded default configuration.
+//! Owns:
+//! - the one JSON configuration file ([`config`]): its types, validation,
+//!   atomic save and the embedded default configuration;
+//! - the object tree shaped like SCST's sysfs ([`tree`]) with SCST's `mgmt`
+//!   commands, whose model is a [`Config`];
+//! - configuration changes and the `apply` plan between two configurations
+//!   ([`change`]);
+//! - the seam to the running system, [`Runtime`], which the daemon
+//!   implements ([`runtime`]);
+//! - the control socket server ([`server`]) and its JSON-lines protocol;
+//! - the `scst.conf` importer ([`scst`]) and the `ferritectl` binary.
 //!
 //! Does not own: opening devices, binding portals or running sessions. The
-//! daemon does those; this crate only describes what should exist.
+//! daemon does those when the tree asks it to, through [`Runtime`].
 #![forbid(unsafe_code)]
 
+pub mod change;
 pub mod config;
+pub mod runtime;
+pub mod tree;
 
+pub use change::{Change, plan};
 pub use config::{
     Config, ConfigError, DeviceConfig, GroupConfig, Handler, IscsiParamsConfig, IscsiTargetConfig,
     LunConfig, ReactorConfig, TargetsConfig,
 };
+pub use runtime::{
+    DeviceAttr, FakeRuntime, IoStats, Runtime, RuntimeError, SessionInfo, Stats, TargetAttr,
+};
+pub use tree::{AttrValue, Entry, EntryKind, MgmtError, Tree};

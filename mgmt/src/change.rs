@@ -1,0 +1,821 @@
+//! Changes to the configuration: the unit the tree executes, `diff` prints
+//! and `apply` plans.
+//!
+//! Every management command becomes one [`Change`]. Executing a change
+//! applies it to a copy of the model, validates the whole copy, asks the
+//! [`Runtime`] to carry it out and only then adopts the copy, so a refused
+//! change leaves the model as it was.
+//!
+//! [`plan`] turns the difference between two configurations into changes in
+//! SCST's order: teardown first (targets, groups, unmapping, devices), then
+//! objects, then attributes and LUNs, then enable.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::config::{
+    Config, DeviceConfig, GroupConfig, Handler, IscsiParamsConfig, IscsiTargetConfig, LunConfig,
+    ReactorConfig,
+};
+use crate::runtime::{DeviceAttr, Runtime, RuntimeError, TargetAttr};
+
+/// One change to the configuration and the running system.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "change", rename_all = "snake_case")]
+pub enum Change {
+    AddDevice(Box<DeviceConfig>),
+    DelDevice {
+        handler: Handler,
+        name: String,
+    },
+    /// One attribute of a device; `new` is the device's whole new
+    /// configuration, `attr` what the runtime changes.
+    SetDevice {
+        name: String,
+        attr_name: String,
+        attr: DeviceAttr,
+        new: Box<DeviceConfig>,
+    },
+    ResyncSize {
+        name: String,
+    },
+    /// A disabled target without LUNs or groups.
+    AddTarget(Box<IscsiTargetConfig>),
+    DelTarget {
+        name: String,
+    },
+    SetTarget {
+        name: String,
+        attr: TargetAttr,
+    },
+    SetEnabled {
+        name: String,
+        enabled: bool,
+    },
+    AddGroup {
+        target: String,
+        group: String,
+    },
+    DelGroup {
+        target: String,
+        group: String,
+    },
+    SetInitiators {
+        target: String,
+        group: String,
+        initiators: Vec<String>,
+    },
+    /// Moves a pattern between two groups of a target; the lists are the
+    /// groups' whole new lists.
+    MoveInitiator {
+        target: String,
+        pattern: String,
+        from: String,
+        from_list: Vec<String>,
+        to: String,
+        to_list: Vec<String>,
+    },
+    SetLunMap {
+        target: String,
+        group: Option<String>,
+        luns: Vec<LunConfig>,
+    },
+    SetIscsiParams(IscsiParamsConfig),
+    /// Reactor settings take effect at the next start; only the model changes.
+    SetReactor(ReactorConfig),
+}
+
+/// Why a change could not be applied to the model.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ModelError(pub String);
+
+fn target_mut<'a>(
+    cfg: &'a mut Config,
+    name: &str,
+) -> Result<&'a mut IscsiTargetConfig, ModelError> {
+    cfg.targets
+        .iscsi
+        .iter_mut()
+        .find(|t| t.name == name)
+        .ok_or_else(|| ModelError(format!("no target {name:?}")))
+}
+
+fn group_mut<'a>(
+    t: &'a mut IscsiTargetConfig,
+    name: &str,
+) -> Result<&'a mut GroupConfig, ModelError> {
+    let tn = t.name.clone();
+    t.ini_groups
+        .iter_mut()
+        .find(|g| g.name == name)
+        .ok_or_else(|| ModelError(format!("target {tn:?} has no group {name:?}")))
+}
+
+fn sorted(luns: &[LunConfig]) -> Vec<LunConfig> {
+    let mut v = luns.to_vec();
+    v.sort();
+    v
+}
+
+fn fmt_map(luns: &[LunConfig]) -> String {
+    if luns.is_empty() {
+        return "(empty)".into();
+    }
+    sorted(luns)
+        .iter()
+        .map(|l| {
+            if l.read_only {
+                format!("{}={}(read_only)", l.lun, l.device)
+            } else {
+                format!("{}={}", l.lun, l.device)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `add_device` parameters that reproduce `d` (SCST syntax).
+pub fn device_params(d: &DeviceConfig) -> String {
+    let mut p = Vec::new();
+    if let Some(f) = &d.filename {
+        p.push(format!("filename={}", f.display()));
+    }
+    if let Some(s) = d.size {
+        p.push(format!("size={s}"));
+    }
+    if d.blocksize != 512 {
+        p.push(format!("blocksize={}", d.blocksize));
+    }
+    for (k, v) in [
+        ("read_only", d.read_only),
+        ("write_through", d.write_through),
+        ("thin_provisioned", d.thin_provisioned),
+        ("rotational", d.rotational),
+        ("nv_cache", d.nv_cache),
+        ("mem", d.mem),
+    ] {
+        if v {
+            p.push(format!("{k}=1"));
+        }
+    }
+    for (k, v) in [
+        ("serial", &d.serial),
+        ("t10_vendor", &d.t10_vendor),
+        ("t10_product", &d.t10_product),
+        ("t10_revision", &d.t10_revision),
+        ("naa", &d.naa),
+        ("eui64", &d.eui64),
+    ] {
+        if let Some(v) = v {
+            p.push(format!("{k}={v}"));
+        }
+    }
+    p.join("; ")
+}
+
+fn lun_prefix(target: &str, group: &Option<String>) -> String {
+    match group {
+        None => format!("/targets/iscsi/{target}/luns"),
+        Some(g) => format!("/targets/iscsi/{target}/ini_groups/{g}/luns"),
+    }
+}
+
+impl fmt::Display for Change {
+    /// The change as the tree operation that makes it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Change::AddDevice(d) => {
+                let p = device_params(d);
+                write!(
+                    f,
+                    "do /handlers/{}/mgmt \"add_device {} {p}\"",
+                    d.handler, d.name
+                )
+            }
+            Change::DelDevice { handler, name } => {
+                write!(f, "do /handlers/{handler}/mgmt \"del_device {name}\"")
+            }
+            Change::SetDevice {
+                name,
+                attr_name,
+                new,
+                ..
+            } => {
+                let v = crate::tree::device_attr_value(new, attr_name, None).unwrap_or_default();
+                write!(f, "set /devices/{name}/{attr_name} {v:?}")
+            }
+            Change::ResyncSize { name } => write!(f, "set /devices/{name}/resync_size 1"),
+            Change::AddTarget(t) => {
+                write!(
+                    f,
+                    "do /targets/iscsi/mgmt \"add_target {} {}\"",
+                    t.name,
+                    target_params(t)
+                )
+            }
+            Change::DelTarget { name } => write!(f, "do /targets/iscsi/mgmt \"del_target {name}\""),
+            Change::SetTarget { name, attr } => match attr {
+                TargetAttr::Portals(p) => {
+                    write!(f, "set /targets/iscsi/{name}/portals {:?}", p.join(" "))
+                }
+                TargetAttr::Tpgt(n) => write!(f, "set /targets/iscsi/{name}/tpgt {n}"),
+                TargetAttr::Alias(a) => write!(
+                    f,
+                    "set /targets/iscsi/{name}/alias {:?}",
+                    a.as_deref().unwrap_or("")
+                ),
+            },
+            Change::SetEnabled { name, enabled } => {
+                write!(
+                    f,
+                    "set /targets/iscsi/{name}/enabled {}",
+                    u8::from(*enabled)
+                )
+            }
+            Change::AddGroup { target, group } => {
+                write!(
+                    f,
+                    "do /targets/iscsi/{target}/ini_groups/mgmt \"create {group}\""
+                )
+            }
+            Change::DelGroup { target, group } => {
+                write!(
+                    f,
+                    "do /targets/iscsi/{target}/ini_groups/mgmt \"del {group}\""
+                )
+            }
+            Change::SetInitiators {
+                target,
+                group,
+                initiators,
+            } => write!(
+                f,
+                "initiators of /targets/iscsi/{target}/ini_groups/{group}: {}",
+                if initiators.is_empty() {
+                    "(none)".to_string()
+                } else {
+                    initiators.join(" ")
+                }
+            ),
+            Change::MoveInitiator {
+                target,
+                pattern,
+                from,
+                to,
+                ..
+            } => write!(
+                f,
+                "do /targets/iscsi/{target}/ini_groups/{from}/initiators/mgmt \"move {pattern} {to}\""
+            ),
+            Change::SetLunMap {
+                target,
+                group,
+                luns,
+            } => write!(f, "map of {}: {}", lun_prefix(target, group), fmt_map(luns)),
+            Change::SetIscsiParams(p) => write!(
+                f,
+                "iSCSI parameters: {}",
+                serde_json::to_string(p).unwrap_or_default()
+            ),
+            Change::SetReactor(r) => write!(
+                f,
+                "reactor (at next start): {}",
+                serde_json::to_string(r).unwrap_or_default()
+            ),
+        }
+    }
+}
+
+/// `add_target` parameters that reproduce `t`'s attributes.
+pub fn target_params(t: &IscsiTargetConfig) -> String {
+    let mut p = Vec::new();
+    if !t.portals.is_empty() {
+        p.push(format!("portals={}", t.portals.join(",")));
+    }
+    if t.tpgt != 1 {
+        p.push(format!("tpgt={}", t.tpgt));
+    }
+    if let Some(a) = &t.alias {
+        p.push(format!("alias={a}"));
+    }
+    p.join("; ")
+}
+
+impl Change {
+    /// Applies the change to a model. Errors name what does not exist.
+    pub fn apply_to(&self, cfg: &mut Config) -> Result<(), ModelError> {
+        match self {
+            Change::AddDevice(d) => {
+                if cfg.device(&d.name).is_some() {
+                    return Err(ModelError(format!("device {:?} already exists", d.name)));
+                }
+                cfg.devices.push((**d).clone());
+            }
+            Change::DelDevice { name, .. } => {
+                let before = cfg.devices.len();
+                cfg.devices.retain(|d| &d.name != name);
+                if cfg.devices.len() == before {
+                    return Err(ModelError(format!("no device {name:?}")));
+                }
+            }
+            Change::SetDevice { name, new, .. } => {
+                let d = cfg
+                    .devices
+                    .iter_mut()
+                    .find(|d| &d.name == name)
+                    .ok_or_else(|| ModelError(format!("no device {name:?}")))?;
+                *d = (**new).clone();
+            }
+            Change::ResyncSize { name } => {
+                if cfg.device(name).is_none() {
+                    return Err(ModelError(format!("no device {name:?}")));
+                }
+            }
+            Change::AddTarget(t) => {
+                if cfg.iscsi_target(&t.name).is_some() {
+                    return Err(ModelError(format!("target {:?} already exists", t.name)));
+                }
+                let mut t = (**t).clone();
+                t.enabled = false;
+                t.luns.clear();
+                t.ini_groups.clear();
+                cfg.targets.iscsi.push(t);
+            }
+            Change::DelTarget { name } => {
+                let before = cfg.targets.iscsi.len();
+                cfg.targets.iscsi.retain(|t| &t.name != name);
+                if cfg.targets.iscsi.len() == before {
+                    return Err(ModelError(format!("no target {name:?}")));
+                }
+            }
+            Change::SetTarget { name, attr } => {
+                let t = target_mut(cfg, name)?;
+                match attr {
+                    TargetAttr::Portals(p) => t.portals = p.clone(),
+                    TargetAttr::Tpgt(n) => t.tpgt = *n,
+                    TargetAttr::Alias(a) => t.alias = a.clone(),
+                }
+            }
+            Change::SetEnabled { name, enabled } => target_mut(cfg, name)?.enabled = *enabled,
+            Change::AddGroup { target, group } => {
+                let t = target_mut(cfg, target)?;
+                if t.ini_groups.iter().any(|g| &g.name == group) {
+                    return Err(ModelError(format!(
+                        "target {target:?} already has group {group:?}"
+                    )));
+                }
+                t.ini_groups.push(GroupConfig {
+                    name: group.clone(),
+                    initiators: Vec::new(),
+                    luns: Vec::new(),
+                });
+            }
+            Change::DelGroup { target, group } => {
+                let t = target_mut(cfg, target)?;
+                group_mut(t, group)?;
+                t.ini_groups.retain(|g| &g.name != group);
+            }
+            Change::SetInitiators {
+                target,
+                group,
+                initiators,
+            } => group_mut(target_mut(cfg, target)?, group)?.initiators = initiators.clone(),
+            Change::MoveInitiator {
+                target,
+                from,
+                from_list,
+                to,
+                to_list,
+                ..
+            } => {
+                let t = target_mut(cfg, target)?;
+                group_mut(t, to)?;
+                group_mut(t, from)?.initiators = from_list.clone();
+                group_mut(t, to)?.initiators = to_list.clone();
+            }
+            Change::SetLunMap {
+                target,
+                group,
+                luns,
+            } => {
+                let t = target_mut(cfg, target)?;
+                match group {
+                    None => t.luns = luns.clone(),
+                    Some(g) => group_mut(t, g)?.luns = luns.clone(),
+                }
+            }
+            Change::SetIscsiParams(p) => cfg.iscsi = p.clone(),
+            Change::SetReactor(r) => cfg.reactor = r.clone(),
+        }
+        Ok(())
+    }
+
+    /// Carries the change out on the running system. Returns a size for
+    /// [`Change::ResyncSize`].
+    pub fn run(&self, rt: &dyn Runtime) -> Result<Option<u64>, RuntimeError> {
+        match self {
+            Change::AddDevice(d) => rt.add_device(d)?,
+            Change::DelDevice { name, .. } => rt.del_device(name)?,
+            Change::SetDevice { name, attr, .. } => rt.set_device_attr(name, attr)?,
+            Change::ResyncSize { name } => return rt.resync_size(name).map(Some),
+            Change::AddTarget(t) => rt.add_target(t)?,
+            Change::DelTarget { name } => rt.del_target(name)?,
+            Change::SetTarget { name, attr } => rt.set_target_attr(name, attr)?,
+            Change::SetEnabled { name, enabled } => rt.set_target_enabled(name, *enabled)?,
+            Change::AddGroup { target, group } => rt.add_group(target, group)?,
+            Change::DelGroup { target, group } => rt.del_group(target, group)?,
+            Change::SetInitiators {
+                target,
+                group,
+                initiators,
+            } => rt.set_group_initiators(target, group, initiators)?,
+            Change::MoveInitiator {
+                target,
+                from,
+                from_list,
+                to,
+                to_list,
+                ..
+            } => {
+                rt.set_group_initiators(target, from, from_list)?;
+                rt.set_group_initiators(target, to, to_list)?;
+            }
+            Change::SetLunMap {
+                target,
+                group,
+                luns,
+            } => rt.set_lun_map(target, group.as_deref(), luns)?,
+            Change::SetIscsiParams(p) => rt.set_iscsi_params(p)?,
+            Change::SetReactor(_) => {}
+        }
+        Ok(None)
+    }
+}
+
+/// Whether going from `old` to `new` needs the device closed and opened
+/// again: its handler, backing file, block size, mem mode or thin
+/// provisioning (which changes the backend's capabilities) differ.
+pub fn needs_recreate(old: &DeviceConfig, new: &DeviceConfig) -> bool {
+    old.handler != new.handler
+        || old.filename != new.filename
+        || old.blocksize != new.blocksize
+        || old.mem != new.mem
+        || old.thin_provisioned != new.thin_provisioned
+}
+
+/// The runtime-changeable attribute differences between two versions of a
+/// device, as changes (each carrying the device as it is after it).
+pub fn device_attr_changes(old: &DeviceConfig, new: &DeviceConfig) -> Vec<Change> {
+    let mut out = Vec::new();
+    let mut cur = old.clone();
+    let mut push = |cur: &mut DeviceConfig,
+                    attr_name: &str,
+                    attr: DeviceAttr,
+                    set: &dyn Fn(&mut DeviceConfig)| {
+        set(cur);
+        out.push(Change::SetDevice {
+            name: new.name.clone(),
+            attr_name: attr_name.into(),
+            attr,
+            new: Box::new(cur.clone()),
+        });
+    };
+    if old.read_only != new.read_only {
+        push(
+            &mut cur,
+            "read_only",
+            DeviceAttr::ReadOnly(new.read_only),
+            &|d| d.read_only = new.read_only,
+        );
+    }
+    if old.write_through != new.write_through {
+        push(
+            &mut cur,
+            "write_through",
+            DeviceAttr::WriteThrough(new.write_through),
+            &|d| d.write_through = new.write_through,
+        );
+    }
+    if old.nv_cache != new.nv_cache {
+        push(
+            &mut cur,
+            "nv_cache",
+            DeviceAttr::NvCache(new.nv_cache),
+            &|d| d.nv_cache = new.nv_cache,
+        );
+    }
+    if old.rotational != new.rotational {
+        push(
+            &mut cur,
+            "rotational",
+            DeviceAttr::Rotational(new.rotational),
+            &|d| d.rotational = new.rotational,
+        );
+    }
+    if old.serial != new.serial {
+        push(
+            &mut cur,
+            "serial",
+            DeviceAttr::Serial(new.effective_serial()),
+            &|d| d.serial = new.serial.clone(),
+        );
+    }
+    let id = new.identity();
+    if old.t10_vendor != new.t10_vendor {
+        push(
+            &mut cur,
+            "t10_vendor",
+            DeviceAttr::T10Vendor(id.vendor.clone()),
+            &|d| d.t10_vendor = new.t10_vendor.clone(),
+        );
+    }
+    if old.t10_product != new.t10_product {
+        push(
+            &mut cur,
+            "t10_product",
+            DeviceAttr::T10Product(id.product.clone()),
+            &|d| d.t10_product = new.t10_product.clone(),
+        );
+    }
+    if old.t10_revision != new.t10_revision {
+        push(
+            &mut cur,
+            "t10_revision",
+            DeviceAttr::T10Revision(id.revision.clone()),
+            &|d| d.t10_revision = new.t10_revision.clone(),
+        );
+    }
+    if old.naa != new.naa {
+        push(&mut cur, "naa", DeviceAttr::Naa(id.naa), &|d| {
+            d.naa = new.naa.clone()
+        });
+    }
+    if old.eui64 != new.eui64 {
+        push(&mut cur, "eui64", DeviceAttr::Eui64(id.eui64), &|d| {
+            d.eui64 = new.eui64.clone()
+        });
+    }
+    // fileio: a size no longer configured leaves the file as it is, so only
+    // a new size is a change to the running device.
+    if old.size != new.size
+        && let Some(s) = new.size
+    {
+        push(&mut cur, "size", DeviceAttr::Size(s), &|d| {
+            d.size = new.size
+        });
+    }
+    out
+}
+
+/// The changes that turn `old` into `new`, in SCST's order. `new` must be
+/// valid. Executing them in order on a system configured as `old` gives one
+/// configured as `new`; when the two are equal (up to the order of objects
+/// and of LUN entries) the plan is empty.
+pub fn plan(old: &Config, new: &Config) -> Result<Vec<Change>, ModelError> {
+    let mut sim = old.clone();
+    let mut out = Vec::new();
+    let mut step = |sim: &mut Config, c: Change| -> Result<(), ModelError> {
+        c.apply_to(sim)?;
+        out.push(c);
+        Ok(())
+    };
+
+    // 1. Teardown: targets that go, targets that get disabled.
+    for t in &old.targets.iscsi {
+        match new.iscsi_target(&t.name) {
+            None => step(
+                &mut sim,
+                Change::DelTarget {
+                    name: t.name.clone(),
+                },
+            )?,
+            Some(n) if t.enabled && !n.enabled => step(
+                &mut sim,
+                Change::SetEnabled {
+                    name: t.name.clone(),
+                    enabled: false,
+                },
+            )?,
+            Some(_) => {}
+        }
+    }
+    let doomed: BTreeSet<String> = old
+        .devices
+        .iter()
+        .filter(|d| new.device(&d.name).is_none_or(|n| needs_recreate(d, n)))
+        .map(|d| d.name.clone())
+        .collect();
+    let targets: Vec<IscsiTargetConfig> = sim.targets.iscsi.clone();
+    for t in &targets {
+        let nt = new.iscsi_target(&t.name);
+        for g in &t.ini_groups {
+            if nt.is_none_or(|nt| !nt.ini_groups.iter().any(|ng| ng.name == g.name)) {
+                step(
+                    &mut sim,
+                    Change::DelGroup {
+                        target: t.name.clone(),
+                        group: g.name.clone(),
+                    },
+                )?;
+            } else if g.luns.iter().any(|l| doomed.contains(&l.device)) {
+                step(
+                    &mut sim,
+                    Change::SetLunMap {
+                        target: t.name.clone(),
+                        group: Some(g.name.clone()),
+                        luns: g
+                            .luns
+                            .iter()
+                            .filter(|l| !doomed.contains(&l.device))
+                            .cloned()
+                            .collect(),
+                    },
+                )?;
+            }
+        }
+        if t.luns.iter().any(|l| doomed.contains(&l.device)) {
+            step(
+                &mut sim,
+                Change::SetLunMap {
+                    target: t.name.clone(),
+                    group: None,
+                    luns: t
+                        .luns
+                        .iter()
+                        .filter(|l| !doomed.contains(&l.device))
+                        .cloned()
+                        .collect(),
+                },
+            )?;
+        }
+    }
+    for d in &old.devices {
+        if doomed.contains(&d.name) {
+            step(
+                &mut sim,
+                Change::DelDevice {
+                    handler: d.handler,
+                    name: d.name.clone(),
+                },
+            )?;
+        }
+    }
+
+    // 2. Objects: devices, targets, groups.
+    for d in &new.devices {
+        if sim.device(&d.name).is_none() {
+            step(&mut sim, Change::AddDevice(Box::new(d.clone())))?;
+        }
+    }
+    for t in &new.targets.iscsi {
+        if sim.iscsi_target(&t.name).is_none() {
+            let mut bare = t.clone();
+            bare.enabled = false;
+            bare.luns.clear();
+            bare.ini_groups.clear();
+            step(&mut sim, Change::AddTarget(Box::new(bare)))?;
+        }
+        for g in &t.ini_groups {
+            let exists = sim
+                .iscsi_target(&t.name)
+                .is_some_and(|st| st.ini_groups.iter().any(|sg| sg.name == g.name));
+            if !exists {
+                step(
+                    &mut sim,
+                    Change::AddGroup {
+                        target: t.name.clone(),
+                        group: g.name.clone(),
+                    },
+                )?;
+            }
+        }
+    }
+
+    // 3. Attributes and LUNs.
+    for d in &new.devices {
+        if let Some(cur) = sim.device(&d.name).cloned() {
+            for c in device_attr_changes(&cur, d) {
+                step(&mut sim, c)?;
+            }
+        }
+    }
+    for t in &new.targets.iscsi {
+        let Some(cur) = sim.iscsi_target(&t.name).cloned() else {
+            continue;
+        };
+        if cur.portals != t.portals {
+            step(
+                &mut sim,
+                Change::SetTarget {
+                    name: t.name.clone(),
+                    attr: TargetAttr::Portals(t.portals.clone()),
+                },
+            )?;
+        }
+        if cur.tpgt != t.tpgt {
+            step(
+                &mut sim,
+                Change::SetTarget {
+                    name: t.name.clone(),
+                    attr: TargetAttr::Tpgt(t.tpgt),
+                },
+            )?;
+        }
+        if cur.alias != t.alias {
+            step(
+                &mut sim,
+                Change::SetTarget {
+                    name: t.name.clone(),
+                    attr: TargetAttr::Alias(t.alias.clone()),
+                },
+            )?;
+        }
+    }
+    if sim.iscsi != new.iscsi {
+        step(&mut sim, Change::SetIscsiParams(new.iscsi.clone()))?;
+    }
+    if sim.reactor != new.reactor {
+        step(&mut sim, Change::SetReactor(new.reactor.clone()))?;
+    }
+    // Initiators: removals first so a pattern moving between groups is
+    // never in two groups at once.
+    for pass in 0..2 {
+        for t in &new.targets.iscsi {
+            for g in &t.ini_groups {
+                let cur: Vec<String> = sim
+                    .iscsi_target(&t.name)
+                    .and_then(|st| st.ini_groups.iter().find(|sg| sg.name == g.name))
+                    .map(|sg| sg.initiators.clone())
+                    .unwrap_or_default();
+                let want: Vec<String> = if pass == 0 {
+                    cur.iter()
+                        .filter(|p| g.initiators.contains(p))
+                        .cloned()
+                        .collect()
+                } else {
+                    g.initiators.clone()
+                };
+                if cur != want {
+                    step(
+                        &mut sim,
+                        Change::SetInitiators {
+                            target: t.name.clone(),
+                            group: g.name.clone(),
+                            initiators: want,
+                        },
+                    )?;
+                }
+            }
+        }
+    }
+    for t in &new.targets.iscsi {
+        let Some(cur) = sim.iscsi_target(&t.name).cloned() else {
+            continue;
+        };
+        if sorted(&cur.luns) != sorted(&t.luns) {
+            step(
+                &mut sim,
+                Change::SetLunMap {
+                    target: t.name.clone(),
+                    group: None,
+                    luns: t.luns.clone(),
+                },
+            )?;
+        }
+        for g in &t.ini_groups {
+            let cur_luns = cur
+                .ini_groups
+                .iter()
+                .find(|cg| cg.name == g.name)
+                .map(|cg| sorted(&cg.luns))
+                .unwrap_or_default();
+            if cur_luns != sorted(&g.luns) {
+                step(
+                    &mut sim,
+                    Change::SetLunMap {
+                        target: t.name.clone(),
+                        group: Some(g.name.clone()),
+                        luns: g.luns.clone(),
+                    },
+                )?;
+            }
+        }
+    }
+
+    // 4. Enable.
+    for t in &new.targets.iscsi {
+        if t.enabled && sim.iscsi_target(&t.name).is_some_and(|st| !st.enabled) {
+            step(
+                &mut sim,
+                Change::SetEnabled {
+                    name: t.name.clone(),
+                    enabled: true,
+                },
+            )?;
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,306 @@
+//! The seam between the management tree and the running system.
+//!
+//! The daemon implements [`Runtime`]; the tree calls it after a command has
+//! been parsed and validated and before the change enters the model, so the
+//! model never claims what the system refused. Calls are synchronous and run
+//! on the management thread; the daemon turns them into messages to its cores.
+//!
+//! This module owns the trait and the plain data it exchanges; it knows
+//! nothing about how the daemon carries a change out.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{DeviceConfig, IscsiParamsConfig, IscsiTargetConfig, LunConfig};
+
+/// Why the running system refused or failed a change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuntimeError {
+    /// The object the tree names does not exist in the running system (the
+    /// model and the system disagree).
+    #[error("{0} does not exist in the running system")]
+    NotFound(String),
+    /// The change is valid but this system cannot do it (e.g. a handler that
+    /// is not built in).
+    #[error("not supported: {0}")]
+    Unsupported(String),
+    /// The change was attempted and failed (cannot open a file, bind a
+    /// portal...).
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// A device attribute that can change while the device runs. Identity values
+/// are effective ones: a derived serial is passed in full.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DeviceAttr {
+    ReadOnly(bool),
+    WriteThrough(bool),
+    NvCache(bool),
+    Rotational(bool),
+    Serial(String),
+    T10Vendor(String),
+    T10Product(String),
+    T10Revision(String),
+    Naa(u64),
+    Eui64(u64),
+    /// Resize to this many bytes (fileio: the file grows or shrinks; nullio:
+    /// the capacity changes). The daemon raises CAPACITY DATA HAS CHANGED.
+    Size(u64),
+}
+
+/// A target attribute that can change while the target runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TargetAttr {
+    /// The whole list of listening addresses, replaced.
+    Portals(Vec<String>),
+    Tpgt(u16),
+    Alias(Option<String>),
+}
+
+/// Operation counters, monotonic since the object was created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct IoStats {
+    pub read_cmds: u64,
+    pub write_cmds: u64,
+    pub other_cmds: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    /// Commands that completed with CHECK CONDITION or were aborted.
+    pub errors: u64,
+}
+
+/// Statistics of the whole system.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Stats {
+    /// Per device name.
+    pub devices: BTreeMap<String, IoStats>,
+    /// Per target name.
+    pub targets: BTreeMap<String, IoStats>,
+}
+
+/// One I_T nexus as the daemon reports it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SessionInfo {
+    /// Target name (IQN).
+    pub target: String,
+    /// Initiator name (IQN).
+    pub initiator: String,
+    /// RFC 7143 §11.12.5: the 6-byte ISID, as a number.
+    pub isid: u64,
+    /// Target session identifying handle.
+    pub tsih: u16,
+    /// The initiator group whose LUN map the session got; `None`: the
+    /// target's default map.
+    pub group: Option<String>,
+    /// Peer addresses of the session's connections.
+    pub connections: Vec<String>,
+    /// Commands in the task sets now.
+    pub active_commands: u64,
+    pub stats: IoStats,
+}
+
+/// What the management tree needs from the running system. Object-safe and
+/// synchronous: the daemon runs it on the management thread.
+///
+/// Every method is called only after the tree validated the change against
+/// the whole configuration, so an implementation may assume names exist,
+/// LUN numbers are in range and unique and devices referenced by a map
+/// exist. Map changes always carry the whole new map; the daemon computes
+/// the unit attentions (REPORTED LUNS DATA HAS CHANGED) from the difference.
+pub trait Runtime: Send + Sync {
+    /// Opens the backend and registers the device (not yet in any map).
+    fn add_device(&self, dev: &DeviceConfig) -> Result<(), RuntimeError>;
+    /// Unregisters a device that no map uses any more.
+    fn del_device(&self, name: &str) -> Result<(), RuntimeError>;
+    /// Changes one attribute of a running device.
+    fn set_device_attr(&self, name: &str, attr: &DeviceAttr) -> Result<(), RuntimeError>;
+    /// Re-reads the backing file's or device's size; returns it in bytes.
+    fn resync_size(&self, name: &str) -> Result<u64, RuntimeError>;
+    /// The device's current size in bytes.
+    fn device_size(&self, name: &str) -> Result<u64, RuntimeError>;
+
+    /// Creates a disabled target with no LUN and no group; portals, tpgt
+    /// and alias are taken from `target`, maps and `enabled` are not.
+    fn add_target(&self, target: &IscsiTargetConfig) -> Result<(), RuntimeError>;
+    /// Closes the target's sessions and removes it.
+    fn del_target(&self, name: &str) -> Result<(), RuntimeError>;
+    /// Accepts (true) or refuses (false) new sessions; disabling also
+    /// closes the running ones, as SCST does.
+    fn set_target_enabled(&self, name: &str, enabled: bool) -> Result<(), RuntimeError>;
+    fn set_target_attr(&self, name: &str, attr: &TargetAttr) -> Result<(), RuntimeError>;
+
+    /// Creates an empty initiator group.
+    fn add_group(&self, target: &str, group: &str) -> Result<(), RuntimeError>;
+    /// Removes a group; its sessions fall back to the default map.
+    fn del_group(&self, target: &str, group: &str) -> Result<(), RuntimeError>;
+    /// Replaces a group's initiator patterns.
+    fn set_group_initiators(
+        &self,
+        target: &str,
+        group: &str,
+        initiators: &[String],
+    ) -> Result<(), RuntimeError>;
+    /// Replaces a whole LUN map: the target's default map (`group` None) or
+    /// a group's.
+    fn set_lun_map(
+        &self,
+        target: &str,
+        group: Option<&str>,
+        luns: &[LunConfig],
+    ) -> Result<(), RuntimeError>;
+
+    /// New portal-independent iSCSI settings, for logins from now on.
+    fn set_iscsi_params(&self, params: &IscsiParamsConfig) -> Result<(), RuntimeError>;
+
+    /// The sessions now logged in.
+    fn sessions(&self) -> Vec<SessionInfo>;
+    /// Closes one session (SCST's `force_close`).
+    fn close_session(&self, target: &str, initiator: &str, isid: u64) -> Result<(), RuntimeError>;
+    /// Counters.
+    fn stats(&self) -> Stats;
+}
+
+/// A [`Runtime`] that records calls and can be told to fail: a test double
+/// for the tree, the control socket and the daemon's own tests. It runs
+/// nothing.
+#[derive(Debug, Default)]
+pub struct FakeRuntime {
+    calls: std::sync::Mutex<Vec<String>>,
+    /// A call whose record starts with this string fails.
+    fail_on: std::sync::Mutex<Option<String>>,
+    sessions: std::sync::Mutex<Vec<SessionInfo>>,
+    stats: std::sync::Mutex<Stats>,
+}
+
+impl FakeRuntime {
+    pub fn new() -> FakeRuntime {
+        FakeRuntime::default()
+    }
+
+    /// The calls so far, one line each (`add_device disk0`, `set_lun_map t - 0=d`).
+    pub fn calls(&self) -> Vec<String> {
+        self.calls.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Forgets the recorded calls.
+    pub fn clear_calls(&self) {
+        self.calls.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
+    /// Makes calls whose record starts with `prefix` fail (None: none fail).
+    pub fn fail_on(&self, prefix: Option<&str>) {
+        *self.fail_on.lock().unwrap_or_else(|e| e.into_inner()) = prefix.map(str::to_string);
+    }
+
+    /// Sets what [`Runtime::sessions`] reports.
+    pub fn set_sessions(&self, s: Vec<SessionInfo>) {
+        *self.sessions.lock().unwrap_or_else(|e| e.into_inner()) = s;
+    }
+
+    /// Sets what [`Runtime::stats`] reports.
+    pub fn set_stats(&self, s: Stats) {
+        *self.stats.lock().unwrap_or_else(|e| e.into_inner()) = s;
+    }
+
+    fn record(&self, call: String) -> Result<(), RuntimeError> {
+        let fail = self
+            .fail_on
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_deref()
+            .is_some_and(|p| call.starts_with(p));
+        if fail {
+            return Err(RuntimeError::Failed(format!("injected failure: {call}")));
+        }
+        self.calls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(call);
+        Ok(())
+    }
+}
+
+impl Runtime for FakeRuntime {
+    fn add_device(&self, dev: &DeviceConfig) -> Result<(), RuntimeError> {
+        self.record(format!("add_device {} {}", dev.name, dev.handler))
+    }
+    fn del_device(&self, name: &str) -> Result<(), RuntimeError> {
+        self.record(format!("del_device {name}"))
+    }
+    fn set_device_attr(&self, name: &str, attr: &DeviceAttr) -> Result<(), RuntimeError> {
+        self.record(format!("set_device_attr {name} {attr:?}"))
+    }
+    fn resync_size(&self, name: &str) -> Result<u64, RuntimeError> {
+        self.record(format!("resync_size {name}"))?;
+        Ok(2 << 30)
+    }
+    fn device_size(&self, _name: &str) -> Result<u64, RuntimeError> {
+        Ok(1 << 30)
+    }
+    fn add_target(&self, target: &IscsiTargetConfig) -> Result<(), RuntimeError> {
+        self.record(format!("add_target {}", target.name))
+    }
+    fn del_target(&self, name: &str) -> Result<(), RuntimeError> {
+        self.record(format!("del_target {name}"))
+    }
+    fn set_target_enabled(&self, name: &str, enabled: bool) -> Result<(), RuntimeError> {
+        self.record(format!("set_target_enabled {name} {enabled}"))
+    }
+    fn set_target_attr(&self, name: &str, attr: &TargetAttr) -> Result<(), RuntimeError> {
+        self.record(format!("set_target_attr {name} {attr:?}"))
+    }
+    fn add_group(&self, target: &str, group: &str) -> Result<(), RuntimeError> {
+        self.record(format!("add_group {target} {group}"))
+    }
+    fn del_group(&self, target: &str, group: &str) -> Result<(), RuntimeError> {
+        self.record(format!("del_group {target} {group}"))
+    }
+    fn set_group_initiators(
+        &self,
+        target: &str,
+        group: &str,
+        initiators: &[String],
+    ) -> Result<(), RuntimeError> {
+        self.record(format!(
+            "set_group_initiators {target} {group} {}",
+            initiators.join(",")
+        ))
+    }
+    fn set_lun_map(
+        &self,
+        target: &str,
+        group: Option<&str>,
+        luns: &[LunConfig],
+    ) -> Result<(), RuntimeError> {
+        let mut v: Vec<String> = luns
+            .iter()
+            .map(|l| format!("{}={}", l.lun, l.device))
+            .collect();
+        v.sort();
+        self.record(format!(
+            "set_lun_map {target} {} {}",
+            group.unwrap_or("-"),
+            v.join(",")
+        ))
+    }
+    fn set_iscsi_params(&self, _params: &IscsiParamsConfig) -> Result<(), RuntimeError> {
+        self.record("set_iscsi_params".into())
+    }
+    fn sessions(&self) -> Vec<SessionInfo> {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+    fn close_session(&self, target: &str, initiator: &str, isid: u64) -> Result<(), RuntimeError> {
+        self.record(format!("close_session {target} {initiator} {isid:#x}"))
+    }
+    fn stats(&self) -> Stats {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}

@@ -1,0 +1,2423 @@
+//! The object tree, shaped like SCST's sysfs:
+//!
+//! ```text
+//! /handlers/{vdisk_fileio,vdisk_blockio,vdisk_nullio}/mgmt
+//! /devices/<name>/{handler,filename,size,blocksize,read_only,...,resync_size,stats,exported}
+//! /targets/iscsi/{mgmt,<iSCSI parameter>...}
+//! /targets/iscsi/<iqn>/{enabled,portals,tpgt,alias}
+//! /targets/iscsi/<iqn>/luns/{mgmt,<lun>/{device,read_only}}
+//! /targets/iscsi/<iqn>/ini_groups/{mgmt,<g>/{initiators/{mgmt,<pattern>},luns/...}}
+//! /targets/iscsi/<iqn>/sessions/<initiator>/{initiator_name,isid,tsih,group,connections,...,force_close}
+//! ```
+//!
+//! Leaves are attributes (`get`, and `set` when writable) or `mgmt` leaves
+//! (`do` runs an SCST command; `get` prints the command syntax). A read
+//! shows `[key]` on a second line when the value differs from the default,
+//! i.e. when a saved configuration must carry it, as SCST does.
+//!
+//! The tree's model is a [`Config`]: every command becomes a [`Change`] that
+//! is validated against the whole configuration before the [`Runtime`] sees
+//! it, so `save` writes the model and `apply` is a [`plan`] between two
+//! configurations.
+//!
+//! Not owned here: the socket ([`crate::server`]) and the running system
+//! ([`Runtime`]).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::change::{Change, device_attr_changes, plan};
+use crate::config::{
+    Config, ConfigError, DeviceConfig, Handler, IscsiParamsConfig, IscsiTargetConfig, LunConfig,
+    MAX_LUNS, validate_initiator_pattern, validate_iscsi_name, validate_object_name,
+};
+use crate::runtime::{IoStats, Runtime, RuntimeError, SessionInfo, TargetAttr};
+
+/// What went wrong with a management operation. Nothing changed unless the
+/// error says so ([`MgmtError::Apply`]).
+#[derive(Debug, thiserror::Error)]
+pub enum MgmtError {
+    #[error("{path}: no such object; {hint}")]
+    NoSuchPath { path: String, hint: String },
+    #[error("{msg}\nusage:\n{usage}")]
+    Usage { msg: String, usage: String },
+    #[error("{path}: {msg}")]
+    NotWritable { path: String, msg: String },
+    #[error("{0}")]
+    Refused(String),
+    #[error("invalid configuration: {0}")]
+    Config(#[from] ConfigError),
+    #[error("{what}: {source}")]
+    Runtime {
+        what: String,
+        #[source]
+        source: RuntimeError,
+    },
+    #[error("apply stopped after {done} of {total} changes at `{failed}`: {source}")]
+    Apply {
+        done: usize,
+        total: usize,
+        failed: String,
+        #[source]
+        source: Box<MgmtError>,
+    },
+}
+
+/// What kind of node an entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EntryKind {
+    Dir,
+    Attr,
+    Mgmt,
+    /// A name that stands for an object elsewhere (a device under its
+    /// handler, a pattern under `initiators`).
+    Link,
+}
+
+/// One entry of a listing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Entry {
+    pub name: String,
+    pub kind: EntryKind,
+    pub writable: bool,
+    pub description: String,
+}
+
+/// An attribute read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AttrValue {
+    pub value: String,
+    /// Differs from the default: a saved configuration carries it.
+    pub key: bool,
+    pub writable: bool,
+    pub description: String,
+}
+
+impl AttrValue {
+    /// SCST's text form: the value, then `[key]` on its own line if set.
+    pub fn to_text(&self) -> String {
+        if self.key {
+            format!("{}\n[key]", self.value)
+        } else {
+            self.value.clone()
+        }
+    }
+}
+
+struct AttrDef {
+    name: &'static str,
+    desc: &'static str,
+}
+
+const DEVICE_ATTRS: &[AttrDef] = &[
+    AttrDef {
+        name: "handler",
+        desc: "device handler (read-only)",
+    },
+    AttrDef {
+        name: "filename",
+        desc: "backing file or block device (read-only; del_device and add_device to change)",
+    },
+    AttrDef {
+        name: "size",
+        desc: "size in bytes; writing resizes (fileio, nullio)",
+    },
+    AttrDef {
+        name: "blocksize",
+        desc: "logical block size: 512 or 4096 (read-only)",
+    },
+    AttrDef {
+        name: "read_only",
+        desc: "0|1: refuse writes",
+    },
+    AttrDef {
+        name: "write_through",
+        desc: "0|1: complete writes only once stable",
+    },
+    AttrDef {
+        name: "thin_provisioned",
+        desc: "0|1: UNMAP and WRITE SAME unmap (read-only)",
+    },
+    AttrDef {
+        name: "rotational",
+        desc: "0|1: report a rotating medium (VPD B1h)",
+    },
+    AttrDef {
+        name: "nv_cache",
+        desc: "0|1: ignore SYNCHRONIZE CACHE (battery-backed cache)",
+    },
+    AttrDef {
+        name: "mem",
+        desc: "0|1: keep written data in RAM (nullio; read-only)",
+    },
+    AttrDef {
+        name: "serial",
+        desc: "unit serial number (VPD 80h); empty restores the derived one",
+    },
+    AttrDef {
+        name: "t10_vendor",
+        desc: "INQUIRY vendor, at most 8 characters",
+    },
+    AttrDef {
+        name: "t10_product",
+        desc: "INQUIRY product, at most 16 characters",
+    },
+    AttrDef {
+        name: "t10_revision",
+        desc: "INQUIRY revision, at most 4 characters",
+    },
+    AttrDef {
+        name: "naa",
+        desc: "NAA IEEE Registered id, 16 hex digits starting with 5",
+    },
+    AttrDef {
+        name: "eui64",
+        desc: "EUI-64 id, 16 hex digits",
+    },
+    AttrDef {
+        name: "resync_size",
+        desc: "write 1 to re-read the backing size (write-only)",
+    },
+    AttrDef {
+        name: "stats",
+        desc: "I/O counters (read-only)",
+    },
+    AttrDef {
+        name: "exported",
+        desc: "where the device is mapped: target/LUN (read-only)",
+    },
+];
+
+const TARGET_ATTRS: &[AttrDef] = &[
+    AttrDef {
+        name: "enabled",
+        desc: "0|1: accept new sessions",
+    },
+    AttrDef {
+        name: "portals",
+        desc: "listening addresses, space separated (\"192.0.2.1:3260 [::1]:3260\")",
+    },
+    AttrDef {
+        name: "tpgt",
+        desc: "target portal group tag",
+    },
+    AttrDef {
+        name: "alias",
+        desc: "TargetAlias sent at login; empty for none",
+    },
+];
+
+const LUN_ATTRS: &[AttrDef] = &[
+    AttrDef {
+        name: "device",
+        desc: "the mapped device (read-only; use replace)",
+    },
+    AttrDef {
+        name: "read_only",
+        desc: "0|1: read-only through this map (read-only; use replace)",
+    },
+];
+
+const SESSION_ATTRS: &[AttrDef] = &[
+    AttrDef {
+        name: "initiator_name",
+        desc: "initiator IQN",
+    },
+    AttrDef {
+        name: "isid",
+        desc: "initiator session id",
+    },
+    AttrDef {
+        name: "tsih",
+        desc: "target session identifying handle",
+    },
+    AttrDef {
+        name: "group",
+        desc: "initiator group whose LUN map the session uses",
+    },
+    AttrDef {
+        name: "connections",
+        desc: "peer address of each connection",
+    },
+    AttrDef {
+        name: "active_commands",
+        desc: "commands in the task sets",
+    },
+    AttrDef {
+        name: "stats",
+        desc: "I/O counters",
+    },
+    AttrDef {
+        name: "force_close",
+        desc: "write 1 to close the session (write-only)",
+    },
+];
+
+const ISCSI_PARAMS: &[AttrDef] = &[
+    AttrDef {
+        name: "max_recv_data_segment_length",
+        desc: "MaxRecvDataSegmentLength offered, 512..16777215 (RFC 7143 §13.12)",
+    },
+    AttrDef {
+        name: "max_burst_length",
+        desc: "MaxBurstLength, 512..16777215 (RFC 7143 §13.13)",
+    },
+    AttrDef {
+        name: "first_burst_length",
+        desc: "FirstBurstLength, 512..16777215, at most max_burst_length (RFC 7143 §13.14)",
+    },
+    AttrDef {
+        name: "immediate_data",
+        desc: "0|1: ImmediateData (RFC 7143 §13.11)",
+    },
+    AttrDef {
+        name: "initial_r2t",
+        desc: "0|1: InitialR2T (RFC 7143 §13.10)",
+    },
+    AttrDef {
+        name: "max_outstanding_r2t",
+        desc: "MaxOutstandingR2T, 1..65535 (RFC 7143 §13.17)",
+    },
+    AttrDef {
+        name: "max_connections",
+        desc: "MaxConnections, 1..65535 (RFC 7143 §13.2)",
+    },
+    AttrDef {
+        name: "nop_in_interval_s",
+        desc: "seconds between NOP-In pings; 0 disables",
+    },
+    AttrDef {
+        name: "nop_in_timeout_s",
+        desc: "seconds to wait for a NOP-Out answer",
+    },
+    AttrDef {
+        name: "login_timeout_s",
+        desc: "seconds a login may take",
+    },
+];
+
+/// Usage of `/handlers/<h>/mgmt`.
+pub const HANDLER_USAGE: &str = "\
+add_device NAME [filename=PATH;] [size=BYTES[K|M|G|T];] [blocksize=512|4096;] [read_only=0|1;]
+           [write_through=0|1;] [thin_provisioned=0|1;] [rotational=0|1;] [nv_cache=0|1;]
+           [mem=0|1 (nullio);] [serial=S;] [t10_vendor=S;] [t10_product=S;] [t10_revision=S;]
+           [naa=16HEX;] [eui64=16HEX]
+del_device NAME";
+/// Usage of `/targets/iscsi/mgmt`.
+pub const TARGETS_USAGE: &str = "\
+add_target IQN [portals=ADDR:PORT[,ADDR:PORT...];] [tpgt=N;] [alias=TEXT]   (created disabled)
+del_target IQN";
+/// Usage of a `luns/mgmt`.
+pub const LUNS_USAGE: &str = "\
+add DEVICE LUN [read_only=0|1]
+del LUN
+replace DEVICE LUN [read_only=0|1]
+clear";
+/// Usage of `ini_groups/mgmt`.
+pub const GROUPS_USAGE: &str = "\
+create GROUP
+del GROUP";
+/// Usage of `initiators/mgmt`.
+pub const INITIATORS_USAGE: &str = "\
+add PATTERN        (initiator name; * and ? are wildcards)
+del PATTERN
+move PATTERN GROUP
+clear";
+
+/// A resolved path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Node {
+    Root,
+    Handlers,
+    Handler(Handler),
+    HandlerMgmt(Handler),
+    HandlerDevice(Handler, String),
+    Devices,
+    Device(String),
+    DeviceAttr(String, &'static AttrDef),
+    Targets,
+    Iscsi,
+    IscsiMgmt,
+    IscsiParam(&'static AttrDef),
+    Target(String),
+    TargetAttr(String, &'static AttrDef),
+    Luns(String, Option<String>),
+    LunsMgmt(String, Option<String>),
+    Lun(String, Option<String>, u16),
+    LunAttr(String, Option<String>, u16, &'static AttrDef),
+    Groups(String),
+    GroupsMgmt(String),
+    Group(String, String),
+    Initiators(String, String),
+    InitiatorsMgmt(String, String),
+    Initiator(String, String, String),
+    Sessions(String),
+    Session(String, SessionInfo),
+    SessionAttr(String, SessionInfo, &'static AttrDef),
+}
+
+impl PartialEq for AttrDef {
+    fn eq(&self, o: &AttrDef) -> bool {
+        self.name == o.name
+    }
+}
+impl Eq for AttrDef {}
+impl std::fmt::Debug for AttrDef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+fn find_attr(defs: &'static [AttrDef], name: &str) -> Option<&'static AttrDef> {
+    defs.iter().find(|a| a.name == name)
+}
+
+fn names_hint<I: IntoIterator<Item = S>, S: AsRef<str>>(what: &str, it: I) -> String {
+    let v: Vec<String> = it.into_iter().map(|s| s.as_ref().to_string()).collect();
+    if v.is_empty() {
+        format!("there is no {what}")
+    } else {
+        format!("valid {what}: {}", v.join(", "))
+    }
+}
+
+/// Which device attributes a handler has.
+fn device_attr_applies(h: Handler, name: &str) -> bool {
+    match name {
+        "filename" => h.needs_filename(),
+        "mem" => h == Handler::VdiskNullio,
+        "resync_size" => h != Handler::VdiskNullio,
+        _ => true,
+    }
+}
+
+fn device_attr_writable(h: Handler, name: &str) -> bool {
+    match name {
+        "size" => h != Handler::VdiskBlockio,
+        "read_only" | "write_through" | "rotational" | "nv_cache" | "serial" | "t10_vendor"
+        | "t10_product" | "t10_revision" | "naa" | "eui64" | "resync_size" => true,
+        _ => false,
+    }
+}
+
+fn b01(b: bool) -> String {
+    if b { "1".into() } else { "0".into() }
+}
+
+/// Parses SCST's boolean forms.
+pub fn parse_bool(s: &str) -> Result<bool, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "1" | "yes" | "true" | "on" => Ok(true),
+        "0" | "no" | "false" | "off" => Ok(false),
+        _ => Err(format!("{s:?} is not a boolean; valid: 0, 1 (or no, yes)")),
+    }
+}
+
+/// Parses a size in bytes with an optional binary suffix (K, M, G, T).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let err = || format!("{s:?} is not a size; valid: BYTES with an optional K, M, G or T suffix");
+    let (num, shift) = match s.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => return Err(err()),
+            };
+            (&s[..i], shift)
+        }
+        _ => (s, 0),
+    };
+    let n: u64 = num.parse().map_err(|_| err())?;
+    n.checked_mul(1u64 << shift).ok_or_else(err)
+}
+
+fn fmt_stats(s: &IoStats) -> String {
+    format!(
+        "read_cmds {}\nwrite_cmds {}\nother_cmds {}\nread_bytes {}\nwrite_bytes {}\nerrors {}",
+        s.read_cmds, s.write_cmds, s.other_cmds, s.read_bytes, s.write_bytes, s.errors
+    )
+}
+
+/// The value of a device attribute; `rt` supplies sizes the model does not
+/// hold and counters. `None` for attributes that cannot be read.
+pub(crate) fn device_attr_value(
+    d: &DeviceConfig,
+    attr: &str,
+    rt: Option<&dyn Runtime>,
+) -> Option<String> {
+    let id = d.identity();
+    Some(match attr {
+        "handler" => d.handler.name().into(),
+        "filename" => d
+            .filename
+            .as_ref()
+            .map(|f| f.display().to_string())
+            .unwrap_or_default(),
+        "size" => match (d.size, rt) {
+            (Some(s), _) => s.to_string(),
+            (None, Some(rt)) => rt
+                .device_size(&d.name)
+                .map(|s| s.to_string())
+                .unwrap_or_else(|e| format!("unknown ({e})")),
+            (None, None) => String::new(),
+        },
+        "blocksize" => d.blocksize.to_string(),
+        "read_only" => b01(d.read_only),
+        "write_through" => b01(d.write_through),
+        "thin_provisioned" => b01(d.thin_provisioned),
+        "rotational" => b01(d.rotational),
+        "nv_cache" => b01(d.nv_cache),
+        "mem" => b01(d.mem),
+        "serial" => id.serial,
+        "t10_vendor" => id.vendor,
+        "t10_product" => id.product,
+        "t10_revision" => id.revision,
+        "naa" => format!("0x{:016x}", id.naa),
+        "eui64" => format!("0x{:016x}", id.eui64),
+        "stats" => {
+            let s = rt.map(|rt| rt.stats()).unwrap_or_default();
+            fmt_stats(&s.devices.get(&d.name).copied().unwrap_or_default())
+        }
+        _ => return None,
+    })
+}
+
+fn device_attr_key(d: &DeviceConfig, attr: &str) -> bool {
+    match attr {
+        "filename" => d.filename.is_some(),
+        "size" => d.size.is_some(),
+        "blocksize" => d.blocksize != 512,
+        "read_only" => d.read_only,
+        "write_through" => d.write_through,
+        "thin_provisioned" => d.thin_provisioned,
+        "rotational" => d.rotational,
+        "nv_cache" => d.nv_cache,
+        "mem" => d.mem,
+        "serial" => d.serial.is_some(),
+        "t10_vendor" => d.t10_vendor.is_some(),
+        "t10_product" => d.t10_product.is_some(),
+        "t10_revision" => d.t10_revision.is_some(),
+        "naa" => d.naa.is_some(),
+        "eui64" => d.eui64.is_some(),
+        _ => false,
+    }
+}
+
+/// A parsed command line: positional words and `key=value` parameters
+/// (separated by `;` and/or spaces, as SCST writes them).
+struct Cmd {
+    words: Vec<String>,
+    params: Vec<(String, String)>,
+}
+
+fn parse_cmd(line: &str, usage: &str) -> Result<Cmd, MgmtError> {
+    let mut words = Vec::new();
+    let mut params: Vec<(String, String)> = Vec::new();
+    for tok in line.split(|c: char| c == ';' || c.is_whitespace()) {
+        if tok.is_empty() {
+            continue;
+        }
+        match tok.split_once('=') {
+            Some((k, v)) => {
+                if k.is_empty() {
+                    return Err(usage_err(format!("parameter {tok:?} has no name"), usage));
+                }
+                if params.iter().any(|(pk, _)| pk == k) {
+                    return Err(usage_err(format!("parameter {k:?} given twice"), usage));
+                }
+                params.push((k.to_string(), v.to_string()));
+            }
+            None => {
+                if !params.is_empty() {
+                    return Err(usage_err(
+                        format!("{tok:?} after the parameters; parameters come last"),
+                        usage,
+                    ));
+                }
+                words.push(tok.to_string());
+            }
+        }
+    }
+    if words.is_empty() {
+        return Err(usage_err("empty command".into(), usage));
+    }
+    Ok(Cmd { words, params })
+}
+
+fn usage_err(msg: String, usage: &str) -> MgmtError {
+    MgmtError::Usage {
+        msg,
+        usage: usage.to_string(),
+    }
+}
+
+impl Cmd {
+    /// Checks the word count (command word included) and that only `allowed`
+    /// parameters appear.
+    fn expect(&self, words: usize, allowed: &[&str], usage: &str) -> Result<(), MgmtError> {
+        let verb = &self.words[0];
+        if self.words.len() < words {
+            return Err(usage_err(format!("{verb}: missing argument"), usage));
+        }
+        if self.words.len() > words {
+            return Err(usage_err(
+                format!("{verb}: unexpected argument {:?}", self.words[words]),
+                usage,
+            ));
+        }
+        if let Some((k, _)) = self
+            .params
+            .iter()
+            .find(|(k, _)| !allowed.contains(&k.as_str()))
+        {
+            let valid = if allowed.is_empty() {
+                "none".to_string()
+            } else {
+                allowed.join(", ")
+            };
+            return Err(usage_err(
+                format!("{verb}: unknown parameter {k:?}; valid: {valid}"),
+                usage,
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn parse_lun(s: &str, usage: &str) -> Result<u16, MgmtError> {
+    match s.parse::<u16>() {
+        // SAM-5 §4.7.4: flat space addressing reaches LUN 16383.
+        Ok(n) if n < MAX_LUNS => Ok(n),
+        _ => Err(usage_err(
+            format!("{s:?} is not a LUN; valid: 0..{}", MAX_LUNS - 1),
+            usage,
+        )),
+    }
+}
+
+/// The management tree over a [`Config`] model and a [`Runtime`].
+pub struct Tree {
+    cfg: Config,
+    rt: Arc<dyn Runtime>,
+    save_path: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for Tree {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tree")
+            .field("save_path", &self.save_path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tree {
+    /// A tree whose model is `cfg`, which the runtime already runs.
+    /// `save_path` is where `save` writes when given no file.
+    pub fn new(cfg: Config, rt: Arc<dyn Runtime>, save_path: Option<PathBuf>) -> Tree {
+        Tree { cfg, rt, save_path }
+    }
+
+    /// The model.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The runtime.
+    pub fn runtime(&self) -> &Arc<dyn Runtime> {
+        &self.rt
+    }
+
+    fn no_such(path: &[&str], depth: usize, hint: String) -> MgmtError {
+        MgmtError::NoSuchPath {
+            path: format!(
+                "/{}",
+                path[..=depth.min(path.len().saturating_sub(1))].join("/")
+            ),
+            hint,
+        }
+    }
+
+    fn sessions_of(&self, target: &str) -> Vec<(String, SessionInfo)> {
+        let mut v: Vec<SessionInfo> = self
+            .rt
+            .sessions()
+            .into_iter()
+            .filter(|s| s.target == target)
+            .collect();
+        v.sort_by(|a, b| (&a.initiator, a.isid).cmp(&(&b.initiator, b.isid)));
+        let mut out: Vec<(String, SessionInfo)> = Vec::new();
+        for s in v {
+            let n = out
+                .iter()
+                .filter(|(_, o)| o.initiator == s.initiator)
+                .count();
+            let name = if n == 0 {
+                s.initiator.clone()
+            } else {
+                format!("{}_{n}", s.initiator)
+            };
+            out.push((name, s));
+        }
+        out
+    }
+
+    fn resolve(&self, path: &str) -> Result<Node, MgmtError> {
+        let p: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+        let cfg = &self.cfg;
+        let mut node = Node::Root;
+        for (i, &c) in p.iter().enumerate() {
+            let no = |hint: String| Tree::no_such(&p, i, hint);
+            node = match node {
+                Node::Root => match c {
+                    "handlers" => Node::Handlers,
+                    "devices" => Node::Devices,
+                    "targets" => Node::Targets,
+                    _ => {
+                        return Err(no(names_hint(
+                            "entries",
+                            ["handlers", "devices", "targets"],
+                        )));
+                    }
+                },
+                Node::Handlers => match Handler::from_name(c) {
+                    Some(h) => Node::Handler(h),
+                    None => {
+                        return Err(no(names_hint("handlers", Handler::ALL.map(Handler::name))));
+                    }
+                },
+                Node::Handler(h) => {
+                    if c == "mgmt" {
+                        Node::HandlerMgmt(h)
+                    } else if cfg.devices.iter().any(|d| d.handler == h && d.name == c) {
+                        Node::HandlerDevice(h, c.into())
+                    } else {
+                        return Err(no(names_hint(
+                            "entries",
+                            std::iter::once("mgmt").chain(
+                                cfg.devices
+                                    .iter()
+                                    .filter(|d| d.handler == h)
+                                    .map(|d| d.name.as_str()),
+                            ),
+                        )));
+                    }
+                }
+                Node::Devices => match cfg.device(c) {
+                    Some(d) => Node::Device(d.name.clone()),
+                    None => {
+                        return Err(no(names_hint(
+                            "devices",
+                            cfg.devices.iter().map(|d| &d.name),
+                        )));
+                    }
+                },
+                Node::Device(ref d) => {
+                    let h = cfg.device(d).map_or(Handler::VdiskFileio, |d| d.handler);
+                    match find_attr(DEVICE_ATTRS, c) {
+                        Some(a) if device_attr_applies(h, c) => Node::DeviceAttr(d.clone(), a),
+                        _ => {
+                            return Err(no(names_hint(
+                                "attributes",
+                                DEVICE_ATTRS
+                                    .iter()
+                                    .filter(|a| device_attr_applies(h, a.name))
+                                    .map(|a| a.name),
+                            )));
+                        }
+                    }
+                }
+                Node::Targets => match c {
+                    "iscsi" => Node::Iscsi,
+                    _ => return Err(no(names_hint("fabrics", ["iscsi"]))),
+                },
+                Node::Iscsi => {
+                    if c == "mgmt" {
+                        Node::IscsiMgmt
+                    } else if let Some(a) = find_attr(ISCSI_PARAMS, c) {
+                        Node::IscsiParam(a)
+                    } else if let Some(t) = cfg.iscsi_target(c) {
+                        Node::Target(t.name.clone())
+                    } else {
+                        return Err(no(names_hint(
+                            "entries",
+                            ["mgmt"]
+                                .into_iter()
+                                .chain(cfg.targets.iscsi.iter().map(|t| t.name.as_str()))
+                                .chain(ISCSI_PARAMS.iter().map(|a| a.name)),
+                        )));
+                    }
+                }
+                Node::Target(ref t) => match c {
+                    "luns" => Node::Luns(t.clone(), None),
+                    "ini_groups" => Node::Groups(t.clone()),
+                    "sessions" => Node::Sessions(t.clone()),
+                    _ => match find_attr(TARGET_ATTRS, c) {
+                        Some(a) => Node::TargetAttr(t.clone(), a),
+                        None => {
+                            return Err(no(names_hint(
+                                "entries",
+                                ["luns", "ini_groups", "sessions"]
+                                    .into_iter()
+                                    .chain(TARGET_ATTRS.iter().map(|a| a.name)),
+                            )));
+                        }
+                    },
+                },
+                Node::Luns(ref t, ref g) => {
+                    if c == "mgmt" {
+                        Node::LunsMgmt(t.clone(), g.clone())
+                    } else {
+                        let map = self.map(t, g.as_deref()).unwrap_or_default();
+                        match c
+                            .parse::<u16>()
+                            .ok()
+                            .filter(|n| map.iter().any(|l| l.lun == *n))
+                        {
+                            Some(n) => Node::Lun(t.clone(), g.clone(), n),
+                            None => {
+                                return Err(no(names_hint(
+                                    "entries",
+                                    std::iter::once("mgmt".to_string())
+                                        .chain(map.iter().map(|l| l.lun.to_string())),
+                                )));
+                            }
+                        }
+                    }
+                }
+                Node::Lun(ref t, ref g, n) => match find_attr(LUN_ATTRS, c) {
+                    Some(a) => Node::LunAttr(t.clone(), g.clone(), n, a),
+                    None => {
+                        return Err(no(names_hint(
+                            "attributes",
+                            LUN_ATTRS.iter().map(|a| a.name),
+                        )));
+                    }
+                },
+                Node::Groups(ref t) => {
+                    let groups = &cfg
+                        .iscsi_target(t)
+                        .map(|t| t.ini_groups.clone())
+                        .unwrap_or_default();
+                    if c == "mgmt" {
+                        Node::GroupsMgmt(t.clone())
+                    } else if groups.iter().any(|g| g.name == c) {
+                        Node::Group(t.clone(), c.into())
+                    } else {
+                        return Err(no(names_hint(
+                            "entries",
+                            std::iter::once("mgmt").chain(groups.iter().map(|g| g.name.as_str())),
+                        )));
+                    }
+                }
+                Node::Group(ref t, ref g) => match c {
+                    "initiators" => Node::Initiators(t.clone(), g.clone()),
+                    "luns" => Node::Luns(t.clone(), Some(g.clone())),
+                    _ => return Err(no(names_hint("entries", ["initiators", "luns"]))),
+                },
+                Node::Initiators(ref t, ref g) => {
+                    let pats = self.initiators(t, g);
+                    if c == "mgmt" {
+                        Node::InitiatorsMgmt(t.clone(), g.clone())
+                    } else if pats.iter().any(|p| p == c) {
+                        Node::Initiator(t.clone(), g.clone(), c.into())
+                    } else {
+                        return Err(no(names_hint(
+                            "entries",
+                            std::iter::once("mgmt".to_string()).chain(pats),
+                        )));
+                    }
+                }
+                Node::Sessions(ref t) => {
+                    let ss = self.sessions_of(t);
+                    match ss.iter().find(|(n, _)| n == c) {
+                        Some((_, s)) => Node::Session(t.clone(), s.clone()),
+                        None => return Err(no(names_hint("sessions", ss.iter().map(|(n, _)| n)))),
+                    }
+                }
+                Node::Session(ref t, ref s) => match find_attr(SESSION_ATTRS, c) {
+                    Some(a) => Node::SessionAttr(t.clone(), s.clone(), a),
+                    None => {
+                        return Err(no(names_hint(
+                            "attributes",
+                            SESSION_ATTRS.iter().map(|a| a.name),
+                        )));
+                    }
+                },
+                Node::HandlerMgmt(_)
+                | Node::HandlerDevice(..)
+                | Node::DeviceAttr(..)
+                | Node::IscsiMgmt
+                | Node::IscsiParam(_)
+                | Node::TargetAttr(..)
+                | Node::LunsMgmt(..)
+                | Node::LunAttr(..)
+                | Node::GroupsMgmt(_)
+                | Node::InitiatorsMgmt(..)
+                | Node::Initiator(..)
+                | Node::SessionAttr(..) => {
+                    return Err(no("a leaf has no children".into()));
+                }
+            };
+        }
+        Ok(node)
+    }
+
+    fn map(&self, target: &str, group: Option<&str>) -> Option<Vec<LunConfig>> {
+        let t = self.cfg.iscsi_target(target)?;
+        match group {
+            None => Some(t.luns.clone()),
+            Some(g) => t
+                .ini_groups
+                .iter()
+                .find(|x| x.name == g)
+                .map(|x| x.luns.clone()),
+        }
+    }
+
+    fn initiators(&self, target: &str, group: &str) -> Vec<String> {
+        self.cfg
+            .iscsi_target(target)
+            .and_then(|t| t.ini_groups.iter().find(|g| g.name == group))
+            .map(|g| g.initiators.clone())
+            .unwrap_or_default()
+    }
+
+    /// Lists a directory (or describes a leaf as a one-entry listing).
+    pub fn ls(&self, path: &str) -> Result<Vec<Entry>, MgmtError> {
+        let dir = |name: &str, desc: &str| Entry {
+            name: name.into(),
+            kind: EntryKind::Dir,
+            writable: false,
+            description: desc.into(),
+        };
+        let mgmt = |desc: &str| Entry {
+            name: "mgmt".into(),
+            kind: EntryKind::Mgmt,
+            writable: true,
+            description: desc.into(),
+        };
+        let link = |name: &str, desc: String| Entry {
+            name: name.into(),
+            kind: EntryKind::Link,
+            writable: false,
+            description: desc,
+        };
+        let attr = |a: &AttrDef, writable: bool| Entry {
+            name: a.name.into(),
+            kind: EntryKind::Attr,
+            writable,
+            description: a.desc.into(),
+        };
+        let cfg = &self.cfg;
+        Ok(match self.resolve(path)? {
+            Node::Root => vec![
+                dir("handlers", "device handlers"),
+                dir("devices", "devices (logical units)"),
+                dir("targets", "target ports per fabric"),
+            ],
+            Node::Handlers => Handler::ALL
+                .iter()
+                .map(|h| dir(h.name(), "device handler"))
+                .collect(),
+            Node::Handler(h) => std::iter::once(mgmt("add_device, del_device"))
+                .chain(
+                    cfg.devices
+                        .iter()
+                        .filter(|d| d.handler == h)
+                        .map(|d| link(&d.name, format!("-> /devices/{}", d.name))),
+                )
+                .collect(),
+            Node::Devices => cfg
+                .devices
+                .iter()
+                .map(|d| dir(&d.name, &format!("device ({})", d.handler)))
+                .collect(),
+            Node::Device(name) => {
+                let h = cfg
+                    .device(&name)
+                    .map_or(Handler::VdiskFileio, |d| d.handler);
+                DEVICE_ATTRS
+                    .iter()
+                    .filter(|a| device_attr_applies(h, a.name))
+                    .map(|a| attr(a, device_attr_writable(h, a.name)))
+                    .collect()
+            }
+            Node::Targets => vec![dir("iscsi", "iSCSI targets (RFC 7143)")],
+            Node::Iscsi => std::iter::once(mgmt("add_target, del_target"))
+                .chain(
+                    cfg.targets
+                        .iscsi
+                        .iter()
+                        .map(|t| dir(&t.name, "iSCSI target")),
+                )
+                .chain(ISCSI_PARAMS.iter().map(|a| attr(a, true)))
+                .collect(),
+            Node::Target(_) => vec![
+                dir("luns", "default LUN map"),
+                dir("ini_groups", "initiator groups (LUN masking)"),
+                dir("sessions", "logged-in sessions"),
+            ]
+            .into_iter()
+            .chain(TARGET_ATTRS.iter().map(|a| attr(a, true)))
+            .collect(),
+            Node::Luns(t, g) => std::iter::once(mgmt("add, del, replace, clear"))
+                .chain(
+                    self.map(&t, g.as_deref())
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|l| dir(&l.lun.to_string(), &format!("-> {}", l.device))),
+                )
+                .collect(),
+            Node::Lun(..) => LUN_ATTRS.iter().map(|a| attr(a, false)).collect(),
+            Node::Groups(t) => std::iter::once(mgmt("create, del"))
+                .chain(
+                    cfg.iscsi_target(&t)
+                        .map(|t| t.ini_groups.clone())
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|g| dir(&g.name, "initiator group")),
+                )
+                .collect(),
+            Node::Group(..) => vec![
+                dir("initiators", "initiator name patterns"),
+                dir("luns", "the group's LUN map"),
+            ],
+            Node::Initiators(t, g) => std::iter::once(mgmt("add, del, move, clear"))
+                .chain(
+                    self.initiators(&t, &g)
+                        .iter()
+                        .map(|p| link(p, "initiator pattern".into())),
+                )
+                .collect(),
+            Node::Sessions(t) => self
+                .sessions_of(&t)
+                .iter()
+                .map(|(n, _)| dir(n, "session"))
+                .collect(),
+            Node::Session(..) => SESSION_ATTRS
+                .iter()
+                .map(|a| attr(a, a.name == "force_close"))
+                .collect(),
+            leaf => {
+                let name = path.rsplit('/').find(|c| !c.is_empty()).unwrap_or("");
+                let v = self.get_node(&leaf, path)?;
+                vec![Entry {
+                    name: name.into(),
+                    kind: match leaf {
+                        Node::HandlerMgmt(_)
+                        | Node::IscsiMgmt
+                        | Node::LunsMgmt(..)
+                        | Node::GroupsMgmt(_)
+                        | Node::InitiatorsMgmt(..) => EntryKind::Mgmt,
+                        Node::HandlerDevice(..) | Node::Initiator(..) => EntryKind::Link,
+                        _ => EntryKind::Attr,
+                    },
+                    writable: v.writable,
+                    description: v.description,
+                }]
+            }
+        })
+    }
+
+    /// Reads a leaf: an attribute's value, or a `mgmt` leaf's usage.
+    pub fn get(&self, path: &str) -> Result<AttrValue, MgmtError> {
+        let node = self.resolve(path)?;
+        self.get_node(&node, path)
+    }
+
+    fn get_node(&self, node: &Node, path: &str) -> Result<AttrValue, MgmtError> {
+        let usage = |u: &str| AttrValue {
+            value: u.into(),
+            key: false,
+            writable: true,
+            description: "commands (do)".into(),
+        };
+        let cfg = &self.cfg;
+        Ok(match node {
+            Node::HandlerMgmt(_) => usage(HANDLER_USAGE),
+            Node::IscsiMgmt => usage(TARGETS_USAGE),
+            Node::LunsMgmt(..) => usage(LUNS_USAGE),
+            Node::GroupsMgmt(_) => usage(GROUPS_USAGE),
+            Node::InitiatorsMgmt(..) => usage(INITIATORS_USAGE),
+            Node::HandlerDevice(_, d) => AttrValue {
+                value: format!("/devices/{d}"),
+                key: false,
+                writable: false,
+                description: "device of this handler".into(),
+            },
+            Node::Initiator(_, _, p) => AttrValue {
+                value: p.clone(),
+                key: false,
+                writable: false,
+                description: "initiator pattern".into(),
+            },
+            Node::DeviceAttr(name, a) => {
+                let d = cfg
+                    .device(name)
+                    .ok_or_else(|| MgmtError::Refused(format!("no device {name:?}")))?;
+                let value = match a.name {
+                    "resync_size" => {
+                        return Err(MgmtError::NotWritable {
+                            path: path.into(),
+                            msg: "write-only: set it to 1 to re-read the backing size".into(),
+                        });
+                    }
+                    "exported" => self.exported(name).join("\n"),
+                    other => device_attr_value(d, other, Some(&*self.rt)).unwrap_or_default(),
+                };
+                AttrValue {
+                    value,
+                    key: device_attr_key(d, a.name),
+                    writable: device_attr_writable(d.handler, a.name),
+                    description: a.desc.into(),
+                }
+            }
+            Node::IscsiParam(a) => {
+                let v = serde_json::to_value(&cfg.iscsi).unwrap_or_default();
+                let d = serde_json::to_value(IscsiParamsConfig::default()).unwrap_or_default();
+                let fmt = |v: &serde_json::Value| match v {
+                    serde_json::Value::Bool(b) => b01(*b),
+                    other => other.to_string(),
+                };
+                AttrValue {
+                    value: fmt(&v[a.name]),
+                    key: v[a.name] != d[a.name],
+                    writable: true,
+                    description: a.desc.into(),
+                }
+            }
+            Node::TargetAttr(t, a) => {
+                let t = cfg
+                    .iscsi_target(t)
+                    .ok_or_else(|| MgmtError::Refused(format!("no target {t:?}")))?;
+                let (value, key) = match a.name {
+                    "enabled" => (b01(t.enabled), !t.enabled),
+                    "portals" => (t.portals.join(" "), !t.portals.is_empty()),
+                    "tpgt" => (t.tpgt.to_string(), t.tpgt != 1),
+                    _ => (t.alias.clone().unwrap_or_default(), t.alias.is_some()),
+                };
+                AttrValue {
+                    value,
+                    key,
+                    writable: true,
+                    description: a.desc.into(),
+                }
+            }
+            Node::LunAttr(t, g, n, a) => {
+                let l = self
+                    .map(t, g.as_deref())
+                    .unwrap_or_default()
+                    .into_iter()
+                    .find(|l| l.lun == *n)
+                    .ok_or_else(|| MgmtError::Refused(format!("no LUN {n}")))?;
+                let (value, key) = match a.name {
+                    "device" => (l.device, false),
+                    _ => (b01(l.read_only), l.read_only),
+                };
+                AttrValue {
+                    value,
+                    key,
+                    writable: false,
+                    description: a.desc.into(),
+                }
+            }
+            Node::SessionAttr(_, s, a) => {
+                let value = match a.name {
+                    "initiator_name" => s.initiator.clone(),
+                    "isid" => format!("0x{:012x}", s.isid),
+                    "tsih" => s.tsih.to_string(),
+                    "group" => s.group.clone().unwrap_or_default(),
+                    "connections" => s.connections.join("\n"),
+                    "active_commands" => s.active_commands.to_string(),
+                    "stats" => fmt_stats(&s.stats),
+                    _ => {
+                        return Err(MgmtError::NotWritable {
+                            path: path.into(),
+                            msg: "write-only: set it to 1 to close the session".into(),
+                        });
+                    }
+                };
+                AttrValue {
+                    value,
+                    key: false,
+                    writable: a.name == "force_close",
+                    description: a.desc.into(),
+                }
+            }
+            _ => {
+                return Err(MgmtError::NotWritable {
+                    path: path.into(),
+                    msg: "a directory has no value; use ls".into(),
+                });
+            }
+        })
+    }
+
+    /// `target/LUN` and `target/group/LUN` entries mapping `device`.
+    pub fn exported(&self, device: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        for t in &self.cfg.targets.iscsi {
+            for l in t.luns.iter().filter(|l| l.device == device) {
+                out.push(format!("{}/luns/{}", t.name, l.lun));
+            }
+            for g in &t.ini_groups {
+                for l in g.luns.iter().filter(|l| l.device == device) {
+                    out.push(format!("{}/ini_groups/{}/luns/{}", t.name, g.name, l.lun));
+                }
+            }
+        }
+        out
+    }
+
+    /// Executes one change: model copy, validation, runtime, adoption.
+    pub fn execute(&mut self, c: Change) -> Result<String, MgmtError> {
+        let mut cand = self.cfg.clone();
+        c.apply_to(&mut cand).map_err(|e| MgmtError::Refused(e.0))?;
+        cand.validate()?;
+        let what = c.to_string();
+        let r = c.run(&*self.rt).map_err(|source| MgmtError::Runtime {
+            what: what.clone(),
+            source,
+        })?;
+        if let (Change::ResyncSize { name }, Some(size)) = (&c, r) {
+            if let Some(d) = cand.devices.iter_mut().find(|d| &d.name == name)
+                && d.size.is_some()
+            {
+                d.size = Some(size);
+            }
+            self.cfg = cand;
+            return Ok(format!("{name}: size {size} bytes"));
+        }
+        self.cfg = cand;
+        Ok(what)
+    }
+
+    /// Writes an attribute.
+    pub fn set(&mut self, path: &str, value: &str) -> Result<String, MgmtError> {
+        let node = self.resolve(path)?;
+        let value = value.trim();
+        let bad = |msg: String| MgmtError::Refused(format!("{path}: {msg}"));
+        let not_writable = |msg: &str| MgmtError::NotWritable {
+            path: path.into(),
+            msg: msg.into(),
+        };
+        let change = match node {
+            Node::DeviceAttr(name, a) => {
+                let old = self
+                    .cfg
+                    .device(&name)
+                    .cloned()
+                    .ok_or_else(|| bad("no such device".into()))?;
+                if !device_attr_writable(old.handler, a.name) {
+                    return Err(not_writable(match a.name {
+                        "size" => {
+                            "read-only for vdisk_blockio: the size is the device's; write resync_size"
+                        }
+                        "stats" | "exported" | "handler" => "read-only",
+                        _ => "read-only: del_device and add_device with the new value",
+                    }));
+                }
+                if a.name == "resync_size" {
+                    if parse_bool(value).map_err(bad)? {
+                        return self.execute(Change::ResyncSize { name });
+                    }
+                    return Err(bad("write 1 to re-read the size".into()));
+                }
+                let mut new = old.clone();
+                let opt = |v: &str| {
+                    if v.is_empty() {
+                        None
+                    } else {
+                        Some(v.to_string())
+                    }
+                };
+                match a.name {
+                    "size" => new.size = Some(parse_size(value).map_err(bad)?),
+                    "read_only" => new.read_only = parse_bool(value).map_err(bad)?,
+                    "write_through" => new.write_through = parse_bool(value).map_err(bad)?,
+                    "rotational" => new.rotational = parse_bool(value).map_err(bad)?,
+                    "nv_cache" => new.nv_cache = parse_bool(value).map_err(bad)?,
+                    "serial" => new.serial = opt(value),
+                    "t10_vendor" => new.t10_vendor = opt(value),
+                    "t10_product" => new.t10_product = opt(value),
+                    "t10_revision" => new.t10_revision = opt(value),
+                    "naa" => new.naa = opt(value),
+                    _ => new.eui64 = opt(value),
+                }
+                new.validate("").map_err(|e| match e {
+                    ConfigError::Invalid { msg, .. } => bad(msg),
+                    other => MgmtError::Config(other),
+                })?;
+                let mut cs = device_attr_changes(&old, &new);
+                match cs.len() {
+                    0 => return Ok(format!("{path}: unchanged")),
+                    _ => cs.remove(0),
+                }
+            }
+            Node::IscsiParam(a) => {
+                let mut v = serde_json::to_value(&self.cfg.iscsi).unwrap_or_default();
+                let newv = match &v[a.name] {
+                    serde_json::Value::Bool(_) => {
+                        serde_json::Value::Bool(parse_bool(value).map_err(bad)?)
+                    }
+                    _ => serde_json::Value::Number(
+                        value
+                            .parse::<u32>()
+                            .map_err(|_| bad(format!("{value:?} is not a number; {}", a.desc)))?
+                            .into(),
+                    ),
+                };
+                v[a.name] = newv;
+                let p: IscsiParamsConfig = serde_json::from_value(v)
+                    .map_err(|_| bad(format!("{value:?} is out of range; {}", a.desc)))?;
+                Change::SetIscsiParams(p)
+            }
+            Node::TargetAttr(t, a) => {
+                match a.name {
+                    "enabled" => Change::SetEnabled {
+                        name: t,
+                        enabled: parse_bool(value).map_err(bad)?,
+                    },
+                    "portals" => Change::SetTarget {
+                        name: t,
+                        attr: TargetAttr::Portals(
+                            value
+                                .split(|c: char| c == ',' || c.is_whitespace())
+                                .filter(|s| !s.is_empty())
+                                .map(str::to_string)
+                                .collect(),
+                        ),
+                    },
+                    "tpgt" => Change::SetTarget {
+                        name: t,
+                        attr: TargetAttr::Tpgt(value.parse().map_err(|_| {
+                            bad(format!("{value:?} is not a tag; valid: 0..65535"))
+                        })?),
+                    },
+                    _ => Change::SetTarget {
+                        name: t,
+                        attr: TargetAttr::Alias(if value.is_empty() {
+                            None
+                        } else {
+                            Some(value.into())
+                        }),
+                    },
+                }
+            }
+            Node::SessionAttr(t, s, a) if a.name == "force_close" => {
+                if !parse_bool(value).map_err(bad)? {
+                    return Err(bad("write 1 to close the session".into()));
+                }
+                self.rt
+                    .close_session(&t, &s.initiator, s.isid)
+                    .map_err(|source| MgmtError::Runtime {
+                        what: format!("close session {} of {t}", s.initiator),
+                        source,
+                    })?;
+                return Ok(format!(
+                    "closed session {} (isid 0x{:012x})",
+                    s.initiator, s.isid
+                ));
+            }
+            Node::HandlerMgmt(_)
+            | Node::IscsiMgmt
+            | Node::LunsMgmt(..)
+            | Node::GroupsMgmt(_)
+            | Node::InitiatorsMgmt(..) => {
+                return Err(not_writable("a mgmt leaf takes commands: use do"));
+            }
+            _ => return Err(not_writable("read-only")),
+        };
+        self.execute(change)
+    }
+
+    /// Runs a command on a `mgmt` leaf.
+    pub fn run(&mut self, path: &str, command: &str) -> Result<String, MgmtError> {
+        let node = self.resolve(path)?;
+        let change = match node {
+            Node::HandlerMgmt(h) => self.handler_cmd(h, command)?,
+            Node::IscsiMgmt => self.targets_cmd(command)?,
+            Node::LunsMgmt(t, g) => self.luns_cmd(&t, g, command)?,
+            Node::GroupsMgmt(t) => self.groups_cmd(&t, command)?,
+            Node::InitiatorsMgmt(t, g) => self.initiators_cmd(&t, &g, command)?,
+            _ => {
+                return Err(MgmtError::NotWritable {
+                    path: path.into(),
+                    msg: "not a mgmt leaf; commands go to .../mgmt (set writes attributes)".into(),
+                });
+            }
+        };
+        self.execute(change)
+    }
+
+    fn handler_cmd(&self, h: Handler, command: &str) -> Result<Change, MgmtError> {
+        let u = HANDLER_USAGE;
+        let cmd = parse_cmd(command, u)?;
+        match cmd.words[0].as_str() {
+            "add_device" => {
+                const ALLOWED: &[&str] = &[
+                    "filename",
+                    "size",
+                    "size_mb",
+                    "blocksize",
+                    "read_only",
+                    "write_through",
+                    "thin_provisioned",
+                    "rotational",
+                    "nv_cache",
+                    "mem",
+                    "serial",
+                    "usn",
+                    "t10_vendor",
+                    "t10_vendor_id",
+                    "t10_product",
+                    "prod_id",
+                    "t10_revision",
+                    "prod_rev_lvl",
+                    "naa",
+                    "naa_id",
+                    "eui64",
+                    "eui64_id",
+                ];
+                cmd.expect(2, ALLOWED, u)?;
+                let name = &cmd.words[1];
+                validate_object_name(name).map_err(|m| usage_err(m, u))?;
+                if let Some(d) = self.cfg.device(name) {
+                    return Err(MgmtError::Refused(format!(
+                        "device {name:?} already exists (handler {})",
+                        d.handler
+                    )));
+                }
+                let mut d = DeviceConfig::new(name.clone(), h);
+                for (k, v) in &cmd.params {
+                    let pe = |m: String| usage_err(format!("parameter {k}: {m}"), u);
+                    let opt = || Some(v.clone());
+                    match k.as_str() {
+                        "filename" => d.filename = Some(PathBuf::from(v)),
+                        "size" => d.size = Some(parse_size(v).map_err(pe)?),
+                        "size_mb" => {
+                            let mb: u64 = v
+                                .parse()
+                                .map_err(|_| pe(format!("{v:?} is not a number")))?;
+                            d.size = Some(
+                                mb.checked_mul(1 << 20)
+                                    .ok_or_else(|| pe("too large".into()))?,
+                            );
+                        }
+                        "blocksize" => {
+                            d.blocksize = v
+                                .parse()
+                                .map_err(|_| pe(format!("{v:?}; valid: 512, 4096")))?
+                        }
+                        "read_only" => d.read_only = parse_bool(v).map_err(pe)?,
+                        "write_through" => d.write_through = parse_bool(v).map_err(pe)?,
+                        "thin_provisioned" => d.thin_provisioned = parse_bool(v).map_err(pe)?,
+                        "rotational" => d.rotational = parse_bool(v).map_err(pe)?,
+                        "nv_cache" => d.nv_cache = parse_bool(v).map_err(pe)?,
+                        "mem" => d.mem = parse_bool(v).map_err(pe)?,
+                        "serial" | "usn" => d.serial = opt(),
+                        "t10_vendor" | "t10_vendor_id" => d.t10_vendor = opt(),
+                        "t10_product" | "prod_id" => d.t10_product = opt(),
+                        "t10_revision" | "prod_rev_lvl" => d.t10_revision = opt(),
+                        "naa" | "naa_id" => d.naa = opt(),
+                        _ => d.eui64 = opt(),
+                    }
+                }
+                d.validate("").map_err(|e| match e {
+                    ConfigError::Invalid { at, msg } => usage_err(
+                        format!("parameter {}: {msg}", at.trim_start_matches('.')),
+                        u,
+                    ),
+                    other => MgmtError::Config(other),
+                })?;
+                Ok(Change::AddDevice(Box::new(d)))
+            }
+            "del_device" => {
+                cmd.expect(2, &[], u)?;
+                let name = &cmd.words[1];
+                match self.cfg.device(name) {
+                    None => Err(MgmtError::Refused(format!(
+                        "no device {name:?}; {}",
+                        names_hint(
+                            "devices",
+                            self.cfg
+                                .devices
+                                .iter()
+                                .filter(|d| d.handler == h)
+                                .map(|d| &d.name)
+                        )
+                    ))),
+                    Some(d) if d.handler != h => Err(MgmtError::Refused(format!(
+                        "device {name:?} belongs to handler {}",
+                        d.handler
+                    ))),
+                    Some(_) => {
+                        let used = self.exported(name);
+                        if !used.is_empty() {
+                            return Err(MgmtError::Refused(format!(
+                                "device {name:?} is in use by {}; remove those LUNs first",
+                                used.join(", ")
+                            )));
+                        }
+                        Ok(Change::DelDevice {
+                            handler: h,
+                            name: name.clone(),
+                        })
+                    }
+                }
+            }
+            other => Err(usage_err(format!("unknown command {other:?}"), u)),
+        }
+    }
+
+    fn targets_cmd(&self, command: &str) -> Result<Change, MgmtError> {
+        let u = TARGETS_USAGE;
+        let cmd = parse_cmd(command, u)?;
+        match cmd.words[0].as_str() {
+            "add_target" => {
+                cmd.expect(2, &["portals", "tpgt", "alias"], u)?;
+                let name = &cmd.words[1];
+                validate_iscsi_name(name).map_err(|m| usage_err(m, u))?;
+                if self.cfg.iscsi_target(name).is_some() {
+                    return Err(MgmtError::Refused(format!(
+                        "target {name:?} already exists"
+                    )));
+                }
+                let mut t = IscsiTargetConfig::new(name.clone());
+                t.enabled = false;
+                for (k, v) in &cmd.params {
+                    match k.as_str() {
+                        "portals" => {
+                            t.portals = v
+                                .split(',')
+                                .filter(|s| !s.is_empty())
+                                .map(str::to_string)
+                                .collect();
+                            if let Some(p) = t
+                                .portals
+                                .iter()
+                                .find(|p| p.parse::<std::net::SocketAddr>().is_err())
+                            {
+                                return Err(usage_err(
+                                    format!(
+                                        "parameter portals: {p:?} is not ADDR:PORT (\"192.0.2.1:3260\", \"[::1]:3260\")"
+                                    ),
+                                    u,
+                                ));
+                            }
+                        }
+                        "tpgt" => {
+                            t.tpgt = v.parse().map_err(|_| {
+                                usage_err(format!("parameter tpgt: {v:?}; valid: 0..65535"), u)
+                            })?
+                        }
+                        _ => t.alias = Some(v.clone()),
+                    }
+                }
+                Ok(Change::AddTarget(Box::new(t)))
+            }
+            "del_target" => {
+                cmd.expect(2, &[], u)?;
+                let name = &cmd.words[1];
+                if self.cfg.iscsi_target(name).is_none() {
+                    return Err(MgmtError::Refused(format!(
+                        "no target {name:?}; {}",
+                        names_hint("targets", self.cfg.targets.iscsi.iter().map(|t| &t.name))
+                    )));
+                }
+                Ok(Change::DelTarget { name: name.clone() })
+            }
+            other => Err(usage_err(format!("unknown command {other:?}"), u)),
+        }
+    }
+
+    fn luns_cmd(
+        &self,
+        target: &str,
+        group: Option<String>,
+        command: &str,
+    ) -> Result<Change, MgmtError> {
+        let u = LUNS_USAGE;
+        let cmd = parse_cmd(command, u)?;
+        let mut luns = self.map(target, group.as_deref()).unwrap_or_default();
+        let dev_check = |d: &str| -> Result<(), MgmtError> {
+            if self.cfg.device(d).is_none() {
+                return Err(MgmtError::Refused(format!(
+                    "no device {d:?}; {}",
+                    names_hint("devices", self.cfg.devices.iter().map(|d| &d.name))
+                )));
+            }
+            Ok(())
+        };
+        let ro = |cmd: &Cmd| -> Result<bool, MgmtError> {
+            match cmd.params.first() {
+                Some((_, v)) => {
+                    parse_bool(v).map_err(|m| usage_err(format!("parameter read_only: {m}"), u))
+                }
+                None => Ok(false),
+            }
+        };
+        match cmd.words[0].as_str() {
+            verb @ ("add" | "replace") => {
+                cmd.expect(3, &["read_only"], u)?;
+                let dev = &cmd.words[1];
+                let lun = parse_lun(&cmd.words[2], u)?;
+                let read_only = ro(&cmd)?;
+                dev_check(dev)?;
+                let existing = luns.iter().position(|l| l.lun == lun);
+                let entry = LunConfig {
+                    lun,
+                    device: dev.clone(),
+                    read_only,
+                };
+                match (verb, existing) {
+                    ("add", Some(i)) => {
+                        return Err(MgmtError::Refused(format!(
+                            "LUN {lun} is in use by device {:?}; use replace or del first",
+                            luns[i].device
+                        )));
+                    }
+                    ("add", None) => luns.push(entry),
+                    (_, Some(i)) => luns[i] = entry,
+                    (_, None) => {
+                        return Err(MgmtError::Refused(format!(
+                            "LUN {lun} does not exist; use add"
+                        )));
+                    }
+                }
+            }
+            "del" => {
+                cmd.expect(2, &[], u)?;
+                let lun = parse_lun(&cmd.words[1], u)?;
+                let before = luns.len();
+                luns.retain(|l| l.lun != lun);
+                if luns.len() == before {
+                    return Err(MgmtError::Refused(format!(
+                        "LUN {lun} does not exist; {}",
+                        names_hint("LUNs", luns.iter().map(|l| l.lun.to_string()))
+                    )));
+                }
+            }
+            "clear" => {
+                cmd.expect(1, &[], u)?;
+                luns.clear();
+            }
+            other => return Err(usage_err(format!("unknown command {other:?}"), u)),
+        }
+        Ok(Change::SetLunMap {
+            target: target.into(),
+            group,
+            luns,
+        })
+    }
+
+    fn groups_cmd(&self, target: &str, command: &str) -> Result<Change, MgmtError> {
+        let u = GROUPS_USAGE;
+        let cmd = parse_cmd(command, u)?;
+        let groups = self
+            .cfg
+            .iscsi_target(target)
+            .map(|t| t.ini_groups.clone())
+            .unwrap_or_default();
+        match cmd.words[0].as_str() {
+            "create" => {
+                cmd.expect(2, &[], u)?;
+                let g = &cmd.words[1];
+                validate_object_name(g).map_err(|m| usage_err(m, u))?;
+                if groups.iter().any(|x| &x.name == g) {
+                    return Err(MgmtError::Refused(format!("group {g:?} already exists")));
+                }
+                Ok(Change::AddGroup {
+                    target: target.into(),
+                    group: g.clone(),
+                })
+            }
+            "del" => {
+                cmd.expect(2, &[], u)?;
+                let g = &cmd.words[1];
+                if !groups.iter().any(|x| &x.name == g) {
+                    return Err(MgmtError::Refused(format!(
+                        "no group {g:?}; {}",
+                        names_hint("groups", groups.iter().map(|x| &x.name))
+                    )));
+                }
+                Ok(Change::DelGroup {
+                    target: target.into(),
+                    group: g.clone(),
+                })
+            }
+            other => Err(usage_err(format!("unknown command {other:?}"), u)),
+        }
+    }
+
+    fn initiators_cmd(
+        &self,
+        target: &str,
+        group: &str,
+        command: &str,
+    ) -> Result<Change, MgmtError> {
+        let u = INITIATORS_USAGE;
+        let cmd = parse_cmd(command, u)?;
+        let mut pats = self.initiators(target, group);
+        let set = |group: &str, initiators: Vec<String>| Change::SetInitiators {
+            target: target.into(),
+            group: group.into(),
+            initiators,
+        };
+        let owner = |p: &str| -> Option<String> {
+            self.cfg.iscsi_target(target).and_then(|t| {
+                t.ini_groups
+                    .iter()
+                    .find(|g| g.initiators.iter().any(|x| x == p))
+                    .map(|g| g.name.clone())
+            })
+        };
+        match cmd.words[0].as_str() {
+            "add" => {
+                cmd.expect(2, &[], u)?;
+                let p = &cmd.words[1];
+                validate_initiator_pattern(p).map_err(|m| usage_err(m, u))?;
+                if let Some(g) = owner(p) {
+                    return Err(MgmtError::Refused(format!(
+                        "initiator {p:?} is already in group {g:?}"
+                    )));
+                }
+                pats.push(p.clone());
+                Ok(set(group, pats))
+            }
+            "del" => {
+                cmd.expect(2, &[], u)?;
+                let p = &cmd.words[1];
+                let before = pats.len();
+                pats.retain(|x| x != p);
+                if pats.len() == before {
+                    return Err(MgmtError::Refused(format!(
+                        "{p:?} is not in group {group:?}; {}",
+                        names_hint("initiators", self.initiators(target, group))
+                    )));
+                }
+                Ok(set(group, pats))
+            }
+            "move" => {
+                cmd.expect(3, &[], u)?;
+                let (p, dest) = (&cmd.words[1], &cmd.words[2]);
+                if !pats.contains(p) {
+                    return Err(MgmtError::Refused(format!(
+                        "{p:?} is not in group {group:?}"
+                    )));
+                }
+                let t = self
+                    .cfg
+                    .iscsi_target(target)
+                    .ok_or_else(|| MgmtError::Refused("no target".into()))?;
+                let Some(dg) = t.ini_groups.iter().find(|g| &g.name == dest) else {
+                    return Err(MgmtError::Refused(format!(
+                        "no group {dest:?}; {}",
+                        names_hint("groups", t.ini_groups.iter().map(|g| &g.name))
+                    )));
+                };
+                if dest == group {
+                    return Err(MgmtError::Refused(format!(
+                        "{p:?} is already in group {group:?}"
+                    )));
+                }
+                // One change for both groups: the pattern is never in two
+                // groups, nor in none, as far as the model is concerned.
+                let mut to_list = dg.initiators.clone();
+                to_list.push(p.clone());
+                pats.retain(|x| x != p);
+                Ok(Change::MoveInitiator {
+                    target: target.into(),
+                    pattern: p.clone(),
+                    from: group.into(),
+                    from_list: pats,
+                    to: dest.clone(),
+                    to_list,
+                })
+            }
+            "clear" => {
+                cmd.expect(1, &[], u)?;
+                Ok(set(group, Vec::new()))
+            }
+            other => Err(usage_err(format!("unknown command {other:?}"), u)),
+        }
+    }
+
+    /// The changes `apply` would make to reach `new`.
+    pub fn diff(&self, new: &Config) -> Result<Vec<Change>, MgmtError> {
+        new.validate()?;
+        plan(&self.cfg, new).map_err(|e| MgmtError::Refused(e.0))
+    }
+
+    /// Makes the running system and the model match `new`, in SCST's order.
+    /// Applying the same configuration twice changes nothing the second time.
+    pub fn apply(&mut self, new: &Config) -> Result<Vec<Change>, MgmtError> {
+        let changes = self.diff(new)?;
+        let total = changes.len();
+        for (done, c) in changes.iter().enumerate() {
+            let failed = c.to_string();
+            if let Err(e) = self.execute(c.clone()) {
+                return Err(MgmtError::Apply {
+                    done,
+                    total,
+                    failed,
+                    source: Box::new(e),
+                });
+            }
+        }
+        // Same content; adopt the file's order of objects.
+        self.cfg = new.clone();
+        Ok(changes)
+    }
+
+    /// Saves the model to `path`, or to the tree's save path.
+    pub fn save(&self, path: Option<&Path>) -> Result<PathBuf, MgmtError> {
+        let p = path
+            .map(Path::to_path_buf)
+            .or_else(|| self.save_path.clone())
+            .ok_or_else(|| {
+                MgmtError::Refused("no file given and ferrited has no configuration file".into())
+            })?;
+        self.cfg.save_atomic(&p)?;
+        Ok(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::GroupConfig;
+    use crate::runtime::FakeRuntime;
+
+    const T: &str = "iqn.2026-11.org.ferrite:default";
+
+    fn sample() -> Config {
+        let mut cfg =
+            Config::embedded_default(Path::new("/srv"), "127.0.0.1:3260".parse().unwrap());
+        let mut null = DeviceConfig::new("null0", Handler::VdiskNullio);
+        null.size = Some(1 << 20);
+        cfg.devices.push(null);
+        let mut spare = DeviceConfig::new("spare", Handler::VdiskNullio);
+        spare.size = Some(1 << 20);
+        cfg.devices.push(spare);
+        let t = &mut cfg.targets.iscsi[0];
+        t.luns.push(LunConfig {
+            lun: 1,
+            device: "null0".into(),
+            read_only: false,
+        });
+        t.ini_groups.push(GroupConfig {
+            name: "hosts".into(),
+            initiators: vec!["iqn.1994-05.com.redhat:a".into()],
+            luns: vec![LunConfig {
+                lun: 0,
+                device: "null0".into(),
+                read_only: true,
+            }],
+        });
+        t.ini_groups.push(GroupConfig {
+            name: "other".into(),
+            initiators: vec![],
+            luns: vec![],
+        });
+        cfg.validate().unwrap();
+        cfg
+    }
+
+    fn tree() -> (Tree, Arc<FakeRuntime>) {
+        let rt = Arc::new(FakeRuntime::new());
+        (Tree::new(sample(), rt.clone(), None), rt)
+    }
+
+    #[test]
+    fn bad_commands_change_nothing() {
+        let tl = format!("/targets/iscsi/{T}/luns/mgmt");
+        let gl = format!("/targets/iscsi/{T}/ini_groups/hosts/luns/mgmt");
+        let gm = format!("/targets/iscsi/{T}/ini_groups/mgmt");
+        let im = format!("/targets/iscsi/{T}/ini_groups/hosts/initiators/mgmt");
+        let h = "/handlers/vdisk_nullio/mgmt";
+        let hf = "/handlers/vdisk_fileio/mgmt";
+        let tm = "/targets/iscsi/mgmt";
+        let nosuch = format!("/targets/iscsi/{T}/ini_groups/nosuch/luns/mgmt");
+        let cases: Vec<(&str, String, &str)> = vec![
+            // handler mgmt
+            (h, "".into(), "empty command"),
+            (h, "frobnicate x".into(), "unknown command \"frobnicate\""),
+            (h, "add_device".into(), "missing argument"),
+            (
+                h,
+                "add_device n1 extra size=4096".into(),
+                "unexpected argument",
+            ),
+            (
+                h,
+                "add_device n1 size=4096; colour=red".into(),
+                "unknown parameter \"colour\"",
+            ),
+            (
+                h,
+                "add_device n1 size=4096; size=8192".into(),
+                "given twice",
+            ),
+            (h, "add_device n1 size=lots".into(), "not a size"),
+            (
+                h,
+                "add_device n1 size=4096; blocksize=1000".into(),
+                "512, 4096",
+            ),
+            (
+                h,
+                "add_device n1 size=4096; read_only=maybe".into(),
+                "not a boolean",
+            ),
+            (h, "add_device n1".into(), "needs a size"),
+            (
+                h,
+                "add_device n1 size=4096; filename=/x".into(),
+                "remove filename",
+            ),
+            (
+                h,
+                "add_device bad/name size=4096".into(),
+                "valid characters",
+            ),
+            (h, "add_device null0 size=4096".into(), "already exists"),
+            (h, "add_device n1 size=4096 =3".into(), "has no name"),
+            (
+                h,
+                "add_device n1 size=4096 trailing".into(),
+                "parameters come last",
+            ),
+            (hf, "add_device f1 size=4096".into(), "needs a filename"),
+            (hf, "add_device f1 filename=rel.img".into(), "absolute"),
+            (h, "del_device".into(), "missing argument"),
+            (h, "del_device nosuch".into(), "no device \"nosuch\""),
+            (
+                h,
+                "del_device disk0".into(),
+                "belongs to handler vdisk_fileio",
+            ),
+            (h, "del_device null0".into(), "in use by"),
+            (h, "del_device spare now".into(), "unexpected argument"),
+            // target mgmt
+            (tm, "add_target".into(), "missing argument"),
+            (tm, "add_target iqn.bad".into(), "yyyy-mm"),
+            (tm, format!("add_target {T}"), "already exists"),
+            (
+                tm,
+                "add_target iqn.2026-11.org.x:y portals=nowhere".into(),
+                "not ADDR:PORT",
+            ),
+            (
+                tm,
+                "add_target iqn.2026-11.org.x:y tpgt=70000".into(),
+                "0..65535",
+            ),
+            (
+                tm,
+                "add_target iqn.2026-11.org.x:y colour=red".into(),
+                "unknown parameter",
+            ),
+            (tm, "del_target iqn.2026-11.org.x:none".into(), "no target"),
+            (tm, "launch".into(), "unknown command"),
+            // LUN mgmt, default map and group map
+            (&tl, "add".into(), "missing argument"),
+            (&tl, "add spare".into(), "missing argument"),
+            (
+                &tl,
+                "add spare 0".into(),
+                "LUN 0 is in use by device \"disk0\"",
+            ),
+            (&tl, "add spare 16384".into(), "0..16383"),
+            (&tl, "add spare -1".into(), "not a LUN"),
+            (&tl, "add spare x".into(), "not a LUN"),
+            (&tl, "add nosuch 5".into(), "no device \"nosuch\""),
+            (&tl, "add spare 5 read_only=2".into(), "not a boolean"),
+            (&tl, "add spare 5 readonly=1".into(), "unknown parameter"),
+            (&tl, "add spare 5 6".into(), "unexpected argument"),
+            (&tl, "del 9".into(), "LUN 9 does not exist"),
+            (&tl, "del".into(), "missing argument"),
+            (&tl, "replace spare 9".into(), "does not exist; use add"),
+            (&tl, "clear now".into(), "unexpected argument"),
+            (&tl, "wipe".into(), "unknown command"),
+            (&gl, "add spare 0".into(), "in use by device \"null0\""),
+            (&gl, "del 3".into(), "does not exist"),
+            // groups
+            (&gm, "create".into(), "missing argument"),
+            (&gm, "create hosts".into(), "already exists"),
+            (&gm, "create a/b".into(), "valid characters"),
+            (&gm, "create mgmt".into(), "reserved"),
+            (&gm, "del nosuch".into(), "no group"),
+            (&gm, "rename a b".into(), "unknown command"),
+            // initiators
+            (&im, "add".into(), "missing argument"),
+            (
+                &im,
+                "add iqn.1994-05.com.redhat:a".into(),
+                "already in group \"hosts\"",
+            ),
+            (&im, "del iqn.x".into(), "not in group"),
+            (
+                &im,
+                "move iqn.1994-05.com.redhat:a".into(),
+                "missing argument",
+            ),
+            (
+                &im,
+                "move iqn.1994-05.com.redhat:a nosuch".into(),
+                "no group \"nosuch\"",
+            ),
+            (
+                &im,
+                "move iqn.1994-05.com.redhat:a hosts".into(),
+                "already in group",
+            ),
+            (&im, "move iqn.x other".into(), "not in group"),
+            (&im, "clear all".into(), "unexpected argument"),
+            // paths
+            (
+                "/handlers/vdisk_foo/mgmt",
+                "add_device x".into(),
+                "valid handlers: vdisk_fileio",
+            ),
+            (
+                "/targets/iscsi/iqn.2026-11.org.x:none/luns/mgmt",
+                "clear".into(),
+                "no such object",
+            ),
+            (&nosuch, "clear".into(), "valid entries: mgmt, hosts, other"),
+            (
+                "/devices/disk0/read_only",
+                "add x 0".into(),
+                "not a mgmt leaf",
+            ),
+        ];
+        for (path, cmd, want) in cases {
+            let (mut t, rt) = tree();
+            let before = t.config().clone();
+            let e = t
+                .run(path, &cmd)
+                .expect_err(&format!("{path} {cmd:?} should fail"));
+            let s = e.to_string();
+            assert!(s.contains(want), "{path} {cmd:?}: {s:?} lacks {want:?}");
+            assert_eq!(t.config(), &before, "{path} {cmd:?} changed the model");
+            assert!(
+                rt.calls().is_empty(),
+                "{path} {cmd:?} reached the runtime: {:?}",
+                rt.calls()
+            );
+        }
+    }
+
+    #[test]
+    fn bad_sets_change_nothing() {
+        let ta = format!("/targets/iscsi/{T}");
+        let cases: Vec<(String, &str, &str)> = vec![
+            ("/devices/disk0/read_only".into(), "2", "not a boolean"),
+            (
+                "/devices/disk0/blocksize".into(),
+                "4096",
+                "del_device and add_device",
+            ),
+            ("/devices/disk0/filename".into(), "/y", "read-only"),
+            ("/devices/disk0/handler".into(), "vdisk_nullio", "read-only"),
+            (
+                "/devices/disk0/t10_vendor".into(),
+                "WAYTOOLONGVENDOR",
+                "1 to 8",
+            ),
+            ("/devices/disk0/naa".into(), "0x1234", "16 hex"),
+            ("/devices/disk0/size".into(), "12x", "not a size"),
+            ("/devices/disk0/size".into(), "1000", "multiple"),
+            ("/devices/disk0/resync_size".into(), "0", "write 1"),
+            ("/devices/disk0/nosuch".into(), "1", "valid attributes"),
+            (
+                "/devices/nosuch/read_only".into(),
+                "1",
+                "valid devices: disk0, null0, spare",
+            ),
+            ("/devices/null0/mem".into(), "1", "read-only"),
+            ("/devices/null0/filename".into(), "/x", "valid attributes"),
+            (format!("{ta}/enabled"), "yes please", "not a boolean"),
+            (format!("{ta}/portals"), "localhost", "address:port"),
+            (format!("{ta}/tpgt"), "-1", "not a tag"),
+            (format!("{ta}/luns/mgmt"), "add spare 3", "use do"),
+            (format!("{ta}/luns/0/device"), "spare", "read-only"),
+            ("/targets/iscsi/max_burst_length".into(), "100", "512.."),
+            (
+                "/targets/iscsi/first_burst_length".into(),
+                "16777215",
+                "exceeds",
+            ),
+            (
+                "/targets/iscsi/max_connections".into(),
+                "70000",
+                "out of range",
+            ),
+            (
+                "/targets/iscsi/immediate_data".into(),
+                "perhaps",
+                "not a boolean",
+            ),
+            (
+                "/targets/iscsi/max_burst_length".into(),
+                "big",
+                "not a number",
+            ),
+            ("/devices".into(), "x", "read-only"),
+        ];
+        for (path, value, want) in cases {
+            let (mut t, rt) = tree();
+            let before = t.config().clone();
+            let e = t
+                .set(&path, value)
+                .expect_err(&format!("{path}={value} should fail"));
+            let s = e.to_string();
+            assert!(s.contains(want), "{path}={value}: {s:?} lacks {want:?}");
+            assert_eq!(t.config(), &before);
+            assert!(rt.calls().is_empty(), "{path}: {:?}", rt.calls());
+        }
+    }
+
+    #[test]
+    fn commands_change_model_and_runtime() {
+        let (mut t, rt) = tree();
+        t.run(
+            "/handlers/vdisk_nullio/mgmt",
+            "add_device n1 size=4M; blocksize=4096; nv_cache=1",
+        )
+        .unwrap();
+        let d = t.config().device("n1").unwrap();
+        assert_eq!(
+            (d.size, d.blocksize, d.nv_cache),
+            (Some(4 << 20), 4096, true)
+        );
+        t.run(
+            &format!("/targets/iscsi/{T}/luns/mgmt"),
+            "add n1 7 read_only=1",
+        )
+        .unwrap();
+        t.run(&format!("/targets/iscsi/{T}/luns/mgmt"), "replace spare 7")
+            .unwrap();
+        t.run(&format!("/targets/iscsi/{T}/luns/mgmt"), "del 1")
+            .unwrap();
+        let luns = &t.config().iscsi_target(T).unwrap().luns;
+        assert_eq!(luns.len(), 2);
+        assert_eq!(
+            luns[1],
+            LunConfig {
+                lun: 7,
+                device: "spare".into(),
+                read_only: false
+            }
+        );
+        t.run(
+            &format!("/targets/iscsi/{T}/ini_groups/hosts/initiators/mgmt"),
+            "move iqn.1994-05.com.redhat:a other",
+        )
+        .unwrap();
+        t.run(
+            "/targets/iscsi/mgmt",
+            "add_target iqn.2026-11.org.x:two portals=[::1]:3260,127.0.0.1:3261; alias=Two",
+        )
+        .unwrap();
+        let t2 = t.config().iscsi_target("iqn.2026-11.org.x:two").unwrap();
+        assert!(!t2.enabled);
+        assert_eq!(t2.portals.len(), 2);
+        t.set("/targets/iscsi/iqn.2026-11.org.x:two/enabled", "1")
+            .unwrap();
+        t.set("/devices/disk0/write_through", "yes").unwrap();
+        t.set("/devices/disk0/serial", "ABC").unwrap();
+        t.set("/targets/iscsi/max_burst_length", "524288").unwrap();
+        t.set("/devices/disk0/resync_size", "1").unwrap();
+        assert_eq!(t.config().device("disk0").unwrap().size, Some(2 << 30));
+        assert_eq!(
+            rt.calls(),
+            vec![
+                "add_device n1 vdisk_nullio".to_string(),
+                format!("set_lun_map {T} - 0=disk0,1=null0,7=n1"),
+                format!("set_lun_map {T} - 0=disk0,1=null0,7=spare"),
+                format!("set_lun_map {T} - 0=disk0,7=spare"),
+                format!("set_group_initiators {T} hosts "),
+                format!("set_group_initiators {T} other iqn.1994-05.com.redhat:a"),
+                "add_target iqn.2026-11.org.x:two".to_string(),
+                "set_target_enabled iqn.2026-11.org.x:two true".to_string(),
+                "set_device_attr disk0 WriteThrough(true)".to_string(),
+                "set_device_attr disk0 Serial(\"ABC\")".to_string(),
+                "set_iscsi_params".to_string(),
+                "resync_size disk0".to_string(),
+            ]
+        );
+        t.run("/handlers/vdisk_nullio/mgmt", "del_device null0")
+            .unwrap_err();
+        t.run(&format!("/targets/iscsi/{T}/ini_groups/mgmt"), "del hosts")
+            .unwrap();
+        t.run("/handlers/vdisk_nullio/mgmt", "del_device null0")
+            .unwrap();
+        assert!(t.config().device("null0").is_none());
+        t.config().validate().unwrap();
+    }
+
+    #[test]
+    fn runtime_failure_leaves_model() {
+        let (mut t, rt) = tree();
+        rt.fail_on(Some("add_device"));
+        let before = t.config().clone();
+        let e = t
+            .run("/handlers/vdisk_nullio/mgmt", "add_device n1 size=4096")
+            .unwrap_err();
+        assert!(matches!(e, MgmtError::Runtime { .. }), "{e}");
+        assert!(e.to_string().contains("injected"), "{e}");
+        assert_eq!(t.config(), &before);
+    }
+
+    #[test]
+    fn reads_and_keys() {
+        let (t, _rt) = tree();
+        let v = t.get("/devices/disk0/thin_provisioned").unwrap();
+        assert_eq!((v.value.as_str(), v.key, v.writable), ("1", true, false));
+        assert_eq!(v.to_text(), "1\n[key]");
+        let v = t.get("/devices/disk0/rotational").unwrap();
+        assert_eq!((v.value.as_str(), v.key, v.writable), ("0", false, true));
+        assert_eq!(v.to_text(), "0");
+        assert_eq!(t.get("/devices/disk0/blocksize").unwrap().value, "512");
+        assert_eq!(
+            t.get("/devices/spare/size").unwrap().value,
+            (1u64 << 20).to_string()
+        );
+        let naa = t.get("/devices/disk0/naa").unwrap().value;
+        assert!(naa.starts_with("0x5001405"), "{naa}");
+        assert_eq!(
+            t.get("/handlers/vdisk_fileio/mgmt").unwrap().value,
+            HANDLER_USAGE
+        );
+        assert_eq!(
+            t.get(&format!("/targets/iscsi/{T}/luns/mgmt"))
+                .unwrap()
+                .value,
+            LUNS_USAGE
+        );
+        assert_eq!(
+            t.get(&format!(
+                "/targets/iscsi/{T}/ini_groups/hosts/luns/0/read_only"
+            ))
+            .unwrap()
+            .to_text(),
+            "1\n[key]"
+        );
+        assert_eq!(
+            t.get(&format!("/targets/iscsi/{T}/portals")).unwrap().value,
+            "127.0.0.1:3260"
+        );
+        assert_eq!(
+            t.get("/devices/null0/exported").unwrap().value,
+            format!("{T}/luns/1\n{T}/ini_groups/hosts/luns/0")
+        );
+        let v = t.get("/targets/iscsi/immediate_data").unwrap();
+        assert_eq!((v.value.as_str(), v.key), ("1", false));
+        assert!(t.get("/devices/disk0/resync_size").is_err());
+        assert!(t.get("/devices").is_err());
+        // Paths are forgiving about slashes.
+        assert_eq!(t.get("devices//disk0/blocksize/").unwrap().value, "512");
+        let names = |p: &str| {
+            t.ls(p)
+                .unwrap()
+                .into_iter()
+                .map(|e| e.name)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names("/"), ["handlers", "devices", "targets"]);
+        assert_eq!(names("/handlers/vdisk_nullio"), ["mgmt", "null0", "spare"]);
+        assert_eq!(
+            names(&format!("/targets/iscsi/{T}/luns")),
+            ["mgmt", "0", "1"]
+        );
+        assert_eq!(
+            names(&format!("/targets/iscsi/{T}/ini_groups")),
+            ["mgmt", "hosts", "other"]
+        );
+        assert!(names("/devices/null0").contains(&"mem".to_string()));
+        assert!(!names("/devices/disk0").contains(&"mem".to_string()));
+        let e = t.ls("/nope").unwrap_err().to_string();
+        assert!(
+            e.contains("valid entries: handlers, devices, targets"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn sessions_in_tree() {
+        let (mut t, rt) = tree();
+        let s = |isid| SessionInfo {
+            target: T.into(),
+            initiator: "iqn.1994-05.com.redhat:a".into(),
+            isid,
+            tsih: 1,
+            group: Some("hosts".into()),
+            connections: vec!["127.0.0.1:50000".into()],
+            ..SessionInfo::default()
+        };
+        rt.set_sessions(vec![s(2), s(1)]);
+        let names: Vec<String> = t
+            .ls(&format!("/targets/iscsi/{T}/sessions"))
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        assert_eq!(
+            names,
+            ["iqn.1994-05.com.redhat:a", "iqn.1994-05.com.redhat:a_1"]
+        );
+        let p = format!("/targets/iscsi/{T}/sessions/iqn.1994-05.com.redhat:a_1");
+        assert_eq!(t.get(&format!("{p}/isid")).unwrap().value, "0x000000000002");
+        assert_eq!(t.get(&format!("{p}/group")).unwrap().value, "hosts");
+        t.set(&format!("{p}/force_close"), "1").unwrap();
+        assert_eq!(
+            rt.calls(),
+            vec![format!("close_session {T} iqn.1994-05.com.redhat:a 0x2")]
+        );
+        assert!(t.set(&format!("{p}/tsih"), "3").is_err());
+    }
+
+    fn target_new() -> Config {
+        let mut new = sample();
+        // Device changes: one attribute, one recreated (blocksize), one gone, one new.
+        new.devices[0].rotational = true;
+        new.devices[1].blocksize = 4096;
+        new.devices.retain(|d| d.name != "spare");
+        let mut d2 = DeviceConfig::new("fresh", Handler::VdiskNullio);
+        d2.size = Some(1 << 20);
+        d2.mem = true;
+        new.devices.push(d2);
+        let t = &mut new.targets.iscsi[0];
+        t.luns.push(LunConfig {
+            lun: 2,
+            device: "fresh".into(),
+            read_only: false,
+        });
+        t.ini_groups.retain(|g| g.name != "other");
+        t.ini_groups[0].initiators = vec!["iqn.1994-05.com.redhat:b".into()];
+        t.ini_groups.push(GroupConfig {
+            name: "newg".into(),
+            initiators: vec!["iqn.1994-05.com.redhat:a".into()],
+            luns: vec![LunConfig {
+                lun: 3,
+                device: "fresh".into(),
+                read_only: false,
+            }],
+        });
+        let mut t2 = IscsiTargetConfig::new("iqn.2026-11.org.x:two");
+        t2.portals = vec!["[::1]:3260".into()];
+        t2.luns = vec![LunConfig {
+            lun: 0,
+            device: "null0".into(),
+            read_only: false,
+        }];
+        new.targets.iscsi.push(t2);
+        new.iscsi.initial_r2t = true;
+        new.validate().unwrap();
+        new
+    }
+
+    #[test]
+    fn apply_is_ordered_and_idempotent() {
+        let (mut t, rt) = tree();
+        let new = target_new();
+        let plan = t.diff(&new).unwrap();
+        assert!(!plan.is_empty());
+        assert!(rt.calls().is_empty(), "diff must not touch the runtime");
+        t.apply(&new).unwrap();
+        assert_eq!(t.config(), &new);
+        let calls = rt.calls();
+        let pos = |p: &str| {
+            calls
+                .iter()
+                .position(|c| c.starts_with(p))
+                .unwrap_or_else(|| panic!("no {p} in {calls:#?}"))
+        };
+        // Unmap before deleting, delete before re-adding, enable last.
+        assert!(pos(&format!("set_lun_map {T} hosts")) < pos("del_device null0"));
+        assert!(pos("del_device null0") < pos("add_device null0"));
+        assert!(pos("del_group") < pos("add_device"));
+        assert!(pos("add_device fresh") < pos("add_target iqn.2026-11.org.x:two"));
+        assert!(pos("add_group") < pos("set_device_attr disk0 Rotational(true)"));
+        assert!(
+            pos(&format!(
+                "set_group_initiators {T} hosts iqn.1994-05.com.redhat:b"
+            )) < pos(&format!("set_group_initiators {T} newg"))
+        );
+        assert_eq!(
+            calls.last().unwrap(),
+            "set_target_enabled iqn.2026-11.org.x:two true"
+        );
+        // Twice: nothing.
+        rt.clear_calls();
+        assert!(t.diff(&new).unwrap().is_empty());
+        assert!(t.apply(&new).unwrap().is_empty());
+        assert!(rt.calls().is_empty());
+        // And back to where it started.
+        t.apply(&sample()).unwrap();
+        assert_eq!(t.config(), &sample());
+        assert!(t.diff(&sample()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn apply_of_reordered_file_is_empty() {
+        let (t, _rt) = tree();
+        let mut same = sample();
+        same.devices.reverse();
+        same.targets.iscsi[0].luns.reverse();
+        assert!(t.diff(&same).unwrap().is_empty());
+    }
+
+    #[test]
+    fn apply_refuses_invalid_and_reports_partial() {
+        let (mut t, rt) = tree();
+        let mut bad = sample();
+        bad.targets.iscsi[0].luns[0].device = "nosuch".into();
+        let e = t.apply(&bad).unwrap_err();
+        assert!(e.to_string().contains("no device"), "{e}");
+        assert!(rt.calls().is_empty());
+        rt.fail_on(Some("add_target"));
+        let e = t.apply(&target_new()).unwrap_err();
+        match &e {
+            MgmtError::Apply { done, total, .. } => assert!(done < total),
+            other => panic!("{other}"),
+        }
+        assert!(e.to_string().contains("add_target"), "{e}");
+        t.config().validate().unwrap();
+        // The rest goes through once the runtime recovers.
+        rt.fail_on(None);
+        t.apply(&target_new()).unwrap();
+        assert_eq!(t.config(), &target_new());
+    }
+
+    #[test]
+    fn save_writes_the_model() {
+        let (mut t, _rt) = tree();
+        t.set("/devices/disk0/nv_cache", "1").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f.json");
+        t.save(Some(&p)).unwrap();
+        assert_eq!(&Config::load(&p).unwrap(), t.config());
+        assert!(t.save(None).is_err());
+    }
+
+    #[test]
+    fn sizes_and_bools() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("4k"), Ok(4096));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert!(parse_size("1P").is_err());
+        assert!(parse_size("").is_err());
+        assert!(parse_size("99999999999T").is_err());
+        assert_eq!(parse_bool("Yes"), Ok(true));
+        assert_eq!(parse_bool("0"), Ok(false));
+        assert!(parse_bool("2").is_err());
+    }
+}
