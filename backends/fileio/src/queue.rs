@@ -7,9 +7,13 @@
 //! write to a read-only backend, a range past the end) still complete in the
 //! next `poll`, never inline.
 //!
-//! `submit` enters the kernel once per operation: the contract has no
-//! "end of batch" call that would let several operations share one
-//! `io_uring_enter`.
+//! Submissions are batched without a contract change: `submit` enters the
+//! kernel at once only when the kernel holds no other operation of this
+//! queue; otherwise the operation waits for the next `poll`, which a pending
+//! completion guarantees (its CQE signals the eventfd the reactor sleeps on).
+//! [`UringQueue::set_batch_submit`] turns this off (one `io_uring_enter` per
+//! operation). An explicit "end of batch" call in `BackendQueue` would let
+//! the core decide instead.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -126,6 +130,10 @@ pub struct UringQueue {
     /// Finished without the kernel; returned by the next poll.
     ready: VecDeque<BlockDone>,
     in_flight: usize,
+    /// Defer submissions to `poll` while the kernel holds other operations.
+    batch: bool,
+    /// Scratch space for one poll's completions (kept to avoid allocating).
+    reaped: Vec<(u64, blockring::OpResult, Option<SgList>)>,
 }
 
 impl std::fmt::Debug for UringQueue {
@@ -164,7 +172,16 @@ impl UringQueue {
             free: Vec::new(),
             ready: VecDeque::new(),
             in_flight: 0,
+            reaped: Vec::with_capacity(depth),
+            batch: true,
         })
+    }
+
+    /// Whether submissions made while the kernel holds other operations of
+    /// this queue wait for the next `poll` (default) or enter the kernel at
+    /// once (one io_uring_enter per operation).
+    pub fn set_batch_submit(&mut self, on: bool) {
+        self.batch = on;
     }
 
     /// What this queue's ring has submitted (for tests and statistics).
@@ -228,8 +245,20 @@ impl UringQueue {
         match r {
             Ok(()) => {
                 self.in_flight += 1;
-                // A failure leaves the SQE queued; poll submits it again.
-                let _ = self.ring.submit();
+                // Submission batching within the contract: enter the kernel
+                // now only if it holds none of our operations. Otherwise a
+                // completion is on its way; it signals the eventfd, the
+                // reactor polls, and `poll` submits everything queued since
+                // in one io_uring_enter. A reactor that keeps polling (it
+                // does while it has work) submits on its next round.
+                let in_kernel = self
+                    .ring
+                    .in_flight()
+                    .saturating_sub(self.ring.unsubmitted());
+                if in_kernel == 0 || !self.batch {
+                    // A failure leaves the SQE queued; poll submits it again.
+                    let _ = self.ring.submit();
+                }
                 Ok(())
             }
             Err(RingFull(buf)) => {
@@ -443,9 +472,9 @@ impl BackendQueue for UringQueue {
             self.in_flight -= 1;
             out.push(d);
         }
-        let mut reaped: Vec<(u64, blockring::OpResult, Option<SgList>)> = Vec::new();
+        let mut reaped = std::mem::take(&mut self.reaped);
         self.ring.reap(|ud, r, buf| reaped.push((ud, r, buf)));
-        for (ud, r, buf) in reaped {
+        for (ud, r, buf) in reaped.drain(..) {
             let Some(p) = self.unslot(ud) else { continue };
             let tag = p.tag;
             self.in_flight -= 1;
@@ -511,6 +540,7 @@ impl BackendQueue for UringQueue {
             };
             out.push(BlockDone { tag, result, buf });
         }
+        self.reaped = reaped;
     }
 
     fn in_flight(&self) -> usize {

@@ -34,6 +34,9 @@ use crate::buf::SgList;
 /// lists are transferred in several rounds by the short-transfer logic.
 const IOV_MAX: usize = 1024;
 
+/// `reap` clears the eventfd at least once every this many empty rounds.
+const EFD_SWEEP: u32 = 64;
+
 /// What kind of operation a slot holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
@@ -97,6 +100,10 @@ pub struct BlockRing {
     /// SQEs pushed but not yet handed to the kernel.
     unsubmitted: usize,
     stats: RingStats,
+    /// Completions were drained since the eventfd was last cleared.
+    efd_dirty: bool,
+    /// `reap` calls since completions were last found.
+    empty_rounds: u32,
 }
 
 // SAFETY: the raw pointers a BlockRing holds (in `iovec`s) point into heap
@@ -147,6 +154,8 @@ impl BlockRing {
             in_flight: 0,
             unsubmitted: 0,
             stats: RingStats::default(),
+            efd_dirty: false,
+            empty_rounds: 0,
         })
     }
 
@@ -164,6 +173,11 @@ impl BlockRing {
     /// Operations submitted and not yet reaped.
     pub fn in_flight(&self) -> usize {
         self.in_flight
+    }
+
+    /// Operations queued but not yet handed to the kernel.
+    pub fn unsubmitted(&self) -> usize {
+        self.unsubmitted
     }
 
     /// Whether another operation fits.
@@ -272,7 +286,25 @@ impl BlockRing {
     /// every finished operation. Short reads and writes are resubmitted for
     /// the rest instead of being reported. Returns the number reported.
     pub fn reap(&mut self, mut f: impl FnMut(u64, OpResult, Option<SgList>)) -> usize {
-        self.clear_eventfd();
+        // Reading the eventfd is a syscall; a busy-polling core calls this
+        // far more often than completions arrive. Clear it when completions
+        // wait (before draining them, so a later one signals again), once
+        // more after a round that drained some (their signals may land
+        // after the clear), and every EFD_SWEEP empty rounds regardless:
+        // the kernel signals the eventfd just after posting a CQE, so a
+        // signal can outlive its CQE; the sweep bounds the spurious
+        // wake-ups that would cause.
+        let cq_ready = !self.ring.completion().is_empty();
+        self.empty_rounds = self.empty_rounds.wrapping_add(1);
+        if cq_ready || self.efd_dirty || self.empty_rounds % EFD_SWEEP == 0 {
+            self.clear_eventfd();
+            self.efd_dirty = false;
+        }
+        if !cq_ready {
+            return 0;
+        }
+        self.efd_dirty = true;
+        self.empty_rounds = 0;
         let mut reported = 0;
         loop {
             // Collect first: the completion queue borrows the ring, and
