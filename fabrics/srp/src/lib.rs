@@ -1,2 +1,6 @@
-//! ferrite-srp: the SCSI RDMA Protocol target.
+//! ferrite-srp: the SCSI RDMA Protocol target (T10 SRP r16a), what SCST's
+//! `ib_srpt` is.
 #![forbid(unsafe_code)]
+
+pub mod channel;
+pub mod iu;

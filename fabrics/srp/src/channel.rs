@@ -1,0 +1,868 @@
+//! The SRP target channel: a sans-IO state machine for one RDMA channel
+//! (one I_T nexus), what ib_srpt's `srpt_rdma_ch` is.
+//!
+//! It reads received IUs ([`Channel::handle_recv`]), turns them into core
+//! requests ([`Event::Submit`], [`Event::TaskMgmt`]), carries out the core's
+//! [`Action`]s ([`Channel::handle_action`]) and says what to put on the
+//! queue pair as values ([`Channel::poll_transmit`]): SENDs of IUs and RDMA
+//! READ/WRITE transfers between `SgList`s and the initiator's buffers. The
+//! driver reports back with [`Channel::send_done`], [`Channel::rdma_done`]
+//! and [`Channel::recv_reposted`]. No sockets, queue pairs or clocks here.
+//!
+//! Credits (SRP r16a §5.5 request limit): the login grants
+//! [`ChannelConfig::credits`]; every SRP_CMD and SRP_TSK_MGMT spends one;
+//! a credit comes back (REQUEST LIMIT DELTA of SRP_RSP, SRP_CRED_REQ or
+//! SRP_AER_REQ) only once the receive buffer it used has been reposted, so
+//! an initiator that keeps to its request limit can never find the target
+//! without a receive posted. [`ChannelConfig::reserve`] more receives are
+//! kept for the IUs that spend no credit (SRP_I_LOGOUT and the responses to
+//! the target's own SRP_CRED_REQ and SRP_AER_REQ, of which at most one is
+//! outstanding at a time).
+
+use std::collections::{HashMap, VecDeque};
+
+use ferrite_core::{
+    Abort, Action, CmdId, CmdRequest, DataDir, Residual, Response, TaskAttr, TaskTag, TmfFunction,
+    TmfRequest, TmfResponse,
+};
+use ferrite_rdma::RemoteSeg;
+use ferrite_reactor::buf::SgList;
+use ferrite_scsi::{Lun, Sense, Status};
+use smallvec::SmallVec;
+
+use crate::iu::{self, DataBuf, IuError, IuType, TLogoutReason};
+
+/// Target-side limits of a channel, fixed at login.
+#[derive(Clone, Debug)]
+pub struct ChannelConfig {
+    /// Size of the target's receive buffers: the largest IU an initiator
+    /// may send (SRP_LOGIN_RSP MAXIMUM INITIATOR TO TARGET IU LENGTH).
+    pub max_it_iu_len: u32,
+    /// Largest IU the target sends (SRP_RSP with sense, SRP_AER_REQ).
+    pub max_ti_iu_len: u32,
+    /// The request limit granted at login: receives reserved for SRP_CMD
+    /// and SRP_TSK_MGMT.
+    pub credits: u32,
+    /// Receives for IUs that spend no credit (at least 1).
+    pub reserve: u32,
+    /// This target port's identifier (SRP r16a §4.7): logins naming another
+    /// port are rejected.
+    pub target_port_id: [u8; 16],
+}
+
+impl Default for ChannelConfig {
+    fn default() -> ChannelConfig {
+        ChannelConfig {
+            max_it_iu_len: 4096,
+            max_ti_iu_len: 512,
+            credits: 64,
+            reserve: 2,
+            target_port_id: [0; 16],
+        }
+    }
+}
+
+impl ChannelConfig {
+    /// How many receive buffers of `max_it_iu_len` bytes the driver posts
+    /// before accepting the connection.
+    pub fn recv_count(&self) -> u32 {
+        self.credits + self.reserve.max(1)
+    }
+}
+
+/// The outcome of a login request.
+#[derive(Debug)]
+pub enum Login {
+    /// Accept: answer with `rsp` (the connection's accept private data)
+    /// after posting [`ChannelConfig::recv_count`] receives.
+    Accept {
+        channel: Box<Channel>,
+        rsp: iu::LoginRsp,
+    },
+    /// Reject with `rej` (the reject's private data).
+    Reject(iu::LoginRej),
+}
+
+/// A driver-chosen handle for one transmit, echoed in its completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct OpId(pub u64);
+
+/// One piece of an RDMA transfer: `remote.len` bytes between `buf[offset..]`
+/// and the initiator's `remote` buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Xfer {
+    pub remote: RemoteSeg,
+    pub offset: u32,
+}
+
+/// What the driver puts on the queue pair, in this order.
+#[derive(Debug)]
+pub enum Transmit {
+    /// SEND `iu`; report with [`Channel::send_done`].
+    Send { op: OpId, iu: Vec<u8> },
+    /// RDMA READ every `xfers` entry into `buf`; report with
+    /// [`Channel::rdma_done`], handing `buf` back.
+    RdmaRead {
+        op: OpId,
+        buf: SgList,
+        xfers: SmallVec<[Xfer; 4]>,
+    },
+    /// RDMA WRITE from `buf` to every `xfers` entry. RC ordering puts the
+    /// data before the SRP_RSP that follows; report with
+    /// [`Channel::rdma_done`].
+    RdmaWrite {
+        op: OpId,
+        buf: SgList,
+        xfers: SmallVec<[Xfer; 4]>,
+    },
+    /// Disconnect the queue pair (after the SENDs before it).
+    Disconnect,
+}
+
+/// What the driver tells the core.
+#[derive(Debug)]
+pub enum Event {
+    /// Call `Session::submit`.
+    Submit(CmdRequest),
+    /// Call `Session::task_mgmt`.
+    TaskMgmt(TmfRequest),
+    /// Call `Session::data_out_done`.
+    DataOut {
+        id: CmdId,
+        result: Result<SgList, Abort>,
+    },
+    /// Call `Session::response_sent`.
+    ResponseSent(CmdId),
+    /// The channel ended (logout, protocol error or connection loss): end
+    /// the session; the core aborts what it still holds.
+    Closed,
+}
+
+/// Channel state; only moves forward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChannelState {
+    /// Logged in: IUs flow.
+    Live,
+    /// A logout was received or sent: nothing more is accepted; responses
+    /// still owed to the core are completed without being sent.
+    Closed,
+}
+
+/// A task's life inside the channel.
+#[derive(Debug)]
+enum TaskState {
+    /// Waiting for indirect descriptor tables to arrive by RDMA READ
+    /// (`pending` reads left); the command is not yet in the core.
+    FetchingTables { req: CmdRequest, pending: u8 },
+    /// In the core; waiting for `FetchData` or `Respond`.
+    Submitted,
+    /// Write data is being read from the initiator.
+    FetchingData { id: CmdId },
+    /// SRP_RSP (and data) on the wire; waiting for its send completion.
+    Responding { id: CmdId },
+    /// A task management function in the core.
+    Tmf,
+    /// Its SRP_RSP is on the wire.
+    TmfResponding,
+}
+
+#[derive(Debug)]
+struct Task {
+    state: TaskState,
+    data_out: DataBuf,
+    data_in: DataBuf,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum OpKind {
+    Table { tag: u64, out: bool },
+    DataOut { tag: u64 },
+    DataIn,
+    Rsp { tag: u64 },
+    Control,
+}
+
+/// Tags of target-initiated IUs carry this prefix so they never collide in
+/// logs with initiator tags.
+const TARGET_TAG_BASE: u64 = 0x5250_0000_0000_0000;
+
+/// One SRP RDMA channel.
+#[derive(Debug)]
+pub struct Channel {
+    cfg: ChannelConfig,
+    state: ChannelState,
+    /// Credits the initiator holds, as far as the target knows.
+    granted: u32,
+    /// Credits that may be returned (their receives were reposted).
+    delta: u32,
+    /// Kinds (credit or not) of received IUs whose buffers are not yet
+    /// reposted, in order.
+    unreposted: VecDeque<bool>,
+    tasks: HashMap<u64, Task>,
+    ops: HashMap<OpId, OpKind>,
+    next_op: u64,
+    next_tag: u64,
+    /// The outstanding SRP_CRED_REQ or SRP_AER_REQ, by tag.
+    target_req: Option<u64>,
+    aens: VecDeque<(Lun, Sense)>,
+    tx: VecDeque<Transmit>,
+    events: VecDeque<Event>,
+    closed_reported: bool,
+}
+
+/// Answers a login request (SRP r16a §6.2-§6.4).
+pub fn login(cfg: ChannelConfig, req: &[u8]) -> Login {
+    let supported = iu::BUF_FORMAT_DIRECT | iu::BUF_FORMAT_INDIRECT;
+    let rej = |tag: u64, reason| {
+        Login::Reject(iu::LoginRej {
+            tag,
+            reason,
+            buf_fmt: supported,
+        })
+    };
+    let r = match iu::LoginReq::parse(req) {
+        Ok(r) => r,
+        Err(_) => {
+            return rej(
+                iu::iu_tag(req).unwrap_or(0),
+                iu::LoginRejReason::UNABLE_TO_ESTABLISH,
+            );
+        }
+    };
+    // §6.2: a REQUESTED MAXIMUM INITIATOR TO TARGET IU LENGTH the target
+    // cannot receive is rejected with reason 00010002h.
+    if r.req_it_iu_len > cfg.max_it_iu_len || (r.req_it_iu_len as usize) < iu::CMD_LEN {
+        return rej(r.tag, iu::LoginRejReason::IT_IU_LENGTH_TOO_LARGE);
+    }
+    // §6.2: REQUIRED BUFFER FORMATS the target does not support.
+    if r.req_buf_fmt & !supported != 0 {
+        return rej(r.tag, iu::LoginRejReason::UNSUPPORTED_DESCRIPTOR_FORMAT);
+    }
+    if r.target_port_id != cfg.target_port_id {
+        return rej(r.tag, iu::LoginRejReason::UNABLE_TO_ASSOCIATE);
+    }
+    let rsp = iu::LoginRsp {
+        tag: r.tag,
+        req_lim_delta: cfg.credits,
+        max_it_iu_len: r.req_it_iu_len,
+        max_ti_iu_len: cfg.max_ti_iu_len,
+        buf_fmt: supported,
+        // Other channels of the same initiator port are the driver's
+        // business (SRP r16a §6.2 MULTI-CHANNEL ACTION); it may set
+        // TERMINATED after closing them.
+        rsp_flags: iu::LOGIN_RSP_NO_CHANNEL,
+    };
+    Login::Accept {
+        channel: Box::new(Channel::new(cfg)),
+        rsp,
+    }
+}
+
+fn abort_cmd_logout(e: IuError) -> TLogoutReason {
+    match e {
+        IuError::DataOutFormat(_) => TLogoutReason::UNSUPPORTED_DATA_OUT_FORMAT,
+        IuError::DataInFormat(_) => TLogoutReason::UNSUPPORTED_DATA_IN_FORMAT,
+        IuError::DataOutCount => TLogoutReason::INVALID_DATA_OUT_COUNT,
+        IuError::DataInCount => TLogoutReason::INVALID_DATA_IN_COUNT,
+        IuError::Short { .. } | IuError::WrongType(_) => TLogoutReason::NO_REASON,
+    }
+}
+
+/// The part of `segs` covering data bytes `[offset, offset+len)`, as
+/// transfers at the same offsets in the local buffer.
+fn map_range(segs: &[RemoteSeg], offset: u64, len: u64) -> Option<SmallVec<[Xfer; 4]>> {
+    let mut out = SmallVec::new();
+    let mut pos = 0u64;
+    let end = offset.checked_add(len)?;
+    for s in segs {
+        let (a, b) = (pos, pos + s.len as u64);
+        pos = b;
+        let (lo, hi) = (a.max(offset), b.min(end));
+        if lo >= hi {
+            continue;
+        }
+        out.push(Xfer {
+            remote: RemoteSeg {
+                addr: s.addr.checked_add(lo - a)?,
+                rkey: s.rkey,
+                len: (hi - lo) as u32,
+            },
+            offset: u32::try_from(lo).ok()?,
+        });
+    }
+    (pos >= end).then_some(out)
+}
+
+impl Channel {
+    fn new(cfg: ChannelConfig) -> Channel {
+        Channel {
+            granted: cfg.credits,
+            cfg,
+            state: ChannelState::Live,
+            delta: 0,
+            unreposted: VecDeque::new(),
+            tasks: HashMap::new(),
+            ops: HashMap::new(),
+            next_op: 1,
+            next_tag: TARGET_TAG_BASE,
+            target_req: None,
+            aens: VecDeque::new(),
+            tx: VecDeque::new(),
+            events: VecDeque::new(),
+            closed_reported: false,
+        }
+    }
+
+    /// The configuration the channel was accepted with.
+    pub fn config(&self) -> &ChannelConfig {
+        &self.cfg
+    }
+
+    /// The current state.
+    pub fn state(&self) -> ChannelState {
+        self.state
+    }
+
+    /// Credits the initiator holds as the target counts them.
+    pub fn credits_granted(&self) -> u32 {
+        self.granted
+    }
+
+    /// Tasks (commands and TMFs) the channel knows.
+    pub fn tasks(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// The next thing to put on the queue pair.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.tx.pop_front()
+    }
+
+    /// The next thing to tell the core.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    fn op(&mut self, kind: OpKind) -> OpId {
+        let id = OpId(self.next_op);
+        self.next_op += 1;
+        self.ops.insert(id, kind);
+        id
+    }
+
+    fn send(&mut self, kind: OpKind, iu: Vec<u8>) {
+        let op = self.op(kind);
+        self.tx.push_back(Transmit::Send { op, iu });
+    }
+
+    fn take_delta(&mut self) -> u32 {
+        let d = std::mem::take(&mut self.delta);
+        self.granted += d;
+        d
+    }
+
+    /// Ends the channel from the target side: SRP_T_LOGOUT, then disconnect.
+    fn logout(&mut self, reason: TLogoutReason) {
+        if self.state == ChannelState::Closed {
+            return;
+        }
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        // SRP r16a §6.6: the target reports why it ends the channel.
+        self.send(OpKind::Control, iu::t_logout(tag, reason).to_vec());
+        self.tx.push_back(Transmit::Disconnect);
+        self.close();
+    }
+
+    fn close(&mut self) {
+        self.state = ChannelState::Closed;
+        // Commands still waiting for their tables never reached the core.
+        self.tasks
+            .retain(|_, t| !matches!(t.state, TaskState::FetchingTables { .. }));
+        if !self.closed_reported {
+            self.closed_reported = true;
+            self.events.push_back(Event::Closed);
+        }
+    }
+
+    /// The queue pair disconnected or failed: nothing more is sent.
+    pub fn connection_lost(&mut self) {
+        self.tx.clear();
+        self.close();
+    }
+
+    /// A receive completed with this IU. The driver reposts the buffer and
+    /// then calls [`Channel::recv_reposted`].
+    pub fn handle_recv(&mut self, iu_bytes: &[u8]) {
+        let t = iu::iu_type(iu_bytes);
+        let spends_credit = matches!(t, Some(IuType::CMD) | Some(IuType::TSK_MGMT));
+        // Only a credit actually spent comes back when the buffer is reposted.
+        let spent = spends_credit && self.granted > 0 && self.state == ChannelState::Live;
+        self.unreposted.push_back(spent);
+        if self.state == ChannelState::Closed {
+            return;
+        }
+        if spends_credit {
+            // §5.5: an initiator never has more requests outstanding than its
+            // request limit; one that does is answered BUSY.
+            if self.granted == 0 {
+                let tag = iu::iu_tag(iu_bytes).unwrap_or(0);
+                let rsp = iu::Rsp {
+                    tag,
+                    status: Status::BUSY.0,
+                    ..iu::Rsp::default()
+                };
+                self.send(OpKind::Control, rsp.encode());
+                return;
+            }
+            self.granted -= 1;
+        }
+        match t {
+            Some(IuType::CMD) => self.handle_cmd(iu_bytes),
+            Some(IuType::TSK_MGMT) => self.handle_tsk_mgmt(iu_bytes),
+            Some(IuType::I_LOGOUT) => {
+                // §6.5: the initiator ends the channel.
+                self.tx.push_back(Transmit::Disconnect);
+                self.close();
+            }
+            Some(IuType::CRED_RSP) | Some(IuType::AER_RSP) => {
+                let tag = iu::iu_tag(iu_bytes);
+                if tag.is_some() && tag == self.target_req {
+                    self.target_req = None;
+                    self.next_target_req();
+                } else {
+                    self.logout(TLogoutReason::UNEXPECTED_RESPONSE);
+                }
+            }
+            _ => self.logout(TLogoutReason::INVALID_IU_TYPE),
+        }
+    }
+
+    /// One receive buffer went back on the receive queue.
+    pub fn recv_reposted(&mut self) {
+        if self.unreposted.pop_front() == Some(true) {
+            self.delta += 1;
+        }
+        self.next_target_req();
+    }
+
+    fn handle_cmd(&mut self, b: &[u8]) {
+        let cmd = match iu::Cmd::parse(b) {
+            Ok(c) => c,
+            Err(e) => return self.logout(abort_cmd_logout(e)),
+        };
+        if self.tasks.contains_key(&cmd.tag) {
+            // SAM-5 §5.9: a task tag already in use is an overlapped command.
+            let sense = Sense::OVERLAPPED_COMMANDS_ATTEMPTED.to_fixed();
+            let rsp = iu::Rsp {
+                tag: cmd.tag,
+                req_lim_delta: self.take_delta(),
+                status: Status::CHECK_CONDITION.0,
+                sense: sense.to_vec(),
+                ..iu::Rsp::default()
+            };
+            self.send(OpKind::Control, rsp.encode());
+            return;
+        }
+        let dir = match (&cmd.data_out, &cmd.data_in) {
+            (DataBuf::None, DataBuf::None) => DataDir::None,
+            (_, DataBuf::None) => DataDir::Write,
+            (DataBuf::None, _) => DataDir::Read,
+            _ => DataDir::Bidi,
+        };
+        let clamp = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+        let (expected_len, expected_read_len) = match dir {
+            DataDir::None => (0, 0),
+            DataDir::Write => (clamp(cmd.data_out.total()), 0),
+            DataDir::Read => (clamp(cmd.data_in.total()), 0),
+            DataDir::Bidi => (clamp(cmd.data_out.total()), clamp(cmd.data_in.total())),
+        };
+        let attr = match cmd.task_attr {
+            iu::TASK_ATTR_HEAD_OF_QUEUE => TaskAttr::HeadOfQueue,
+            iu::TASK_ATTR_ORDERED => TaskAttr::Ordered,
+            iu::TASK_ATTR_ACA => TaskAttr::Aca,
+            _ => TaskAttr::Simple,
+        };
+        let req = CmdRequest {
+            // An address the target never hands out maps to no LUN: the core
+            // answers LOGICAL UNIT NOT SUPPORTED from `lun_raw`.
+            lun: Lun::decode(cmd.lun).unwrap_or(Lun(u16::MAX)),
+            lun_raw: cmd.lun,
+            tag: TaskTag(cmd.tag),
+            cdb: cmd.cdb.clone(),
+            attr,
+            dir,
+            expected_len,
+            expected_read_len,
+        };
+        // §5.2.3: descriptor tables that are not all in the IU are fetched
+        // from the initiator by RDMA READ before the command can run.
+        let mut pending = 0u8;
+        for (buf, out) in [(&cmd.data_out, true), (&cmd.data_in, false)] {
+            if let DataBuf::Table { table, .. } = buf {
+                let op = self.op(OpKind::Table { tag: cmd.tag, out });
+                self.tx.push_back(Transmit::RdmaRead {
+                    op,
+                    buf: SgList::zeroed(table.len as usize),
+                    xfers: smallvec::smallvec![Xfer {
+                        remote: *table,
+                        offset: 0
+                    }],
+                });
+                pending += 1;
+            }
+        }
+        let state = if pending > 0 {
+            TaskState::FetchingTables { req, pending }
+        } else {
+            self.events.push_back(Event::Submit(req));
+            TaskState::Submitted
+        };
+        self.tasks.insert(
+            cmd.tag,
+            Task {
+                state,
+                data_out: cmd.data_out,
+                data_in: cmd.data_in,
+            },
+        );
+    }
+
+    fn handle_tsk_mgmt(&mut self, b: &[u8]) {
+        let t = match iu::TskMgmt::parse(b) {
+            Ok(t) => t,
+            Err(_) => return self.logout(TLogoutReason::NO_REASON),
+        };
+        // SRP r16a §6.7 table 21: the functions SRP defines.
+        let func = match t.func {
+            iu::TskFunc::ABORT_TASK => Some(TmfFunction::AbortTask {
+                tag: TaskTag(t.task_tag),
+            }),
+            iu::TskFunc::ABORT_TASK_SET => Some(TmfFunction::AbortTaskSet),
+            iu::TskFunc::CLEAR_TASK_SET => Some(TmfFunction::ClearTaskSet),
+            iu::TskFunc::LUN_RESET => Some(TmfFunction::LogicalUnitReset),
+            iu::TskFunc::CLEAR_ACA => Some(TmfFunction::ClearAca),
+            _ => None,
+        };
+        let lun = Lun::decode(t.lun);
+        let (Some(func), Some(lun), false) = (func, lun, self.tasks.contains_key(&t.tag)) else {
+            let code = match (func, lun) {
+                (None, _) => iu::RspCode::NOT_SUPPORTED,
+                (_, None) => iu::RspCode::INCORRECT_LUN,
+                // A TMF reusing a live tag.
+                _ => iu::RspCode::INVALID_FIELDS,
+            };
+            let rsp = iu::Rsp {
+                tag: t.tag,
+                req_lim_delta: self.take_delta(),
+                resp_data: vec![0, 0, 0, code.0],
+                ..iu::Rsp::default()
+            };
+            self.send(OpKind::Control, rsp.encode());
+            return;
+        };
+        self.tasks.insert(
+            t.tag,
+            Task {
+                state: TaskState::Tmf,
+                data_out: DataBuf::None,
+                data_in: DataBuf::None,
+            },
+        );
+        self.events.push_back(Event::TaskMgmt(TmfRequest {
+            func,
+            lun,
+            tag: TaskTag(t.tag),
+        }));
+    }
+
+    /// Carries out one action of the core.
+    pub fn handle_action(&mut self, action: Action) {
+        match action {
+            Action::FetchData {
+                id,
+                tag,
+                buf,
+                offset,
+                len,
+            } => self.fetch_data(id, tag.0, buf, offset, len),
+            Action::Respond { id, tag, rsp } => self.respond(id, tag.0, rsp),
+            Action::TmfDone { tag, rsp, .. } => self.tmf_done(tag.0, rsp),
+            Action::Aen { lun, sense } => {
+                if self.state == ChannelState::Live {
+                    self.aens.push_back((lun, sense));
+                    self.next_target_req();
+                }
+            }
+            Action::Close => self.logout(TLogoutReason::NO_REASON),
+        }
+    }
+
+    fn fetch_data(&mut self, id: CmdId, tag: u64, buf: SgList, offset: u32, len: u32) {
+        let live = self.state == ChannelState::Live;
+        let Some(task) = self.tasks.get_mut(&tag) else {
+            self.events.push_back(Event::DataOut {
+                id,
+                result: Err(Abort::TransportError),
+            });
+            return;
+        };
+        if !live {
+            self.events.push_back(Event::DataOut {
+                id,
+                result: Err(Abort::ConnectionLost),
+            });
+            return;
+        }
+        if len == 0 {
+            self.events.push_back(Event::DataOut {
+                id,
+                result: Ok(buf),
+            });
+            return;
+        }
+        let segs = match &task.data_out {
+            DataBuf::Segs(s) => s.clone(),
+            _ => SmallVec::new(),
+        };
+        let fits = (offset as u64 + len as u64) <= buf.len() as u64;
+        let Some(xfers) = map_range(&segs, offset as u64, len as u64).filter(|_| fits) else {
+            // The core asked for bytes the initiator's buffer does not have.
+            self.events.push_back(Event::DataOut {
+                id,
+                result: Err(Abort::TransportError),
+            });
+            return;
+        };
+        task.state = TaskState::FetchingData { id };
+        let op = self.op(OpKind::DataOut { tag });
+        self.tx.push_back(Transmit::RdmaRead { op, buf, xfers });
+    }
+
+    fn respond(&mut self, id: CmdId, tag: u64, rsp: Response) {
+        let live = self.state == ChannelState::Live;
+        let task = match self.tasks.get_mut(&tag) {
+            Some(t) if live => t,
+            _ => {
+                self.tasks.remove(&tag);
+                self.events.push_back(Event::ResponseSent(id));
+                return;
+            }
+        };
+        task.state = TaskState::Responding { id };
+        let in_segs = match &task.data_in {
+            DataBuf::Segs(s) => s.clone(),
+            _ => SmallVec::new(),
+        };
+        let room: u64 = in_segs.iter().map(|s| s.len as u64).sum();
+        let is_write = matches!(task.data_out, DataBuf::Segs(_)) && in_segs.is_empty();
+        let mut out = iu::Rsp {
+            tag,
+            status: rsp.status.0,
+            ..iu::Rsp::default()
+        };
+        let mut sent = 0u64;
+        if let Some(buf) = rsp.data {
+            let want = (rsp.data_len as u64).min(buf.len() as u64);
+            sent = want.min(room);
+            if sent > 0
+                && let Some(xfers) = map_range(&in_segs, 0, sent)
+            {
+                let op = self.op(OpKind::DataIn);
+                self.tx.push_back(Transmit::RdmaWrite { op, buf, xfers });
+            }
+        }
+        // SRP r16a §6.9: DIOVER/DIUNDER and DOOVER/DOUNDER with the residual
+        // counts; data the initiator's buffer could not hold is an overflow.
+        let overflow_in = (rsp.data_len as u64).saturating_sub(sent);
+        let (mut res, bidi) = (rsp.residual, rsp.bidi_residual);
+        if overflow_in > 0 && !is_write {
+            res = match res {
+                Residual::Overflow(n) => Residual::Overflow(n.max(overflow_in as u32)),
+                _ => Residual::Overflow(overflow_in as u32),
+            };
+        }
+        let (in_res, out_res) = if is_write {
+            (Residual::None, res)
+        } else {
+            (res, bidi)
+        };
+        match in_res {
+            Residual::Underflow(n) => {
+                out.flags |= iu::RSP_FLAG_DIUNDER;
+                out.data_in_res_cnt = n;
+            }
+            Residual::Overflow(n) => {
+                out.flags |= iu::RSP_FLAG_DIOVER;
+                out.data_in_res_cnt = n;
+            }
+            Residual::None => {}
+        }
+        match out_res {
+            Residual::Underflow(n) => {
+                out.flags |= iu::RSP_FLAG_DOUNDER;
+                out.data_out_res_cnt = n;
+            }
+            Residual::Overflow(n) => {
+                out.flags |= iu::RSP_FLAG_DOOVER;
+                out.data_out_res_cnt = n;
+            }
+            Residual::None => {}
+        }
+        if let Some(s) = rsp.sense {
+            // Sense data is cut to what fits the initiator's receive buffer.
+            let room = (self.cfg.max_ti_iu_len as usize).saturating_sub(iu::RSP_LEN);
+            out.sense = s[..s.len().min(room)].to_vec();
+        }
+        out.req_lim_delta = self.take_delta();
+        self.send(OpKind::Rsp { tag }, out.encode());
+    }
+
+    fn tmf_done(&mut self, tag: u64, rsp: TmfResponse) {
+        let live = self.state == ChannelState::Live;
+        match self.tasks.get_mut(&tag) {
+            Some(t) if live => t.state = TaskState::TmfResponding,
+            _ => {
+                self.tasks.remove(&tag);
+                return;
+            }
+        }
+        let code = match rsp {
+            TmfResponse::Complete => iu::RspCode::COMPLETE,
+            // SAM-5 §7.2: aborting a task that does not exist completes.
+            TmfResponse::TaskNotFound => iu::RspCode::COMPLETE,
+            TmfResponse::Succeeded => iu::RspCode::SUCCEEDED,
+            TmfResponse::Rejected => iu::RspCode::NOT_SUPPORTED,
+            TmfResponse::IncorrectLun => iu::RspCode::INCORRECT_LUN,
+            TmfResponse::Failed => iu::RspCode::FAILED,
+        };
+        let out = iu::Rsp {
+            tag,
+            req_lim_delta: self.take_delta(),
+            resp_data: vec![0, 0, 0, code.0],
+            ..iu::Rsp::default()
+        };
+        self.send(OpKind::Rsp { tag }, out.encode());
+    }
+
+    /// Sends the next SRP_AER_REQ, or an SRP_CRED_REQ when credits are owed
+    /// and no response is coming to carry them (SRP r16a §6.10), if no
+    /// target request is outstanding.
+    fn next_target_req(&mut self) {
+        if self.state != ChannelState::Live || self.target_req.is_some() {
+            return;
+        }
+        let tag = self.next_tag;
+        if let Some((lun, sense)) = self.aens.pop_front() {
+            self.next_tag += 1;
+            self.target_req = Some(tag);
+            let aer = iu::AerReq {
+                tag,
+                req_lim_delta: self.take_delta(),
+                lun: lun.to_u64(),
+                sense: sense.to_fixed().to_vec(),
+            };
+            self.send(OpKind::Control, aer.encode());
+            return;
+        }
+        let responses_coming = self.tasks.values().any(|t| {
+            !matches!(
+                t.state,
+                TaskState::Responding { .. } | TaskState::TmfResponding
+            )
+        });
+        if self.delta > 0 && !responses_coming {
+            self.next_tag += 1;
+            self.target_req = Some(tag);
+            let cred = iu::CredReq {
+                tag,
+                req_lim_delta: self.take_delta(),
+            };
+            self.send(OpKind::Control, cred.encode().to_vec());
+        }
+    }
+
+    /// A SEND completed (`ok == false`: flushed or failed).
+    pub fn send_done(&mut self, op: OpId, ok: bool) {
+        let Some(kind) = self.ops.remove(&op) else {
+            return;
+        };
+        if let OpKind::Rsp { tag } = kind
+            && let Some(t) = self.tasks.remove(&tag)
+            && let TaskState::Responding { id } = t.state
+        {
+            self.events.push_back(Event::ResponseSent(id));
+        }
+        if !ok {
+            self.connection_lost();
+        } else {
+            self.next_target_req();
+        }
+    }
+
+    /// An RDMA transfer completed; `buf` is the list it was given.
+    pub fn rdma_done(&mut self, op: OpId, buf: SgList, ok: bool) {
+        let Some(kind) = self.ops.remove(&op) else {
+            return;
+        };
+        match kind {
+            OpKind::Table { tag, out } => self.table_done(tag, out, buf, ok),
+            OpKind::DataOut { tag } => {
+                if let Some(t) = self.tasks.get_mut(&tag)
+                    && let TaskState::FetchingData { id } = t.state
+                {
+                    t.state = TaskState::Submitted;
+                    let result = if ok {
+                        Ok(buf)
+                    } else {
+                        Err(Abort::ConnectionLost)
+                    };
+                    self.events.push_back(Event::DataOut { id, result });
+                }
+            }
+            // The SRP_RSP behind it reports the command done.
+            OpKind::DataIn | OpKind::Rsp { .. } | OpKind::Control => {}
+        }
+        if !ok {
+            self.connection_lost();
+        }
+    }
+
+    fn table_done(&mut self, tag: u64, out: bool, buf: SgList, ok: bool) {
+        if !ok {
+            self.tasks.remove(&tag);
+            return;
+        }
+        let Some(task) = self.tasks.get_mut(&tag) else {
+            return;
+        };
+        let segs = iu::parse_table(&buf.to_vec());
+        let sum: u64 = segs.iter().map(|s| s.len as u64).sum();
+        let slot = if out {
+            &mut task.data_out
+        } else {
+            &mut task.data_in
+        };
+        if sum != slot.total() {
+            // §5.2.3: the table must describe exactly the total length.
+            return self.logout(if out {
+                TLogoutReason::INVALID_DATA_OUT_COUNT
+            } else {
+                TLogoutReason::INVALID_DATA_IN_COUNT
+            });
+        }
+        *slot = DataBuf::Segs(segs);
+        if let TaskState::FetchingTables { pending, .. } = &mut task.state {
+            *pending = pending.saturating_sub(1);
+            if *pending == 0 {
+                let st = std::mem::replace(&mut task.state, TaskState::Submitted);
+                if let TaskState::FetchingTables { req, .. } = st {
+                    self.events.push_back(Event::Submit(req));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,623 @@
+//! Channel scenarios without a queue pair.
+
+use super::*;
+use crate::iu::{CmdBuilder, LoginReq, Rsp};
+use ferrite_reactor::buf::IoBuf;
+
+const PORT: [u8; 16] = [0xfe; 16];
+
+fn cfg() -> ChannelConfig {
+    ChannelConfig {
+        credits: 4,
+        target_port_id: PORT,
+        ..ChannelConfig::default()
+    }
+}
+
+fn login_req() -> LoginReq {
+    LoginReq {
+        tag: 1,
+        req_it_iu_len: 1024,
+        req_buf_fmt: iu::BUF_FORMAT_DIRECT | iu::BUF_FORMAT_INDIRECT,
+        req_flags: 0,
+        initiator_port_id: [1; 16],
+        target_port_id: PORT,
+    }
+}
+
+fn channel() -> Channel {
+    match login(cfg(), &login_req().encode()) {
+        Login::Accept { channel, rsp } => {
+            assert_eq!(rsp.req_lim_delta, 4);
+            assert_eq!(rsp.max_it_iu_len, 1024);
+            *channel
+        }
+        Login::Reject(r) => panic!("rejected: {r:?}"),
+    }
+}
+
+fn seg(addr: u64, len: u32) -> RemoteSeg {
+    RemoteSeg {
+        addr,
+        rkey: 0x8000_0042,
+        len,
+    }
+}
+
+fn read10(lba: u32, blocks: u16) -> [u8; 10] {
+    let mut c = [0u8; 10];
+    c[0] = 0x28;
+    c[2..6].copy_from_slice(&lba.to_be_bytes());
+    c[7..9].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+fn cmd(tag: u64, cdb: &[u8], out: &[RemoteSeg], din: &[RemoteSeg]) -> Vec<u8> {
+    CmdBuilder {
+        tag,
+        lun: Lun(0).encode(),
+        task_attr: 0,
+        cdb,
+        data_out: out,
+        data_in: din,
+        out_table: None,
+        in_table: None,
+        inline_max: 16,
+    }
+    .encode()
+}
+
+/// Feeds an IU and reposts its buffer, as a driver does.
+fn recv(ch: &mut Channel, b: &[u8]) {
+    ch.handle_recv(b);
+    ch.recv_reposted();
+}
+
+fn events(ch: &mut Channel) -> Vec<Event> {
+    std::iter::from_fn(|| ch.poll_event()).collect()
+}
+
+fn transmits(ch: &mut Channel) -> Vec<Transmit> {
+    std::iter::from_fn(|| ch.poll_transmit()).collect()
+}
+
+fn sent_iu(t: &Transmit) -> (OpId, &[u8]) {
+    match t {
+        Transmit::Send { op, iu } => (*op, iu),
+        other => panic!("expected a SEND, got {other:?}"),
+    }
+}
+
+#[test]
+fn login_rejections() {
+    let rej = |r: LoginReq| match login(cfg(), &r.encode()) {
+        Login::Reject(j) => j.reason,
+        Login::Accept { .. } => panic!("accepted"),
+    };
+    let mut r = login_req();
+    r.req_it_iu_len = 1 << 20;
+    assert_eq!(rej(r), iu::LoginRejReason::IT_IU_LENGTH_TOO_LARGE);
+    let mut r = login_req();
+    r.req_buf_fmt = 1 << 5;
+    assert_eq!(rej(r), iu::LoginRejReason::UNSUPPORTED_DESCRIPTOR_FORMAT);
+    let mut r = login_req();
+    r.target_port_id = [0; 16];
+    assert_eq!(rej(r), iu::LoginRejReason::UNABLE_TO_ASSOCIATE);
+    match login(cfg(), &[0u8; 10]) {
+        Login::Reject(j) => assert_eq!(j.reason, iu::LoginRejReason::UNABLE_TO_ESTABLISH),
+        Login::Accept { .. } => panic!("accepted garbage"),
+    }
+}
+
+#[test]
+fn read_command_writes_data_then_response_with_credit() {
+    let mut ch = channel();
+    let din = [seg(0x10000, 1024)];
+    recv(&mut ch, &cmd(7, &read10(0, 2), &[], &din));
+    assert_eq!(ch.credits_granted(), 3);
+    let ev = events(&mut ch);
+    let Event::Submit(req) = &ev[0] else {
+        panic!("{ev:?}")
+    };
+    assert_eq!(req.tag, TaskTag(7));
+    assert_eq!(req.dir, DataDir::Read);
+    assert_eq!(req.expected_len, 1024);
+    assert_eq!(req.lun, Lun(0));
+    assert_eq!(&req.cdb[..10], &read10(0, 2));
+    let mut data = SgList::new();
+    data.push(IoBuf::from_slice(&[0xaa; 512]));
+    data.push(IoBuf::from_slice(&[0xbb; 512]));
+    ch.handle_action(Action::Respond {
+        id: CmdId(1),
+        tag: TaskTag(7),
+        rsp: Response {
+            data: Some(data),
+            data_len: 1024,
+            ..Response::good()
+        },
+    });
+    let tx = transmits(&mut ch);
+    assert_eq!(tx.len(), 2);
+    match &tx[0] {
+        Transmit::RdmaWrite { xfers, buf, .. } => {
+            assert_eq!(
+                xfers.as_slice(),
+                &[Xfer {
+                    remote: din[0],
+                    offset: 0
+                }]
+            );
+            assert_eq!(buf.len(), 1024);
+        }
+        other => panic!("{other:?}"),
+    }
+    let (op, b) = sent_iu(&tx[1]);
+    let rsp = Rsp::parse(b).unwrap();
+    assert_eq!(rsp.tag, 7);
+    assert_eq!(rsp.status, 0);
+    assert_eq!(rsp.flags, 0);
+    // The command's receive was reposted: its credit comes back.
+    assert_eq!(rsp.req_lim_delta, 1);
+    assert_eq!(ch.credits_granted(), 4);
+    assert!(events(&mut ch).is_empty(), "response not sent yet");
+    ch.send_done(op, true);
+    assert!(matches!(
+        events(&mut ch)[..],
+        [Event::ResponseSent(CmdId(1))]
+    ));
+    assert_eq!(ch.tasks(), 0);
+}
+
+#[test]
+fn short_read_reports_underflow_and_long_read_overflow() {
+    let mut ch = channel();
+    recv(&mut ch, &cmd(1, &read10(0, 1), &[], &[seg(0x1000, 512)]));
+    events(&mut ch);
+    ch.handle_action(Action::Respond {
+        id: CmdId(1),
+        tag: TaskTag(1),
+        rsp: Response {
+            data: Some(SgList::zeroed(1024)),
+            data_len: 1024,
+            ..Response::good()
+        },
+    });
+    let tx = transmits(&mut ch);
+    match &tx[0] {
+        Transmit::RdmaWrite { xfers, .. } => assert_eq!(xfers[0].remote.len, 512),
+        other => panic!("{other:?}"),
+    }
+    let rsp = Rsp::parse(sent_iu(&tx[1]).1).unwrap();
+    assert_eq!(rsp.flags, iu::RSP_FLAG_DIOVER);
+    assert_eq!(rsp.data_in_res_cnt, 512);
+
+    recv(&mut ch, &cmd(2, &read10(0, 2), &[], &[seg(0x1000, 1024)]));
+    events(&mut ch);
+    ch.handle_action(Action::Respond {
+        id: CmdId(2),
+        tag: TaskTag(2),
+        rsp: Response {
+            data: Some(SgList::zeroed(512)),
+            data_len: 512,
+            residual: Residual::Underflow(512),
+            ..Response::good()
+        },
+    });
+    let tx = transmits(&mut ch);
+    let rsp = Rsp::parse(sent_iu(&tx[1]).1).unwrap();
+    assert_eq!(rsp.flags, iu::RSP_FLAG_DIUNDER);
+    assert_eq!(rsp.data_in_res_cnt, 512);
+}
+
+#[test]
+fn write_command_reads_data_across_indirect_descriptors() {
+    let mut ch = channel();
+    let out = [seg(0x1000, 100), seg(0x5000, 400)];
+    let mut c = cmd(3, &[0x2a, 0, 0, 0, 0, 0, 0, 0, 1, 0], &out, &[]);
+    c[29] = iu::TASK_ATTR_ORDERED;
+    recv(&mut ch, &c);
+    let ev = events(&mut ch);
+    let Event::Submit(req) = &ev[0] else {
+        panic!("{ev:?}")
+    };
+    assert_eq!(
+        (req.dir, req.expected_len, req.attr),
+        (DataDir::Write, 500, TaskAttr::Ordered)
+    );
+    // The core asks for bytes 50..450.
+    ch.handle_action(Action::FetchData {
+        id: CmdId(9),
+        tag: TaskTag(3),
+        buf: SgList::zeroed(500),
+        offset: 50,
+        len: 400,
+    });
+    let tx = transmits(&mut ch);
+    let Transmit::RdmaRead { op, buf, xfers } = tx.into_iter().next().unwrap() else {
+        panic!("expected a READ")
+    };
+    assert_eq!(
+        xfers.as_slice(),
+        &[
+            Xfer {
+                remote: seg(0x1000 + 50, 50),
+                offset: 50
+            },
+            Xfer {
+                remote: seg(0x5000, 350),
+                offset: 100
+            }
+        ]
+    );
+    ch.rdma_done(op, buf, true);
+    let ev = events(&mut ch);
+    match &ev[..] {
+        [
+            Event::DataOut {
+                id: CmdId(9),
+                result: Ok(b),
+            },
+        ] => assert_eq!(b.len(), 500),
+        other => panic!("{other:?}"),
+    }
+    // Asking past the initiator's buffer is a transport error, not a panic.
+    ch.handle_action(Action::FetchData {
+        id: CmdId(9),
+        tag: TaskTag(3),
+        buf: SgList::zeroed(1000),
+        offset: 0,
+        len: 1000,
+    });
+    assert!(matches!(
+        events(&mut ch)[..],
+        [Event::DataOut {
+            result: Err(Abort::TransportError),
+            ..
+        }]
+    ));
+    // A write's residual is reported in the data-out fields.
+    ch.handle_action(Action::Respond {
+        id: CmdId(9),
+        tag: TaskTag(3),
+        rsp: Response {
+            residual: Residual::Underflow(12),
+            ..Response::good()
+        },
+    });
+    let tx = transmits(&mut ch);
+    let rsp = Rsp::parse(sent_iu(&tx[0]).1).unwrap();
+    assert_eq!(
+        (rsp.flags, rsp.data_out_res_cnt),
+        (iu::RSP_FLAG_DOUNDER, 12)
+    );
+}
+
+#[test]
+fn partial_descriptor_table_is_fetched_before_submit() {
+    let mut ch = channel();
+    let segs = [seg(0x1000, 512), seg(0x3000, 512), seg(0x7000, 1024)];
+    let table = seg(0xa000, 48);
+    let b = CmdBuilder {
+        tag: 5,
+        lun: Lun(0).encode(),
+        task_attr: 0,
+        cdb: &read10(0, 4),
+        data_out: &[],
+        data_in: &segs,
+        out_table: None,
+        in_table: Some(table),
+        inline_max: 1,
+    }
+    .encode();
+    recv(&mut ch, &b);
+    assert!(
+        events(&mut ch).is_empty(),
+        "submitted before the table arrived"
+    );
+    let tx = transmits(&mut ch);
+    let Transmit::RdmaRead { op, mut buf, xfers } = tx.into_iter().next().unwrap() else {
+        panic!("expected a table READ")
+    };
+    assert_eq!(
+        xfers.as_slice(),
+        &[Xfer {
+            remote: table,
+            offset: 0
+        }]
+    );
+    assert_eq!(buf.len(), 48);
+    buf.copy_in(0, &iu::encode_table(&segs));
+    ch.rdma_done(op, buf, true);
+    let ev = events(&mut ch);
+    let Event::Submit(req) = &ev[0] else {
+        panic!("{ev:?}")
+    };
+    assert_eq!(req.expected_len, 2048);
+    ch.handle_action(Action::Respond {
+        id: CmdId(1),
+        tag: TaskTag(5),
+        rsp: Response {
+            data: Some(SgList::zeroed(2048)),
+            data_len: 2048,
+            ..Response::good()
+        },
+    });
+    match &transmits(&mut ch)[0] {
+        Transmit::RdmaWrite { xfers, .. } => {
+            let r: Vec<RemoteSeg> = xfers.iter().map(|x| x.remote).collect();
+            assert_eq!(r, segs);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn table_that_disagrees_with_total_logs_out() {
+    let mut ch = channel();
+    let segs = [seg(0x1000, 512), seg(0x3000, 512)];
+    let b = CmdBuilder {
+        tag: 5,
+        lun: Lun(0).encode(),
+        task_attr: 0,
+        cdb: &read10(0, 2),
+        data_out: &[],
+        data_in: &segs,
+        out_table: None,
+        in_table: Some(seg(0xa000, 32)),
+        inline_max: 0,
+    }
+    .encode();
+    recv(&mut ch, &b);
+    let Some(Transmit::RdmaRead { op, mut buf, .. }) = ch.poll_transmit() else {
+        panic!("no table read")
+    };
+    buf.copy_in(0, &iu::encode_table(&[seg(0x1000, 512), seg(0x3000, 999)]));
+    ch.rdma_done(op, buf, true);
+    let tx = transmits(&mut ch);
+    assert_eq!(
+        iu::t_logout_reason(sent_iu(&tx[0]).1),
+        Ok(TLogoutReason::INVALID_DATA_IN_COUNT)
+    );
+    assert!(matches!(tx[1], Transmit::Disconnect));
+    assert!(matches!(events(&mut ch)[..], [Event::Closed]));
+    assert_eq!(ch.state(), ChannelState::Closed);
+}
+
+#[test]
+fn credits_come_back_only_after_repost_and_overrun_is_busy() {
+    let mut ch = channel();
+    for tag in 0..4 {
+        ch.handle_recv(&cmd(tag, &[0; 6], &[], &[]));
+    }
+    assert_eq!(ch.credits_granted(), 0);
+    // A fifth command overruns the request limit.
+    ch.handle_recv(&cmd(99, &[0; 6], &[], &[]));
+    let tx = transmits(&mut ch);
+    let busy = Rsp::parse(sent_iu(&tx[0]).1).unwrap();
+    assert_eq!((busy.tag, busy.status), (99, Status::BUSY.0));
+    assert_eq!(events(&mut ch).len(), 4);
+    // Respond before any repost: no credit to return yet.
+    ch.handle_action(Action::Respond {
+        id: CmdId(0),
+        tag: TaskTag(0),
+        rsp: Response::good(),
+    });
+    let tx = transmits(&mut ch);
+    let (op, b) = sent_iu(&tx[0]);
+    assert_eq!(Rsp::parse(b).unwrap().req_lim_delta, 0);
+    ch.send_done(op, true);
+    // Two reposts; the next response carries both.
+    ch.recv_reposted();
+    ch.recv_reposted();
+    ch.handle_action(Action::Respond {
+        id: CmdId(1),
+        tag: TaskTag(1),
+        rsp: Response::good(),
+    });
+    let tx = transmits(&mut ch);
+    let (op, b) = sent_iu(&tx[0]);
+    assert_eq!(Rsp::parse(b).unwrap().req_lim_delta, 2);
+    ch.send_done(op, true);
+    assert_eq!(ch.credits_granted(), 2);
+    for tag in 2..4 {
+        ch.handle_action(Action::Respond {
+            id: CmdId(tag as u32),
+            tag: TaskTag(tag),
+            rsp: Response::good(),
+        });
+        for t in transmits(&mut ch) {
+            ch.send_done(sent_iu(&t).0, true);
+        }
+    }
+    // Nothing in flight; the remaining reposts are returned by SRP_CRED_REQ.
+    ch.recv_reposted();
+    ch.recv_reposted();
+    let tx = transmits(&mut ch);
+    assert_eq!(tx.len(), 1);
+    let cred = iu::CredReq::parse(sent_iu(&tx[0]).1).unwrap();
+    assert_eq!(cred.req_lim_delta, 1);
+    // Only one target request at a time: the second credit waits.
+    ch.recv_reposted();
+    assert!(transmits(&mut ch).is_empty());
+    recv(&mut ch, &iu::simple_rsp(IuType::CRED_RSP, cred.tag));
+    let tx = transmits(&mut ch);
+    let cred2 = iu::CredReq::parse(sent_iu(&tx[0]).1).unwrap();
+    assert_eq!(cred2.req_lim_delta, 1);
+    assert_eq!(ch.credits_granted(), 4);
+}
+
+#[test]
+fn overlapped_tag_is_rejected() {
+    let mut ch = channel();
+    recv(&mut ch, &cmd(1, &[0; 6], &[], &[]));
+    recv(&mut ch, &cmd(1, &[0; 6], &[], &[]));
+    assert_eq!(events(&mut ch).len(), 1);
+    let tx = transmits(&mut ch);
+    let r = Rsp::parse(sent_iu(&tx[0]).1).unwrap();
+    assert_eq!(r.status, Status::CHECK_CONDITION.0);
+    assert_eq!((r.sense[2] & 0x0f, r.sense[12]), (0x0b, 0x4e));
+}
+
+#[test]
+fn task_management() {
+    let mut ch = channel();
+    recv(&mut ch, &cmd(1, &[0; 6], &[], &[]));
+    let t = iu::TskMgmt {
+        tag: 50,
+        lun: Lun(0).encode(),
+        func: iu::TskFunc::ABORT_TASK,
+        task_tag: 1,
+    };
+    recv(&mut ch, &t.encode());
+    let ev = events(&mut ch);
+    match &ev[1] {
+        Event::TaskMgmt(r) => {
+            assert_eq!(r.func, TmfFunction::AbortTask { tag: TaskTag(1) });
+            assert_eq!(r.tag, TaskTag(50));
+        }
+        other => panic!("{other:?}"),
+    }
+    ch.handle_action(Action::TmfDone {
+        id: TmfId(1),
+        tag: TaskTag(50),
+        rsp: TmfResponse::Complete,
+    });
+    let tx = transmits(&mut ch);
+    let (op, b) = sent_iu(&tx[0]);
+    let r = Rsp::parse(b).unwrap();
+    assert_eq!((r.tag, r.rsp_code()), (50, Some(iu::RspCode::COMPLETE)));
+    ch.send_done(op, true);
+    // Unknown function: answered by the channel, never reaches the core.
+    let mut bad = t;
+    bad.tag = 51;
+    bad.func = iu::TskFunc(0x20);
+    recv(&mut ch, &bad.encode());
+    assert!(events(&mut ch).is_empty());
+    let r = Rsp::parse(sent_iu(&transmits(&mut ch)[0]).1).unwrap();
+    assert_eq!(r.rsp_code(), Some(iu::RspCode::NOT_SUPPORTED));
+    // LUN reset maps to LOGICAL UNIT RESET.
+    let mut lr = t;
+    lr.tag = 52;
+    lr.func = iu::TskFunc::LUN_RESET;
+    recv(&mut ch, &lr.encode());
+    assert!(matches!(
+        &events(&mut ch)[..],
+        [Event::TaskMgmt(TmfRequest {
+            func: TmfFunction::LogicalUnitReset,
+            ..
+        })]
+    ));
+}
+
+use ferrite_core::TmfId;
+
+#[test]
+fn aen_goes_out_as_aer_req_one_at_a_time() {
+    let mut ch = channel();
+    let s = Sense::new(ferrite_scsi::SenseKey::UNIT_ATTENTION, 0x2a, 0x09);
+    ch.handle_action(Action::Aen {
+        lun: Lun(3),
+        sense: s,
+    });
+    ch.handle_action(Action::Aen {
+        lun: Lun(4),
+        sense: s,
+    });
+    let tx = transmits(&mut ch);
+    assert_eq!(tx.len(), 1);
+    let aer = iu::AerReq::parse(sent_iu(&tx[0]).1).unwrap();
+    assert_eq!(aer.lun, Lun(3).to_u64());
+    assert_eq!(
+        (aer.sense[2], aer.sense[12], aer.sense[13]),
+        (6, 0x2a, 0x09)
+    );
+    recv(&mut ch, &iu::simple_rsp(IuType::AER_RSP, aer.tag));
+    let aer2 = iu::AerReq::parse(sent_iu(&transmits(&mut ch)[0]).1).unwrap();
+    assert_eq!(aer2.lun, Lun(4).to_u64());
+    // A response to nothing is a protocol error.
+    recv(&mut ch, &iu::simple_rsp(IuType::AER_RSP, 12345));
+    let tx = transmits(&mut ch);
+    assert_eq!(
+        iu::t_logout_reason(sent_iu(&tx[0]).1),
+        Ok(TLogoutReason::UNEXPECTED_RESPONSE)
+    );
+}
+
+#[test]
+fn bad_iu_type_and_bad_descriptor_format_log_out() {
+    let mut ch = channel();
+    recv(&mut ch, &[0x77; 16]);
+    let tx = transmits(&mut ch);
+    assert_eq!(
+        iu::t_logout_reason(sent_iu(&tx[0]).1),
+        Ok(TLogoutReason::INVALID_IU_TYPE)
+    );
+    assert!(matches!(tx[1], Transmit::Disconnect));
+    assert!(matches!(events(&mut ch)[..], [Event::Closed]));
+    // Nothing is accepted after that.
+    recv(&mut ch, &cmd(1, &[0; 6], &[], &[]));
+    assert!(events(&mut ch).is_empty() && transmits(&mut ch).is_empty());
+
+    let mut ch = channel();
+    let mut c = cmd(1, &[0; 6], &[seg(1, 8)], &[]);
+    c[5] = 0x30;
+    recv(&mut ch, &c);
+    assert_eq!(
+        iu::t_logout_reason(sent_iu(&transmits(&mut ch)[0]).1),
+        Ok(TLogoutReason::UNSUPPORTED_DATA_OUT_FORMAT)
+    );
+    // Truncated IUs are handled, never indexed past their end.
+    let mut ch = channel();
+    recv(&mut ch, &c[..20]);
+    assert_eq!(ch.state(), ChannelState::Closed);
+}
+
+#[test]
+fn initiator_logout_and_connection_loss() {
+    let mut ch = channel();
+    recv(&mut ch, &cmd(1, &[0; 6], &[seg(1, 512)], &[]));
+    events(&mut ch);
+    ch.handle_action(Action::FetchData {
+        id: CmdId(1),
+        tag: TaskTag(1),
+        buf: SgList::zeroed(512),
+        offset: 0,
+        len: 512,
+    });
+    let Some(Transmit::RdmaRead { op, buf, .. }) = ch.poll_transmit() else {
+        panic!("no read")
+    };
+    recv(&mut ch, &iu::i_logout(9));
+    assert!(matches!(ch.poll_transmit(), Some(Transmit::Disconnect)));
+    assert!(matches!(events(&mut ch)[..], [Event::Closed]));
+    // The flushed READ gives the buffer back to the core as an abort.
+    ch.rdma_done(op, buf, false);
+    assert!(matches!(
+        events(&mut ch)[..],
+        [Event::DataOut {
+            id: CmdId(1),
+            result: Err(Abort::ConnectionLost)
+        }]
+    ));
+    // The core's response after that is completed without a SEND.
+    ch.handle_action(Action::Respond {
+        id: CmdId(1),
+        tag: TaskTag(1),
+        rsp: Response::good(),
+    });
+    assert!(ch.poll_transmit().is_none());
+    assert!(matches!(
+        events(&mut ch)[..],
+        [Event::ResponseSent(CmdId(1))]
+    ));
+    assert_eq!(ch.tasks(), 0);
+}
+
+#[test]
+fn map_range_edges() {
+    let segs = [seg(100, 10), seg(500, 10)];
+    assert_eq!(map_range(&segs, 0, 20).unwrap().len(), 2);
+    assert_eq!(map_range(&segs, 10, 10).unwrap()[0].remote.addr, 500);
+    assert!(map_range(&segs, 15, 6).is_none());
+    assert!(map_range(&segs, u64::MAX, 2).is_none());
+}
