@@ -183,6 +183,16 @@ impl std::fmt::Debug for Session<'_> {
     }
 }
 
+/// A `CmdId` holds the slab key in its low [`KEY_BITS`] bits and the low bits
+/// of the command's sequence number above them, so that an id a fabric keeps
+/// too long never reaches a newer command in the same slot.
+const KEY_BITS: u32 = 20;
+const KEY_MASK: u32 = (1 << KEY_BITS) - 1;
+
+fn cmd_id(key: usize, seq: u32) -> CmdId {
+    CmdId((seq << KEY_BITS) | (key as u32 & KEY_MASK))
+}
+
 fn tag_of(key: usize, seq: u32) -> u64 {
     ((seq as u64) << 32) | key as u64
 }
@@ -448,6 +458,16 @@ impl Shard {
             Some(_) => Plan::Good(Residual::None),
             None => emulate::plan(&req.cdb, entry.as_ref(), req.expected_len, req.dir),
         };
+        if self.cmds.vacant_key() > KEY_MASK as usize {
+            // SAM-5 §5.3: more tasks than this shard can track.
+            s.actions.push_back(Action::Respond {
+                id: CmdId(u32::MAX),
+                tag: req.tag,
+                rsp: Response::status(ferrite_scsi::Status::TASK_SET_FULL),
+            });
+            self.mark_ready(id);
+            return CmdId(u32::MAX);
+        }
         s.live += 1;
         let seq = self.next_seq;
         self.next_seq = self.next_seq.wrapping_add(1);
@@ -466,7 +486,7 @@ impl Shard {
             in_task_set: false,
             op: None,
         });
-        let cid = CmdId(key as u32);
+        let cid = cmd_id(key, seq);
         if let Some(rsp) = early {
             self.respond(key, rsp);
             return cid;
@@ -567,12 +587,12 @@ impl Shard {
             }
             Plan::Write { len, .. } => {
                 let buf = self.pool.sg(len as usize);
-                let (sid, tag) = (c.session, c.tag);
+                let (sid, tag, id) = (c.session, c.tag, cmd_id(key, c.seq));
                 self.cmds[key].state = CmdState::NeedData;
                 self.push_action(
                     sid,
                     Action::FetchData {
-                        id: CmdId(key as u32),
+                        id,
                         tag,
                         buf,
                         offset: 0,
@@ -773,15 +793,8 @@ impl Shard {
             return;
         };
         c.state = CmdState::Respond;
-        let (sid, tag) = (c.session, c.tag);
-        self.push_action(
-            sid,
-            Action::Respond {
-                id: CmdId(key as u32),
-                tag,
-                rsp,
-            },
-        );
+        let (sid, tag, id) = (c.session, c.tag, cmd_id(key, c.seq));
+        self.push_action(sid, Action::Respond { id, tag, rsp });
         self.leave_task_set(key);
     }
 
@@ -886,7 +899,7 @@ impl Shard {
             CmdState::NeedData => {
                 // Cancel the FetchData if the fabric has not taken it yet.
                 let sid = c.session;
-                let id = CmdId(key as u32);
+                let id = cmd_id(key, c.seq);
                 let removed = self.sessions.get_mut(&sid).is_some_and(|s| {
                     let before = s.actions.len();
                     s.actions
@@ -909,7 +922,7 @@ impl Shard {
                 // SAM-5 §7.2: no status for an aborted task, if it is not on
                 // its way already.
                 let sid = c.session;
-                let id = CmdId(key as u32);
+                let id = cmd_id(key, c.seq);
                 let removed = self.sessions.get_mut(&sid).is_some_and(|s| {
                     let before = s.actions.len();
                     s.actions
@@ -1107,11 +1120,18 @@ impl Shard {
         }
     }
 
+    /// The slab key of a live command, if `id` is still its id.
+    fn key_of(&self, id: CmdId) -> Option<usize> {
+        let key = (id.0 & KEY_MASK) as usize;
+        let c = self.cmds.get(key)?;
+        (cmd_id(key, c.seq) == id).then_some(key)
+    }
+
     fn data_out_done(&mut self, sid: SessionId, id: CmdId, data: Result<SgList, Abort>) {
-        let key = id.0 as usize;
-        let Some(c) = self.cmds.get(key) else {
+        let Some(key) = self.key_of(id) else {
             return;
         };
+        let c = &self.cmds[key];
         if c.session != sid || c.state != CmdState::NeedData {
             return;
         }
@@ -1150,7 +1170,9 @@ impl Shard {
     }
 
     fn response_sent(&mut self, sid: SessionId, id: CmdId) {
-        let key = id.0 as usize;
+        let Some(key) = self.key_of(id) else {
+            return;
+        };
         if self
             .cmds
             .get(key)

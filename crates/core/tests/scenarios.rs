@@ -1159,3 +1159,33 @@ fn ready_sessions_lists_sessions_with_actions() {
     let a = h.actions();
     assert!(matches!(a[..], [Action::Respond { id: i, .. }] if i == id));
 }
+
+#[test]
+fn stale_command_ids_are_ignored() {
+    let mut h = H::ready();
+    let old = h.submit(&[0; 6], DataDir::None, 0, TaskAttr::Simple);
+    let a = h.actions();
+    assert!(matches!(a[..], [Action::Respond { id, .. }] if id == old));
+    h.shard.session(h.sid).unwrap().response_sent(old);
+    h.ctl.lock().unwrap().hold = true;
+    let new = h.submit(&rw10(0x2a, 0, 1, 0), DataDir::Write, BS, TaskAttr::Simple);
+    assert_ne!(old, new);
+    let Some(Action::FetchData { mut buf, .. }) = h.actions().into_iter().next() else {
+        panic!()
+    };
+    // A stale id for the same slot reaches nothing.
+    h.shard.session(h.sid).unwrap().response_sent(old);
+    h.shard
+        .session(h.sid)
+        .unwrap()
+        .data_out_done(old, Err(ferrite_core::Abort::Aborted));
+    buf.copy_in(0, &[7; 512]);
+    h.shard.session(h.sid).unwrap().data_out_done(new, Ok(buf));
+    h.ctl.lock().unwrap().hold = false;
+    h.poll();
+    let a = h.actions();
+    assert!(
+        matches!(&a[..], [Action::Respond { id, rsp, .. }] if *id == new && rsp.status == Status::GOOD)
+    );
+    assert_eq!(&h.ctl.lock().unwrap().data[..512], &[7; 512]);
+}
