@@ -1,7 +1,23 @@
 //! ferrite-iscsi: iSCSI over TCP (RFC 7143).
 //!
-//! Owns: the PDU codec (BHS views, AHS, digests), text key negotiation, the
-//! login state machine, the sans-IO connection ([`conn`]) and the TCP driver
-//! that runs it on a reactor. Does not own: SCSI semantics (the core) or
-//! storage (backends).
+//! Owns: the PDU codec ([`pdu`]: BHS views, builders, digests, sequence
+//! numbers), text key negotiation ([`keys`]), the login state machine
+//! ([`login`]), the sans-IO connection ([`conn`]), the project's own
+//! initiator ([`initiator`], for tools and tests) and the TCP driver that runs
+//! a connection on a reactor. Does not own: SCSI semantics (the core) or
+//! storage (backends); the connection reads no clock and opens no socket.
 #![forbid(unsafe_code)]
+
+pub mod conn;
+pub mod initiator;
+pub mod keys;
+pub mod login;
+pub mod pdu;
+
+#[cfg(test)]
+mod scenario_tests;
+
+pub use conn::{
+    CloseReason, Conn, ConnEvent, IscsiConfig, IscsiTarget, SessionSeq, TxQueue, TxSeg,
+};
+pub use pdu::{LoginStatus, RejectReason};

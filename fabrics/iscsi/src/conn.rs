@@ -1,0 +1,1767 @@
+//! One iSCSI connection, sans-IO (RFC 7143): bytes in, PDUs out, core
+//! commands and actions in between.
+//!
+//! The driver feeds received bytes to [`Conn::handle_input`], drains
+//! [`Conn::poll_event`] (and calls the core session accordingly), hands core
+//! actions to [`Conn::handle_action`], and writes what
+//! [`Conn::poll_transmit`] queues. Time is an argument; nothing here touches a
+//! socket or a clock.
+//!
+//! Session-wide sequencing (the CmdSN window) lives in [`SessionSeq`] so that
+//! several connections of one session can share it later (MC/S).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferrite_core::{Abort, Action, Cdb, CmdId, CmdRequest, DataDir, Response, TaskAttr, TaskTag};
+use ferrite_core::{TmfFunction, TmfRequest, TmfResponse};
+use ferrite_reactor::buf::SgList;
+use ferrite_scsi::{Lun, Sense, Status};
+
+use crate::keys::{Digest, Limits, Params, SessionType, encode_text, parse_text};
+use crate::login::{Login, LoginReply, LoginStep};
+use crate::pdu::{
+    self, BHS_LEN, Bhs, BhsBuf, CmdSn, DIGEST_LEN, DataSn, LoginStatus, Opcode, R2tSn,
+    RESERVED_TAG, RejectReason, Sns, StatSn, crc32c, crc32c_append, digest_bytes, digest_from,
+    flags, pad_len, tmf_fn, tmf_rsp,
+};
+
+/// A target as this fabric exposes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IscsiTarget {
+    pub name: String,
+    pub alias: Option<String>,
+    pub tpgt: u16,
+    /// Portals announced by SendTargets; empty means the connection's local
+    /// address. A wildcard address is replaced by the local address.
+    pub portals: Vec<SocketAddr>,
+}
+
+/// The fabric's configuration: targets, and what we offer in negotiation.
+#[derive(Clone, Debug)]
+pub struct IscsiConfig {
+    pub targets: Vec<IscsiTarget>,
+    pub max_recv_data_segment_length: u32,
+    pub max_burst_length: u32,
+    pub first_burst_length: u32,
+    pub immediate_data: bool,
+    pub initial_r2t: bool,
+    pub max_outstanding_r2t: u32,
+    pub max_connections: u16,
+    pub nop_in_interval: Option<Duration>,
+    pub nop_in_timeout: Duration,
+    pub login_timeout: Duration,
+    /// Commands the session may have outstanding: sets MaxCmdSN.
+    pub queue_depth: u32,
+    /// Digests accepted (header and data), in order of preference.
+    pub digests: Vec<Digest>,
+}
+
+impl Default for IscsiConfig {
+    /// What LIO offers by default (MaxRecvDataSegmentLength 256 KiB here
+    /// rather than 8 KiB, MaxBurstLength 1 MiB, FirstBurstLength 64 KiB,
+    /// ImmediateData=Yes, InitialR2T=Yes as RFC 7143 §13.10 defaults).
+    fn default() -> IscsiConfig {
+        IscsiConfig {
+            targets: Vec::new(),
+            max_recv_data_segment_length: 256 * 1024,
+            max_burst_length: 1024 * 1024,
+            first_burst_length: 64 * 1024,
+            immediate_data: true,
+            initial_r2t: true,
+            max_outstanding_r2t: 1,
+            max_connections: 1,
+            nop_in_interval: Some(Duration::from_secs(15)),
+            nop_in_timeout: Duration::from_secs(30),
+            login_timeout: Duration::from_secs(15),
+            queue_depth: 128,
+            digests: vec![Digest::Crc32c, Digest::None],
+        }
+    }
+}
+
+impl IscsiConfig {
+    fn limits(&self) -> Limits {
+        Limits {
+            max_recv_data_segment_length: self
+                .max_recv_data_segment_length
+                .clamp(512, pdu::MAX_DATA_SEGMENT_LEN),
+            max_burst_length: self.max_burst_length.clamp(512, pdu::MAX_DATA_SEGMENT_LEN),
+            first_burst_length: self
+                .first_burst_length
+                .clamp(512, pdu::MAX_DATA_SEGMENT_LEN),
+            immediate_data: self.immediate_data,
+            initial_r2t: self.initial_r2t,
+            max_outstanding_r2t: self.max_outstanding_r2t.max(1),
+            max_connections: self.max_connections.max(1),
+            digests: self.digests.clone(),
+            ..Limits::default()
+        }
+    }
+}
+
+/// Why a connection ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CloseReason {
+    /// The initiator logged out.
+    Logout,
+    /// The initiator broke the protocol in a way that ends the connection.
+    ProtocolError,
+    /// Header digest error (RFC 7143 §7.8: at ERL 0 the connection drops).
+    HeaderDigest,
+    /// Login refused (a login reject was sent).
+    LoginFailed,
+    /// The login did not complete in time.
+    LoginTimeout,
+    /// The initiator did not answer a NOP-In ping in time.
+    NopTimeout,
+    /// TARGET COLD RESET.
+    TargetReset,
+    /// The core asked to end the nexus.
+    CoreRequest,
+    /// The peer closed the socket.
+    PeerClosed,
+}
+
+/// What the connection asks of its driver.
+#[derive(Debug)]
+pub enum ConnEvent {
+    /// Login reached the point of leaving the login phase: the driver checks
+    /// the target, ACL, reinstatement, picks the TSIH, then calls
+    /// [`Conn::accept_session`] or [`Conn::reject_session`]. Discovery
+    /// sessions too (target = None).
+    SessionRequest {
+        initiator: String,
+        isid: [u8; 6],
+        tsih: u16,
+        target: Option<String>,
+        discovery: bool,
+    },
+    /// Full feature phase reached (normal session): open the core session.
+    LoggedIn,
+    /// `session.submit(now, req)`.
+    Command(CmdRequest),
+    /// `session.data_out_done(id, data)`.
+    DataOutDone {
+        id: CmdId,
+        data: Result<SgList, Abort>,
+    },
+    /// `session.response_sent(id)`.
+    ResponseSent { id: CmdId },
+    /// `session.task_mgmt(now, req)`.
+    TaskMgmt(TmfRequest),
+    /// The connection ends: close the core session after flushing tx.
+    Closed { reason: CloseReason },
+}
+
+/// Transmit queue: owned header bytes, and zero-copy references into a
+/// response's buffers.
+#[derive(Debug, Default)]
+pub struct TxQueue {
+    pub segs: VecDeque<TxSeg>,
+}
+
+/// One piece of outgoing bytes (the reactor's send segment, so the driver
+/// hands the queue to the ring as is).
+pub use ferrite_reactor::ring::TxSeg;
+
+impl TxQueue {
+    pub fn new() -> TxQueue {
+        TxQueue::default()
+    }
+    /// Bytes queued.
+    pub fn len(&self) -> usize {
+        self.segs.iter().map(TxSeg::len).sum()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.segs.is_empty()
+    }
+    /// Copies everything queued into one vector and empties the queue
+    /// (tests and the in-memory initiator).
+    pub fn drain_to_vec(&mut self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.len());
+        for s in self.segs.drain(..) {
+            match s {
+                TxSeg::Bytes(b) => out.extend_from_slice(&b),
+                TxSeg::Data { sg, offset, len } => {
+                    for sl in sg.slices(offset, len) {
+                        out.extend_from_slice(sl);
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Session-wide command sequencing (RFC 7143 §4.2.2.1). Kept apart from the
+/// connection so that connections of one session can share it.
+#[derive(Clone, Debug)]
+pub struct SessionSeq {
+    pub exp_cmd_sn: CmdSn,
+    pub queue_depth: u32,
+    /// Non-immediate commands delivered and not yet answered.
+    pub in_flight: u32,
+}
+
+impl SessionSeq {
+    pub fn new(exp: CmdSn, queue_depth: u32) -> SessionSeq {
+        SessionSeq {
+            exp_cmd_sn: exp,
+            queue_depth: queue_depth.max(1),
+            in_flight: 0,
+        }
+    }
+
+    /// MaxCmdSN: the window shrinks by the commands outstanding, so it never
+    /// moves backwards (a command in raises ExpCmdSN, its response frees a slot).
+    pub fn max_cmd_sn(&self) -> CmdSn {
+        let free = self.queue_depth.saturating_sub(self.in_flight);
+        CmdSn(self.exp_cmd_sn.0.wrapping_add(free).wrapping_sub(1))
+    }
+
+    /// RFC 7143 §4.2.2.1: ExpCmdSN <= CmdSN <= MaxCmdSN.
+    pub fn in_window(&self, sn: CmdSn) -> bool {
+        sn.diff(self.exp_cmd_sn) >= 0 && sn.diff(self.max_cmd_sn()) <= 0
+    }
+}
+
+/// Lifecycle of the connection; it only moves forward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Login PDUs only.
+    Login,
+    /// Full feature phase.
+    FullFeature,
+    /// Closing: nothing more is read; pending tx is flushed.
+    Closing,
+}
+
+/// An outstanding R2T (RFC 7143 §11.8).
+#[derive(Debug)]
+struct R2tState {
+    ttt: u32,
+    offset: u32,
+    len: u32,
+    /// Bytes announced by accepted Data-Out headers.
+    announced: u32,
+    /// Bytes received with good digests.
+    got: u32,
+    next_data_sn: DataSn,
+}
+
+/// Where the core wants write data.
+#[derive(Debug)]
+struct Fetch {
+    id: CmdId,
+    buf: SgList,
+    /// Data offset of `buf[0]`.
+    base: u32,
+    offset: u32,
+    len: u32,
+    got: u32,
+}
+
+/// A SCSI command this connection knows.
+#[derive(Debug)]
+struct Task {
+    lun_raw: [u8; 8],
+    edtl: u32,
+    dir: DataDir,
+    /// Counted in `SessionSeq::in_flight`.
+    counted: bool,
+    /// Unsolicited bytes the initiator will send (immediate + Data-Out).
+    unsol_expected: u32,
+    /// Unsolicited bytes announced by accepted headers.
+    unsol_announced: u32,
+    /// Unsolicited bytes received intact (they sit in `unsol_buf`).
+    unsol_got: u32,
+    unsol_buf: Vec<u8>,
+    unsol_next_data_sn: DataSn,
+    unsol_done: bool,
+    /// Write data went bad (digest or sequence error): the fetch fails.
+    failed: bool,
+    fetch: Option<Fetch>,
+    r2ts: Vec<R2tState>,
+    next_r2t_offset: u32,
+    r2t_end: u32,
+    r2t_sn: R2tSn,
+}
+
+/// A request held until the CmdSN gap before it fills.
+#[derive(Debug)]
+enum Held {
+    Scsi(u32, CmdRequest),
+    Pdu(Box<[u8; BHS_LEN]>, Vec<u8>),
+    /// A rejected command whose CmdSN still counts.
+    Skip,
+}
+
+/// Where the bytes of the data segment being read go.
+#[derive(Debug)]
+enum Sink {
+    Buffer(Vec<u8>),
+    /// Unsolicited Data-Out: appended to the task's `unsol_buf`.
+    Unsolicited {
+        itt: u32,
+    },
+    /// Solicited Data-Out: straight into the fetch buffer at data offset `pos`.
+    Solicited {
+        itt: u32,
+        ttt: u32,
+        pos: u32,
+    },
+    Discard,
+}
+
+#[derive(Debug)]
+struct Segment {
+    hdr: Box<[u8; BHS_LEN]>,
+    ahs: Vec<u8>,
+    len: usize,
+    pad: usize,
+    digest: bool,
+    done: usize,
+    crc: u32,
+    dig: [u8; 4],
+    dig_have: usize,
+    sink: Sink,
+}
+
+#[derive(Debug)]
+enum Rx {
+    Header,
+    Segment(Segment),
+}
+
+/// A text response too long for one PDU (RFC 7143 §11.10.2).
+#[derive(Debug)]
+struct TextCont {
+    itt: u32,
+    ttt: u32,
+    rest: Vec<u8>,
+}
+
+/// The target side of one iSCSI connection.
+#[derive(Debug)]
+pub struct Conn {
+    cfg: Arc<IscsiConfig>,
+    local: SocketAddr,
+    peer: SocketAddr,
+    phase: Phase,
+    login: Login,
+    params: Params,
+    tsih: u16,
+    header_digest: bool,
+    data_digest: bool,
+    seq: SessionSeq,
+    seq_started: bool,
+    stat_sn: StatSn,
+    rx: Rx,
+    tasks: HashMap<u32, Task>,
+    held: BTreeMap<u32, Held>,
+    /// TMFs sent to the core: ITT -> function code.
+    tmfs: HashMap<u32, u8>,
+    events: VecDeque<ConnEvent>,
+    out: VecDeque<TxSeg>,
+    next_ttt: u32,
+    last_rx: Instant,
+    login_deadline: Instant,
+    ping: Option<(u32, Instant)>,
+    logout_deadline: Option<Instant>,
+    text_in: Vec<u8>,
+    text_cont: Option<TextCont>,
+    close_reason: Option<CloseReason>,
+}
+
+/// Requests held for CmdSN order at most (the window bounds it anyway).
+const MAX_HELD: usize = 4096;
+
+impl Conn {
+    pub fn new(
+        now: Instant,
+        cfg: Arc<IscsiConfig>,
+        local: SocketAddr,
+        peer: SocketAddr,
+        seed: u64,
+    ) -> Conn {
+        let mut rng = seed ^ 0x9e37_79b9_7f4a_7c15;
+        let login = Login::new(cfg.limits(), cfg.targets.clone());
+        let stat = StatSn(next_rand(&mut rng) as u32);
+        let ttt = next_rand(&mut rng) as u32;
+        Conn {
+            login_deadline: now + cfg.login_timeout,
+            seq: SessionSeq::new(CmdSn(0), cfg.queue_depth),
+            cfg,
+            local,
+            peer,
+            phase: Phase::Login,
+            login,
+            params: Params::default(),
+            tsih: 0,
+            header_digest: false,
+            data_digest: false,
+            seq_started: false,
+            stat_sn: stat,
+            rx: Rx::Header,
+            tasks: HashMap::new(),
+            held: BTreeMap::new(),
+            tmfs: HashMap::new(),
+            events: VecDeque::new(),
+            out: VecDeque::new(),
+            next_ttt: ttt,
+            last_rx: now,
+            ping: None,
+            logout_deadline: None,
+            text_in: Vec::new(),
+            text_cont: None,
+            close_reason: None,
+        }
+    }
+
+    // ---- accessors for the driver ----
+
+    /// Negotiated parameters (meaningful once logged in).
+    pub fn params(&self) -> &Params {
+        &self.params
+    }
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+    pub fn tsih(&self) -> u16 {
+        self.tsih
+    }
+    pub fn isid(&self) -> [u8; 6] {
+        self.login.isid()
+    }
+    pub fn cid(&self) -> u16 {
+        self.login.cid()
+    }
+    pub fn is_full_feature(&self) -> bool {
+        self.phase == Phase::FullFeature
+    }
+    pub fn close_reason(&self) -> Option<CloseReason> {
+        self.close_reason
+    }
+    /// Session-wide sequencing state.
+    pub fn session_seq(&self) -> &SessionSeq {
+        &self.seq
+    }
+
+    fn sns(&self) -> Sns {
+        Sns {
+            stat_sn: self.stat_sn,
+            exp_cmd_sn: self.seq.exp_cmd_sn,
+            max_cmd_sn: self.seq.max_cmd_sn(),
+        }
+    }
+
+    /// The sequence numbers for a status-bearing PDU; advances StatSN.
+    fn take_sns(&mut self) -> Sns {
+        let s = self.sns();
+        self.stat_sn = self.stat_sn.next();
+        s
+    }
+
+    fn new_ttt(&mut self) -> u32 {
+        loop {
+            self.next_ttt = self.next_ttt.wrapping_add(1);
+            if self.next_ttt != RESERVED_TAG {
+                return self.next_ttt;
+            }
+        }
+    }
+
+    // ---- transmit helpers ----
+
+    fn send(&mut self, bhs: &BhsBuf, data: &[u8]) {
+        let mut out = Vec::with_capacity(BHS_LEN + data.len() + 12);
+        pdu::encode_header(bhs, &[], data.len() as u32, self.header_digest, &mut out);
+        if !data.is_empty() {
+            let start = out.len();
+            out.extend_from_slice(data);
+            out.resize(out.len() + pad_len(data.len()), 0);
+            if self.data_digest {
+                let crc = crc32c(&out[start..]);
+                out.extend_from_slice(&digest_bytes(crc));
+            }
+        }
+        self.out.push_back(TxSeg::Bytes(out));
+    }
+
+    fn send_sg(&mut self, bhs: &BhsBuf, sg: &Arc<SgList>, offset: usize, len: usize) {
+        let mut hdr = Vec::with_capacity(BHS_LEN + DIGEST_LEN);
+        pdu::encode_header(bhs, &[], len as u32, self.header_digest, &mut hdr);
+        self.out.push_back(TxSeg::Bytes(hdr));
+        if len == 0 {
+            return;
+        }
+        self.out.push_back(TxSeg::Data {
+            sg: sg.clone(),
+            offset,
+            len,
+        });
+        let pad = [0u8; 3];
+        let pad = &pad[..pad_len(len)];
+        let mut trailer = pad.to_vec();
+        if self.data_digest {
+            let mut crc = 0;
+            for s in sg.slices(offset, len) {
+                crc = crc32c_append(crc, s);
+            }
+            crc = crc32c_append(crc, pad);
+            trailer.extend_from_slice(&digest_bytes(crc));
+        }
+        if !trailer.is_empty() {
+            self.out.push_back(TxSeg::Bytes(trailer));
+        }
+    }
+
+    fn send_reject(&mut self, reason: RejectReason, hdr: &[u8; BHS_LEN]) {
+        tracing::debug!(peer = %self.peer, ?reason, "reject {:?}", Bhs(hdr));
+        let sns = self.take_sns();
+        let b = pdu::reject(reason, sns);
+        self.send(&b, hdr);
+    }
+
+    fn close(&mut self, reason: CloseReason) {
+        if self.phase == Phase::Closing {
+            return;
+        }
+        self.phase = Phase::Closing;
+        self.close_reason = Some(reason);
+        // Write data that will never come.
+        let mut fetches: Vec<CmdId> = Vec::new();
+        for t in self.tasks.values_mut() {
+            if let Some(f) = t.fetch.take() {
+                fetches.push(f.id);
+            }
+        }
+        fetches.sort();
+        for id in fetches {
+            self.events.push_back(ConnEvent::DataOutDone {
+                id,
+                data: Err(Abort::ConnectionLost),
+            });
+        }
+        self.tasks.clear();
+        self.held.clear();
+        self.events.push_back(ConnEvent::Closed { reason });
+    }
+
+    // ---- the driver's API ----
+
+    /// Feeds received bytes; returns how many were consumed. The driver keeps
+    /// the rest and presents them again with more appended.
+    pub fn handle_input(&mut self, now: Instant, data: &[u8]) -> usize {
+        let mut used = 0;
+        loop {
+            if self.phase == Phase::Closing {
+                // Nothing more is read from a closing connection.
+                return data.len();
+            }
+            let rest = &data[used..];
+            if rest.is_empty() {
+                break;
+            }
+            match std::mem::replace(&mut self.rx, Rx::Header) {
+                Rx::Header => {
+                    let Some(bhs) = Bhs::from_slice(rest) else {
+                        break;
+                    };
+                    let ahs_len = bhs.total_ahs_len() as usize * 4;
+                    let hd = if self.header_digest { DIGEST_LEN } else { 0 };
+                    let need = BHS_LEN + ahs_len + hd;
+                    if rest.len() < need {
+                        break;
+                    }
+                    if self.header_digest {
+                        let crc = crc32c(&rest[..BHS_LEN + ahs_len]);
+                        let at = BHS_LEN + ahs_len;
+                        let got = digest_from([rest[at], rest[at + 1], rest[at + 2], rest[at + 3]]);
+                        if crc != got {
+                            // RFC 7143 §7.8: at ERL 0 a header digest error
+                            // ends the connection (the PDU length is unknown).
+                            tracing::warn!(peer = %self.peer, "header digest error, dropping the connection");
+                            self.close(CloseReason::HeaderDigest);
+                            return data.len();
+                        }
+                    }
+                    self.last_rx = now;
+                    let mut hdr = Box::new([0u8; BHS_LEN]);
+                    hdr.copy_from_slice(&rest[..BHS_LEN]);
+                    let ahs = rest[BHS_LEN..BHS_LEN + ahs_len].to_vec();
+                    used += need;
+                    self.start_pdu(hdr, ahs);
+                }
+                Rx::Segment(mut seg) => {
+                    let n = self.feed_segment(&mut seg, rest);
+                    used += n;
+                    self.last_rx = now;
+                    if seg.done == seg.len + seg.pad && (!seg.digest || seg.dig_have == DIGEST_LEN)
+                    {
+                        let ok = !seg.digest || digest_from(seg.dig) == seg.crc;
+                        self.finish_pdu(seg, ok);
+                    } else {
+                        self.rx = Rx::Segment(seg);
+                    }
+                }
+            }
+        }
+        used
+    }
+
+    /// Returns the next event for the driver.
+    pub fn poll_event(&mut self) -> Option<ConnEvent> {
+        self.events.pop_front()
+    }
+
+    /// Answers [`ConnEvent::SessionRequest`].
+    pub fn accept_session(&mut self, tsih: u16) {
+        if self.phase != Phase::Login {
+            return;
+        }
+        let Some(reply) = self.login.accept(tsih) else {
+            return;
+        };
+        self.tsih = tsih;
+        self.params = self.login.params().clone();
+        self.send_login_reply(&reply);
+        // RFC 7143 §13.1: digests apply from the first PDU after login.
+        self.header_digest = self.params.header_digest == Digest::Crc32c;
+        self.data_digest = self.params.data_digest == Digest::Crc32c;
+        self.phase = Phase::FullFeature;
+        if self.params.session_type == SessionType::Normal {
+            self.events.push_back(ConnEvent::LoggedIn);
+        }
+    }
+
+    /// Refuses the session with a login status.
+    pub fn reject_session(&mut self, status: LoginStatus) {
+        if let Some(LoginStep::Fail { status, itt }) = self.login.reject(status) {
+            self.login_fail(status, itt);
+        }
+    }
+
+    /// Appends PDUs to send.
+    pub fn poll_transmit(&mut self, tx: &mut TxQueue) {
+        tx.segs.extend(self.out.drain(..));
+    }
+
+    /// When [`Conn::handle_timeout`] wants to be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match self.phase {
+            Phase::Closing => None,
+            Phase::Login => Some(self.login_deadline),
+            Phase::FullFeature => {
+                let mut t = self.logout_deadline;
+                let nop = match (self.ping, self.cfg.nop_in_interval) {
+                    (Some((_, deadline)), _) => Some(deadline),
+                    (None, Some(iv)) => Some(self.last_rx + iv),
+                    (None, None) => None,
+                };
+                if let Some(n) = nop {
+                    t = Some(t.map_or(n, |x| x.min(n)));
+                }
+                t
+            }
+        }
+    }
+
+    pub fn handle_timeout(&mut self, now: Instant) {
+        match self.phase {
+            Phase::Closing => {}
+            Phase::Login => {
+                if now >= self.login_deadline {
+                    tracing::info!(peer = %self.peer, "login timed out");
+                    self.close(CloseReason::LoginTimeout);
+                }
+            }
+            Phase::FullFeature => {
+                if self.logout_deadline.is_some_and(|d| now >= d) {
+                    self.close(CloseReason::CoreRequest);
+                    return;
+                }
+                match self.ping {
+                    Some((_, deadline)) if now >= deadline => {
+                        tracing::info!(peer = %self.peer, "NOP-In ping not answered, dropping the connection");
+                        self.close(CloseReason::NopTimeout);
+                    }
+                    Some(_) => {}
+                    None => {
+                        if let Some(iv) = self.cfg.nop_in_interval
+                            && now >= self.last_rx + iv
+                        {
+                            // RFC 7143 §11.19: a ping carries a TTT and
+                            // ITT 0xffffffff; StatSN is not advanced.
+                            let ttt = self.new_ttt();
+                            let b = pdu::nop_in([0; 8], RESERVED_TAG, ttt, self.sns());
+                            self.send(&b, &[]);
+                            self.ping = Some((ttt, now + self.cfg.nop_in_timeout));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// True once the connection is finished and everything to send was handed
+    /// to the driver: close the socket after flushing.
+    pub fn is_closed(&self) -> bool {
+        self.phase == Phase::Closing && self.out.is_empty()
+    }
+
+    /// The driver saw the peer close the socket (or a socket error).
+    pub fn handle_peer_closed(&mut self, _now: Instant) {
+        self.out.clear();
+        self.close(CloseReason::PeerClosed);
+    }
+
+    /// Carries out a core action for this connection's session.
+    pub fn handle_action(&mut self, now: Instant, action: Action) {
+        match action {
+            Action::FetchData {
+                id,
+                tag,
+                buf,
+                offset,
+                len,
+            } => self.fetch_data(id, tag, buf, offset, len),
+            Action::Respond { id, tag, rsp } => self.respond(id, tag, rsp),
+            Action::TmfDone { tag, rsp, .. } => self.tmf_done(tag, rsp),
+            Action::Aen { lun, sense } => self.aen(lun, sense),
+            Action::Close => {
+                if self.phase != Phase::FullFeature || self.logout_deadline.is_some() {
+                    return;
+                }
+                // RFC 7143 §11.9.1 AsyncEvent 1: the target requests a logout
+                // within Parameter3 seconds.
+                let secs = self.cfg.login_timeout.as_secs().clamp(1, 3600) as u16;
+                let sns = self.take_sns();
+                let b = pdu::async_message([0; 8], 1, [0, 0, secs], sns);
+                self.send(&b, &[]);
+                self.logout_deadline = Some(now + Duration::from_secs(secs as u64));
+            }
+        }
+    }
+
+    // ---- receive path ----
+
+    fn start_pdu(&mut self, hdr: Box<[u8; BHS_LEN]>, ahs: Vec<u8>) {
+        let bhs = Bhs(&hdr);
+        let len = bhs.data_segment_len() as usize;
+        let op = bhs.opcode();
+        // RFC 7143 §13.12: during login the limit is the 8192 default.
+        let limit = match self.phase {
+            Phase::Login => 8192,
+            _ => self.params.max_recv_data_segment_length,
+        } as usize;
+        let mut sink = Sink::Buffer(Vec::new());
+        if len > limit {
+            tracing::warn!(peer = %self.peer, len, limit, "data segment exceeds MaxRecvDataSegmentLength");
+            if self.phase == Phase::Login {
+                let itt = bhs.itt();
+                self.login_fail(LoginStatus::INITIATOR_ERROR, itt);
+                return;
+            }
+            // RFC 7143 §7.2? A PDU over the declared limit is a protocol
+            // error; the segment is skipped without being stored.
+            self.send_reject(RejectReason::ProtocolError, &hdr);
+            sink = Sink::Discard;
+        } else if self.phase == Phase::FullFeature && op == Opcode::DATA_OUT {
+            sink = self.data_out_header(&hdr, len as u32);
+        } else {
+            sink = match sink {
+                Sink::Buffer(_) => Sink::Buffer(Vec::with_capacity(len)),
+                s => s,
+            };
+        }
+        let digest = self.data_digest && len > 0;
+        let seg = Segment {
+            hdr,
+            ahs,
+            len,
+            pad: pad_len(len),
+            digest,
+            done: 0,
+            crc: 0,
+            dig: [0; 4],
+            dig_have: 0,
+            sink,
+        };
+        if len == 0 {
+            self.finish_pdu(seg, true);
+        } else {
+            self.rx = Rx::Segment(seg);
+        }
+    }
+
+    /// Consumes segment bytes; returns how many.
+    fn feed_segment(&mut self, seg: &mut Segment, input: &[u8]) -> usize {
+        let mut used = 0;
+        // Data bytes.
+        if seg.done < seg.len {
+            let n = (seg.len - seg.done).min(input.len());
+            let chunk = &input[..n];
+            if seg.digest {
+                seg.crc = crc32c_append(seg.crc, chunk);
+            }
+            match &mut seg.sink {
+                Sink::Buffer(v) => v.extend_from_slice(chunk),
+                Sink::Discard => {}
+                Sink::Unsolicited { itt } => {
+                    if let Some(t) = self.tasks.get_mut(itt) {
+                        t.unsol_buf.extend_from_slice(chunk);
+                    }
+                }
+                Sink::Solicited { itt, ttt: _, pos } => {
+                    if let Some(f) = self.tasks.get_mut(itt).and_then(|t| t.fetch.as_mut()) {
+                        let at = pos.saturating_sub(f.base) as usize;
+                        f.buf.copy_in(at, chunk);
+                    }
+                    *pos = pos.wrapping_add(n as u32);
+                }
+            }
+            seg.done += n;
+            used += n;
+        }
+        // Padding (covered by the data digest).
+        if seg.done >= seg.len && seg.done < seg.len + seg.pad {
+            let n = (seg.len + seg.pad - seg.done).min(input.len() - used);
+            if seg.digest {
+                seg.crc = crc32c_append(seg.crc, &input[used..used + n]);
+            }
+            seg.done += n;
+            used += n;
+        }
+        if seg.done == seg.len + seg.pad && seg.digest {
+            let n = (DIGEST_LEN - seg.dig_have).min(input.len() - used);
+            seg.dig[seg.dig_have..seg.dig_have + n].copy_from_slice(&input[used..used + n]);
+            seg.dig_have += n;
+            used += n;
+        }
+        used
+    }
+
+    fn finish_pdu(&mut self, seg: Segment, digest_ok: bool) {
+        let hdr = seg.hdr;
+        let op = Bhs(&hdr).opcode();
+        match self.phase {
+            Phase::Closing => {}
+            Phase::Login => {
+                let Sink::Buffer(data) = seg.sink else {
+                    return;
+                };
+                if op != Opcode::LOGIN_REQ {
+                    // RFC 7143 §6.3: only Login Requests during login.
+                    tracing::warn!(peer = %self.peer, "non-login PDU {:?} during login", Bhs(&hdr));
+                    self.close(CloseReason::ProtocolError);
+                    return;
+                }
+                self.login_pdu(&hdr, &data);
+            }
+            Phase::FullFeature => {
+                if !digest_ok {
+                    tracing::warn!(peer = %self.peer, "data digest error on {:?}", Bhs(&hdr));
+                    // RFC 7143 §7.8: Reject with reason Data Digest Error.
+                    self.send_reject(RejectReason::DataDigestError, &hdr);
+                }
+                match seg.sink {
+                    Sink::Discard => {}
+                    Sink::Unsolicited { itt } => self.data_out_done_unsol(&hdr, itt, digest_ok),
+                    Sink::Solicited { itt, ttt, .. } => {
+                        self.data_out_done_sol(&hdr, itt, ttt, digest_ok)
+                    }
+                    Sink::Buffer(data) => {
+                        if !digest_ok {
+                            if op == Opcode::SCSI_CMD {
+                                // The command still counts; its data fails.
+                                self.scsi_command(&hdr, &seg.ahs, Vec::new(), true);
+                            }
+                            return;
+                        }
+                        self.ffp_pdu(&hdr, &seg.ahs, data);
+                    }
+                }
+            }
+        }
+    }
+
+    // ---- login ----
+
+    fn login_pdu(&mut self, hdr: &[u8; BHS_LEN], data: &[u8]) {
+        let bhs = Bhs(hdr);
+        if !self.seq_started {
+            // RFC 7143 §11.12.8: the first non-immediate command after login
+            // carries the CmdSN of the Login Request.
+            self.seq = SessionSeq::new(bhs.cmd_sn(), self.cfg.queue_depth);
+            self.seq_started = true;
+        }
+        match self.login.handle(bhs, data) {
+            LoginStep::Reply(r) => self.send_login_reply(&r),
+            LoginStep::Fail { status, itt } => self.login_fail(status, itt),
+            LoginStep::SessionRequest {
+                initiator,
+                isid,
+                tsih,
+                target,
+                discovery,
+            } => self.events.push_back(ConnEvent::SessionRequest {
+                initiator,
+                isid,
+                tsih,
+                target,
+                discovery,
+            }),
+        }
+    }
+
+    fn send_login_reply(&mut self, r: &LoginReply) {
+        let sns = self.take_sns();
+        let b = pdu::login_response(
+            r.transit,
+            r.cont,
+            r.csg,
+            r.nsg,
+            self.login.isid(),
+            r.tsih,
+            r.itt,
+            sns,
+            LoginStatus::SUCCESS,
+        );
+        self.send(&b, &r.data);
+    }
+
+    fn login_fail(&mut self, status: LoginStatus, itt: u32) {
+        tracing::info!(peer = %self.peer, class = status.class, detail = status.detail, "login rejected");
+        let sns = self.take_sns();
+        let b = pdu::login_response(false, false, 0, 0, self.login.isid(), 0, itt, sns, status);
+        self.send(&b, &[]);
+        self.close(CloseReason::LoginFailed);
+    }
+
+    // ---- full feature phase ----
+
+    /// Runs `f` now if the request is immediate or next in CmdSN order, holds
+    /// it if it is ahead within the window, drops it otherwise.
+    fn sequence(&mut self, hdr: &[u8; BHS_LEN], held: Held) {
+        let bhs = Bhs(hdr);
+        if bhs.immediate() {
+            self.run_held(held, false);
+            return;
+        }
+        let sn = bhs.cmd_sn();
+        if !self.seq.in_window(sn) {
+            // RFC 7143 §4.2.2.1: outside [ExpCmdSN, MaxCmdSN] a non-immediate
+            // command is silently ignored.
+            tracing::debug!(peer = %self.peer, cmd_sn = sn.0, exp = self.seq.exp_cmd_sn.0, "CmdSN outside the window, dropped");
+            return;
+        }
+        if sn != self.seq.exp_cmd_sn {
+            if self.held.len() >= MAX_HELD || self.held.contains_key(&sn.0) {
+                return;
+            }
+            self.held.insert(sn.0, held);
+            return;
+        }
+        self.seq.exp_cmd_sn = self.seq.exp_cmd_sn.next();
+        self.run_held(held, true);
+        while let Some(h) = self.held.remove(&self.seq.exp_cmd_sn.0) {
+            self.seq.exp_cmd_sn = self.seq.exp_cmd_sn.next();
+            self.run_held(h, true);
+            if self.phase != Phase::FullFeature {
+                return;
+            }
+        }
+    }
+
+    fn run_held(&mut self, h: Held, ordered: bool) {
+        match h {
+            Held::Skip => {}
+            Held::Scsi(itt, req) => {
+                if let Some(t) = self.tasks.get_mut(&itt) {
+                    if ordered {
+                        t.counted = true;
+                        self.seq.in_flight += 1;
+                    }
+                    self.events.push_back(ConnEvent::Command(req));
+                }
+            }
+            Held::Pdu(hdr, data) => self.run_control(&hdr, data),
+        }
+    }
+
+    fn ffp_pdu(&mut self, hdr: &[u8; BHS_LEN], ahs: &[u8], data: Vec<u8>) {
+        let bhs = Bhs(hdr);
+        match bhs.opcode() {
+            Opcode::SCSI_CMD => self.scsi_command(hdr, ahs, data, false),
+            Opcode::NOP_OUT => {
+                if bhs.itt() == RESERVED_TAG {
+                    // RFC 7143 §11.18: an answer to our ping, or just an
+                    // ExpStatSN update; never answered, never ordered.
+                    if let Some((ttt, _)) = self.ping
+                        && ttt == bhs.ttt()
+                    {
+                        self.ping = None;
+                    }
+                    return;
+                }
+                self.sequence(hdr, Held::Pdu(Box::new(*hdr), data));
+            }
+            Opcode::TEXT_REQ | Opcode::LOGOUT_REQ | Opcode::TMF_REQ => {
+                self.sequence(hdr, Held::Pdu(Box::new(*hdr), data));
+            }
+            Opcode::LOGIN_REQ => {
+                // RFC 7143 §6.3: no login in full feature phase.
+                self.send_reject(RejectReason::ProtocolError, hdr);
+            }
+            Opcode::SNACK => {
+                // RFC 7143 §11.16: SNACK needs ErrorRecoveryLevel > 0.
+                self.send_reject(RejectReason::ProtocolError, hdr);
+            }
+            _ => {
+                // RFC 7143 §11.17.1: reason 05h, Command not supported.
+                self.send_reject(RejectReason::CommandNotSupported, hdr);
+            }
+        }
+    }
+
+    fn run_control(&mut self, hdr: &[u8; BHS_LEN], data: Vec<u8>) {
+        let bhs = Bhs(hdr);
+        match bhs.opcode() {
+            Opcode::NOP_OUT => {
+                // RFC 7143 §11.19: the NOP-In echoes the ping data.
+                let n = data
+                    .len()
+                    .min(self.params.max_xmit_data_segment_length as usize);
+                let sns = self.take_sns();
+                let b = pdu::nop_in(bhs.lun(), bhs.itt(), RESERVED_TAG, sns);
+                self.send(&b, &data[..n]);
+            }
+            Opcode::TEXT_REQ => self.text_request(hdr, data),
+            Opcode::LOGOUT_REQ => self.logout(hdr),
+            Opcode::TMF_REQ => self.tmf_request(hdr),
+            _ => {}
+        }
+    }
+
+    fn scsi_command(&mut self, hdr: &[u8; BHS_LEN], ahs: &[u8], data: Vec<u8>, data_bad: bool) {
+        let bhs = Bhs(hdr);
+        let itt = bhs.itt();
+        if self.params.session_type == SessionType::Discovery {
+            // RFC 7143 §4.3: a discovery session carries text, NOP and logout only.
+            self.send_reject(RejectReason::ProtocolError, hdr);
+            self.sequence(hdr, Held::Skip);
+            return;
+        }
+        let f = bhs.flags();
+        let dir = match (f & flags::R != 0, f & flags::W != 0) {
+            (true, true) => DataDir::Bidi,
+            (true, false) => DataDir::Read,
+            (false, true) => DataDir::Write,
+            (false, false) => DataDir::None,
+        };
+        let edtl = bhs.edtl();
+        let imm = data.len() as u32;
+        let p = &self.params;
+        // RFC 7143 §11.3.4/§13.11: immediate data needs W, ImmediateData=Yes,
+        // and at most FirstBurstLength and EDTL bytes.
+        let bad_imm = imm > 0
+            && (!matches!(dir, DataDir::Write | DataDir::Bidi)
+                || !p.immediate_data
+                || imm > p.first_burst_length
+                || imm > edtl);
+        let Some((cdb, read_len)) = parse_cdb(bhs.cdb(), ahs) else {
+            self.send_reject(RejectReason::InvalidPduField, hdr);
+            self.sequence(hdr, Held::Skip);
+            return;
+        };
+        if bad_imm {
+            self.send_reject(RejectReason::ProtocolError, hdr);
+            self.sequence(hdr, Held::Skip);
+            return;
+        }
+        if self.tasks.contains_key(&itt) || itt == RESERVED_TAG {
+            // RFC 7143 §11.2.1.8: ITTs are unique per session.
+            self.send_reject(RejectReason::InvalidPduField, hdr);
+            self.sequence(hdr, Held::Skip);
+            return;
+        }
+        let writes = matches!(dir, DataDir::Write | DataDir::Bidi);
+        let unsol_expected = if !writes {
+            0
+        } else if p.initial_r2t {
+            imm
+        } else {
+            // RFC 7143 §13.10/§13.14: with InitialR2T=No the initiator sends
+            // min(FirstBurstLength, EDTL) unsolicited bytes.
+            p.first_burst_length.min(edtl).max(imm)
+        };
+        let lun_raw = bhs.lun();
+        let attr = match f & 7 {
+            2 => TaskAttr::Ordered,
+            3 => TaskAttr::HeadOfQueue,
+            4 => TaskAttr::Aca,
+            _ => TaskAttr::Simple,
+        };
+        let req = CmdRequest {
+            lun: Lun::decode(lun_raw).unwrap_or(Lun(u16::MAX)),
+            lun_raw,
+            tag: TaskTag(itt as u64),
+            cdb,
+            attr,
+            dir,
+            expected_len: edtl,
+            expected_read_len: if dir == DataDir::Bidi { read_len } else { 0 },
+        };
+        let task = Task {
+            lun_raw,
+            edtl,
+            dir,
+            counted: false,
+            unsol_expected,
+            unsol_announced: imm,
+            unsol_got: if data_bad { 0 } else { imm },
+            unsol_buf: data,
+            unsol_next_data_sn: DataSn(0),
+            unsol_done: unsol_expected == imm,
+            failed: data_bad,
+            fetch: None,
+            r2ts: Vec::new(),
+            next_r2t_offset: 0,
+            r2t_end: 0,
+            r2t_sn: R2tSn(0),
+        };
+        self.tasks.insert(itt, task);
+        self.sequence(hdr, Held::Scsi(itt, req));
+    }
+
+    /// Validates a Data-Out header (RFC 7143 §11.7) and picks where its
+    /// payload goes.
+    fn data_out_header(&mut self, hdr: &[u8; BHS_LEN], len: u32) -> Sink {
+        let bhs = Bhs(hdr);
+        let itt = bhs.itt();
+        let ttt = bhs.ttt();
+        let off = bhs.buffer_offset();
+        let sn = bhs.data_sn();
+        let fin = bhs.final_bit();
+        let initial_r2t = self.params.initial_r2t;
+        let Some(t) = self.tasks.get_mut(&itt) else {
+            // A task already answered or unknown: the data is dropped.
+            tracing::debug!(peer = %self.peer, itt, "Data-Out for no task, dropped");
+            return Sink::Discard;
+        };
+        if t.failed {
+            return Sink::Discard;
+        }
+        let err = if ttt == RESERVED_TAG {
+            // Unsolicited data (RFC 7143 §4.2.5.1).
+            if initial_r2t || t.unsol_done || sn != t.unsol_next_data_sn {
+                Some(RejectReason::ProtocolError)
+            } else if off != t.unsol_announced || off as u64 + len as u64 > t.unsol_expected as u64
+            {
+                Some(RejectReason::InvalidPduField)
+            } else {
+                t.unsol_next_data_sn = sn.next();
+                t.unsol_announced += len;
+                if fin {
+                    t.unsol_done = true;
+                }
+                None
+            }
+        } else {
+            match t.r2ts.iter_mut().find(|r| r.ttt == ttt) {
+                None => Some(RejectReason::InvalidPduField),
+                Some(r) => {
+                    // RFC 7143 §11.7.5/§11.7.6: DataSN counts from 0 per R2T,
+                    // offsets in order (DataPDUInOrder=Yes), within the burst.
+                    if sn != r.next_data_sn {
+                        Some(RejectReason::ProtocolError)
+                    } else if off != r.offset + r.announced
+                        || off as u64 + len as u64 > (r.offset + r.len) as u64
+                    {
+                        Some(RejectReason::InvalidPduField)
+                    } else if fin && off + len != r.offset + r.len {
+                        Some(RejectReason::ProtocolError)
+                    } else {
+                        r.next_data_sn = sn.next();
+                        r.announced += len;
+                        None
+                    }
+                }
+            }
+        };
+        match err {
+            Some(reason) => {
+                tracing::warn!(peer = %self.peer, itt, ?reason, "bad Data-Out");
+                self.send_reject(reason, hdr);
+                self.fail_task_data(itt);
+                Sink::Discard
+            }
+            None if ttt == RESERVED_TAG => Sink::Unsolicited { itt },
+            None => Sink::Solicited { itt, ttt, pos: off },
+        }
+    }
+
+    /// The write data of `itt` cannot be trusted: the core's fetch fails with
+    /// a transport error (now, or when it asks).
+    fn fail_task_data(&mut self, itt: u32) {
+        if let Some(t) = self.tasks.get_mut(&itt) {
+            t.failed = true;
+            t.r2ts.clear();
+            if let Some(f) = t.fetch.take() {
+                self.events.push_back(ConnEvent::DataOutDone {
+                    id: f.id,
+                    data: Err(Abort::TransportError),
+                });
+            }
+        }
+    }
+
+    fn data_out_done_unsol(&mut self, hdr: &[u8; BHS_LEN], itt: u32, ok: bool) {
+        let bhs = Bhs(hdr);
+        let off = bhs.buffer_offset();
+        let len = bhs.data_segment_len();
+        if !ok {
+            self.fail_task_data(itt);
+            return;
+        }
+        let Some(t) = self.tasks.get_mut(&itt) else {
+            return;
+        };
+        t.unsol_got += len;
+        if let Some(f) = t.fetch.as_mut() {
+            copy_overlap(f, &t.unsol_buf, off, len);
+        }
+        self.check_fetch(itt);
+    }
+
+    fn data_out_done_sol(&mut self, hdr: &[u8; BHS_LEN], itt: u32, ttt: u32, ok: bool) {
+        let len = Bhs(hdr).data_segment_len();
+        if !ok {
+            self.fail_task_data(itt);
+            return;
+        }
+        let Some(t) = self.tasks.get_mut(&itt) else {
+            return;
+        };
+        let Some(i) = t.r2ts.iter().position(|r| r.ttt == ttt) else {
+            return;
+        };
+        t.r2ts[i].got += len;
+        if let Some(f) = t.fetch.as_mut() {
+            f.got += len;
+        }
+        if t.r2ts[i].got >= t.r2ts[i].len {
+            t.r2ts.swap_remove(i);
+        }
+        self.issue_r2ts(itt);
+        self.check_fetch(itt);
+    }
+
+    fn fetch_data(&mut self, id: CmdId, tag: TaskTag, buf: SgList, offset: u32, len: u32) {
+        let itt = tag.0 as u32;
+        let Some(t) = self.tasks.get_mut(&itt) else {
+            self.events.push_back(ConnEvent::DataOutDone {
+                id,
+                data: Err(Abort::ConnectionLost),
+            });
+            return;
+        };
+        if t.failed || t.fetch.is_some() || !matches!(t.dir, DataDir::Write | DataDir::Bidi) {
+            self.events.push_back(ConnEvent::DataOutDone {
+                id,
+                data: Err(Abort::TransportError),
+            });
+            return;
+        }
+        // Never solicit past EDTL (RFC 7143 §11.8.4).
+        let end = (offset as u64 + len as u64).min(t.edtl as u64) as u32;
+        let want = end.saturating_sub(offset);
+        // `buf` covers the command's data from 0, or just this range.
+        let base = if buf.len() as u64 >= offset as u64 + want as u64 {
+            0
+        } else {
+            offset
+        };
+        let mut f = Fetch {
+            id,
+            buf,
+            base,
+            offset,
+            len: want,
+            got: 0,
+        };
+        let have = t.unsol_got.min(t.unsol_buf.len() as u32);
+        copy_overlap(&mut f, &t.unsol_buf, 0, have);
+        t.fetch = Some(f);
+        t.next_r2t_offset = offset.max(t.unsol_expected);
+        t.r2t_end = end;
+        self.issue_r2ts(itt);
+        self.check_fetch(itt);
+    }
+
+    /// RFC 7143 §11.8: R2Ts of at most MaxBurstLength, up to
+    /// MaxOutstandingR2T at a time.
+    fn issue_r2ts(&mut self, itt: u32) {
+        let max_out = self.params.max_outstanding_r2t.max(1) as usize;
+        let burst = self.params.max_burst_length.max(512);
+        loop {
+            let sns = self.sns();
+            let ttt = self.next_ttt.wrapping_add(1);
+            let Some(t) = self.tasks.get_mut(&itt) else {
+                return;
+            };
+            if t.failed
+                || t.fetch.is_none()
+                || t.r2ts.len() >= max_out
+                || t.next_r2t_offset >= t.r2t_end
+            {
+                return;
+            }
+            let ttt = if ttt == RESERVED_TAG { 0 } else { ttt };
+            let off = t.next_r2t_offset;
+            let len = (t.r2t_end - off).min(burst);
+            t.next_r2t_offset += len;
+            t.r2ts.push(R2tState {
+                ttt,
+                offset: off,
+                len,
+                announced: 0,
+                got: 0,
+                next_data_sn: DataSn(0),
+            });
+            let sn = t.r2t_sn;
+            t.r2t_sn = sn.next();
+            let lun = t.lun_raw;
+            self.next_ttt = ttt;
+            let b = pdu::r2t(lun, itt, ttt, sn, off, len, sns);
+            self.send(&b, &[]);
+        }
+    }
+
+    fn check_fetch(&mut self, itt: u32) {
+        let Some(t) = self.tasks.get_mut(&itt) else {
+            return;
+        };
+        let done = t.fetch.as_ref().is_some_and(|f| f.got >= f.len);
+        if done && let Some(f) = t.fetch.take() {
+            t.r2ts.clear();
+            self.events.push_back(ConnEvent::DataOutDone {
+                id: f.id,
+                data: Ok(f.buf),
+            });
+        }
+    }
+
+    fn respond(&mut self, id: CmdId, tag: TaskTag, rsp: Response) {
+        let itt = tag.0 as u32;
+        let task = self.tasks.remove(&itt);
+        if self.phase != Phase::FullFeature {
+            self.events.push_back(ConnEvent::ResponseSent { id });
+            return;
+        }
+        if let Some(t) = &task
+            && t.counted
+        {
+            self.seq.in_flight = self.seq.in_flight.saturating_sub(1);
+        }
+        let dir = task.as_ref().map_or(DataDir::Read, |t| t.dir);
+        let Response {
+            status,
+            sense,
+            data,
+            data_len,
+            residual,
+            bidi_residual,
+        } = rsp;
+        let mut data_sn = DataSn(0);
+        let mut collapsed = false;
+        if let Some(sg) = data
+            && matches!(dir, DataDir::Read | DataDir::Bidi)
+        {
+            let total = (data_len as usize).min(sg.len());
+            let sg = Arc::new(sg);
+            let mrdsl = self.params.max_xmit_data_segment_length.max(512) as usize;
+            let burst = self.params.max_burst_length.max(512) as usize;
+            // RFC 7143 §11.7.4: status may ride in the last Data-In only
+            // without sense data (and never for Bidi, whose write residual
+            // needs the SCSI Response).
+            let collapse = sense.is_none() && status == Status::GOOD && dir == DataDir::Read;
+            let mut off = 0;
+            let mut in_burst = 0;
+            while off < total {
+                let n = (total - off).min(mrdsl).min(burst - in_burst);
+                let last = off + n == total;
+                in_burst += n;
+                // F ends each Data-In sequence (MaxBurstLength) and the last.
+                let fin = last || in_burst == burst;
+                if fin {
+                    in_burst = 0;
+                }
+                let st = (last && collapse).then_some((status.0, residual));
+                let sns = if st.is_some() {
+                    self.take_sns()
+                } else {
+                    self.sns()
+                };
+                let b = pdu::data_in(itt, fin, st, data_sn, off as u32, n as u32, sns);
+                self.send_sg(&b, &sg, off, n);
+                data_sn = data_sn.next();
+                off += n;
+            }
+            collapsed = collapse && total > 0;
+        }
+        if !collapsed {
+            let sns = self.take_sns();
+            let b = pdu::scsi_response(itt, status.0, residual, bidi_residual, data_sn, sns);
+            match sense {
+                Some(s) => {
+                    let seg = pdu::sense_segment(&s);
+                    self.send(&b, &seg);
+                }
+                None => self.send(&b, &[]),
+            }
+        }
+        self.events.push_back(ConnEvent::ResponseSent { id });
+    }
+
+    fn text_request(&mut self, hdr: &[u8; BHS_LEN], data: Vec<u8>) {
+        let bhs = Bhs(hdr);
+        let itt = bhs.itt();
+        let ttt = bhs.ttt();
+        let max = self.params.max_xmit_data_segment_length.max(512) as usize;
+        if ttt != RESERVED_TAG {
+            // Continuation of a long response (RFC 7143 §11.10.4).
+            match self.text_cont.take() {
+                Some(c) if c.ttt == ttt && c.itt == itt => {
+                    self.send_text_chunk(bhs.lun(), itt, c.rest, max);
+                }
+                _ => {
+                    if self.text_in.is_empty() {
+                        self.send_reject(RejectReason::InvalidPduField, hdr);
+                        return;
+                    }
+                    self.text_in_more(hdr, data, max);
+                }
+            }
+            return;
+        }
+        self.text_cont = None;
+        self.text_in.clear();
+        self.text_in_more(hdr, data, max);
+    }
+
+    fn text_in_more(&mut self, hdr: &[u8; BHS_LEN], data: Vec<u8>, max: usize) {
+        let bhs = Bhs(hdr);
+        let itt = bhs.itt();
+        if self.text_in.len() + data.len() > crate::keys::MAX_TEXT {
+            self.text_in.clear();
+            self.send_reject(RejectReason::ProtocolError, hdr);
+            return;
+        }
+        self.text_in.extend_from_slice(&data);
+        if bhs.flags() & flags::C != 0 {
+            // RFC 7143 §11.10.2: answer a partial request with an empty
+            // response and a TTT to continue with.
+            let ttt = self.new_ttt();
+            let sns = self.take_sns();
+            let b = pdu::text_response(false, false, bhs.lun(), itt, ttt, sns);
+            self.send(&b, &[]);
+            return;
+        }
+        let text = std::mem::take(&mut self.text_in);
+        let reply = match parse_text(&text) {
+            Ok(pairs) => self.text_reply(&pairs),
+            Err(e) => {
+                tracing::debug!(peer = %self.peer, "bad text request: {e}");
+                self.send_reject(RejectReason::ProtocolError, hdr);
+                return;
+            }
+        };
+        self.send_text_chunk(bhs.lun(), itt, reply, max);
+    }
+
+    fn send_text_chunk(&mut self, lun: [u8; 8], itt: u32, mut text: Vec<u8>, max: usize) {
+        if text.len() > max {
+            let rest = text.split_off(max);
+            let ttt = self.new_ttt();
+            let sns = self.take_sns();
+            let b = pdu::text_response(false, true, lun, itt, ttt, sns);
+            self.send(&b, &text);
+            self.text_cont = Some(TextCont { itt, ttt, rest });
+        } else {
+            let sns = self.take_sns();
+            let b = pdu::text_response(true, false, lun, itt, RESERVED_TAG, sns);
+            self.send(&b, &text);
+        }
+    }
+
+    /// Full-feature text keys: SendTargets (RFC 7143 Appendix C); others are
+    /// not negotiable here.
+    fn text_reply(&self, pairs: &[(&str, &str)]) -> Vec<u8> {
+        let mut out: Vec<(String, String)> = Vec::new();
+        for (k, v) in pairs {
+            if *k != "SendTargets" {
+                out.push((k.to_string(), "NotUnderstood".into()));
+                continue;
+            }
+            let discovery = self.params.session_type == SessionType::Discovery;
+            let current = self.params.target_name.as_deref();
+            for t in &self.cfg.targets {
+                // RFC 7143 Appendix C: All on a discovery session lists every
+                // target; on a normal session only the current one is shown;
+                // an empty value means the current target; a name that one.
+                let show = match *v {
+                    "All" if discovery => true,
+                    "All" | "" => Some(t.name.as_str()) == current,
+                    name => t.name == name && (discovery || Some(name) == current),
+                };
+                if !show {
+                    continue;
+                }
+                out.push(("TargetName".into(), t.name.clone()));
+                let portals: Vec<SocketAddr> = if t.portals.is_empty() {
+                    vec![self.local]
+                } else {
+                    t.portals.clone()
+                };
+                for mut p in portals {
+                    if p.ip().is_unspecified() {
+                        p.set_ip(self.local.ip());
+                    }
+                    let addr = match p {
+                        SocketAddr::V4(a) => format!("{}:{}", a.ip(), a.port()),
+                        SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
+                    };
+                    out.push(("TargetAddress".into(), format!("{addr},{}", t.tpgt)));
+                }
+            }
+        }
+        encode_text(&out)
+    }
+
+    fn logout(&mut self, hdr: &[u8; BHS_LEN]) {
+        let bhs = Bhs(hdr);
+        // RFC 7143 §11.14.1 reason codes; §11.15.1 responses.
+        let response = match bhs.function() {
+            0 => 0,
+            1 if bhs.cid() == self.cid() => 0,
+            1 => 1,
+            // Removing a connection for recovery needs ERL 2.
+            2 => 2,
+            _ => {
+                self.send_reject(RejectReason::InvalidPduField, hdr);
+                return;
+            }
+        };
+        let sns = self.take_sns();
+        let b = pdu::logout_response(bhs.itt(), response, 0, 0, sns);
+        self.send(&b, &[]);
+        if response == 0 {
+            self.close(CloseReason::Logout);
+        }
+    }
+
+    fn tmf_request(&mut self, hdr: &[u8; BHS_LEN]) {
+        let bhs = Bhs(hdr);
+        let itt = bhs.itt();
+        let lun_raw = bhs.lun();
+        let lun = Lun::decode(lun_raw).unwrap_or(Lun(u16::MAX));
+        let rtt = bhs.word20();
+        let code = bhs.function();
+        let func = match code {
+            tmf_fn::ABORT_TASK => TmfFunction::AbortTask {
+                tag: TaskTag(rtt as u64),
+            },
+            tmf_fn::ABORT_TASK_SET => TmfFunction::AbortTaskSet,
+            tmf_fn::CLEAR_ACA => TmfFunction::ClearAca,
+            tmf_fn::CLEAR_TASK_SET => TmfFunction::ClearTaskSet,
+            tmf_fn::LUN_RESET => TmfFunction::LogicalUnitReset,
+            tmf_fn::TARGET_WARM_RESET | tmf_fn::TARGET_COLD_RESET => TmfFunction::TargetReset,
+            tmf_fn::QUERY_TASK => TmfFunction::QueryTask {
+                tag: TaskTag(rtt as u64),
+            },
+            tmf_fn::QUERY_TASK_SET => TmfFunction::QueryTaskSet,
+            tmf_fn::I_T_NEXUS_RESET => TmfFunction::ItNexusReset,
+            tmf_fn::QUERY_ASYNC_EVENT => TmfFunction::QueryAsyncEvent,
+            tmf_fn::TASK_REASSIGN => {
+                // RFC 7143 §11.5.1: TASK REASSIGN needs ERL 2.
+                self.send_tmf_rsp(itt, tmf_rsp::REASSIGN_NOT_SUPPORTED);
+                return;
+            }
+            _ => {
+                self.send_tmf_rsp(itt, tmf_rsp::REJECTED);
+                return;
+            }
+        };
+        // RFC 7143 §4.2.3.3? Affected tasks get no more R2Ts and their
+        // Data-Out is discarded: the core's pending fetches end now.
+        let affected: Vec<u32> = self
+            .tasks
+            .iter()
+            .filter(|(t_itt, t)| match func {
+                TmfFunction::AbortTask { .. } => **t_itt == rtt,
+                TmfFunction::AbortTaskSet
+                | TmfFunction::ClearTaskSet
+                | TmfFunction::LogicalUnitReset => t.lun_raw == lun_raw,
+                TmfFunction::TargetReset | TmfFunction::ItNexusReset => true,
+                _ => false,
+            })
+            .map(|(i, _)| *i)
+            .collect();
+        for a in affected {
+            if let Some(t) = self.tasks.get_mut(&a) {
+                t.failed = true;
+                t.r2ts.clear();
+                if let Some(f) = t.fetch.take() {
+                    self.events.push_back(ConnEvent::DataOutDone {
+                        id: f.id,
+                        data: Err(Abort::Aborted),
+                    });
+                }
+            }
+        }
+        self.tmfs.insert(itt, code);
+        self.events.push_back(ConnEvent::TaskMgmt(TmfRequest {
+            func,
+            lun,
+            tag: TaskTag(itt as u64),
+        }));
+    }
+
+    fn send_tmf_rsp(&mut self, itt: u32, code: u8) {
+        let sns = self.take_sns();
+        let b = pdu::tmf_response(itt, code, sns);
+        self.send(&b, &[]);
+    }
+
+    fn tmf_done(&mut self, tag: TaskTag, rsp: TmfResponse) {
+        if self.phase != Phase::FullFeature {
+            return;
+        }
+        let itt = tag.0 as u32;
+        let func = self.tmfs.remove(&itt);
+        let code = match rsp {
+            TmfResponse::Complete | TmfResponse::Succeeded => tmf_rsp::COMPLETE,
+            TmfResponse::TaskNotFound => tmf_rsp::TASK_DOES_NOT_EXIST,
+            TmfResponse::IncorrectLun => tmf_rsp::LUN_DOES_NOT_EXIST,
+            TmfResponse::Rejected | TmfResponse::Failed => tmf_rsp::REJECTED,
+        };
+        self.send_tmf_rsp(itt, code);
+        if func == Some(tmf_fn::TARGET_COLD_RESET) {
+            // RFC 7143 §11.5.1: after a cold reset the target drops all
+            // connections once the response is sent.
+            self.close(CloseReason::TargetReset);
+        }
+    }
+
+    fn aen(&mut self, lun: Lun, sense: Sense) {
+        if self.phase != Phase::FullFeature || self.params.session_type != SessionType::Normal {
+            return;
+        }
+        // RFC 7143 §11.9.1 AsyncEvent 0: a SCSI asynchronous event, sense
+        // data in the data segment.
+        let data = pdu::sense_segment(&sense.to_fixed());
+        let sns = self.take_sns();
+        let b = pdu::async_message(lun.encode(), 0, [0, 0, 0], sns);
+        self.send(&b, &data);
+    }
+}
+
+/// Copies the part of `src` (unsolicited bytes from data offset 0) lying in
+/// `[off, off+len)` and inside the fetch's range into the fetch buffer.
+fn copy_overlap(f: &mut Fetch, src: &[u8], off: u32, len: u32) {
+    let lo = off.max(f.offset) as usize;
+    let hi =
+        ((off as u64 + len as u64).min(f.offset as u64 + f.len as u64) as usize).min(src.len());
+    if lo >= hi {
+        return;
+    }
+    let at = lo - f.base as usize;
+    f.buf.copy_in(at, &src[lo..hi]);
+    f.got += (hi - lo) as u32;
+}
+
+/// The CDB (16 bytes plus an extended CDB AHS) and the Bidi expected read
+/// length (RFC 7143 §11.2.2, §11.3.5, §11.3.6).
+fn parse_cdb(cdb16: &[u8], mut ahs: &[u8]) -> Option<(Cdb, u32)> {
+    let mut cdb = Cdb::from_slice(cdb16);
+    let mut read_len = 0;
+    while ahs.len() >= 4 {
+        let len = u16::from_be_bytes([ahs[0], ahs[1]]) as usize;
+        let ty = ahs[2];
+        let body = ahs.get(3..3 + len)?;
+        match ty {
+            1 => {
+                // Extended CDB: reserved byte, then CDB bytes 16..
+                cdb.extend_from_slice(body.get(1..)?);
+            }
+            2 => {
+                let b = body.get(1..5)?;
+                read_len = u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+            }
+            _ => return None,
+        }
+        let used = (3 + len).next_multiple_of(4);
+        ahs = ahs.get(used.min(ahs.len())..)?;
+    }
+    Some((cdb, read_len))
+}
+
+/// xorshift64*: the connection's only randomness, from the driver's seed.
+fn next_rand(s: &mut u64) -> u64 {
+    let mut x = *s;
+    if x == 0 {
+        x = 0x2545_f491_4f6c_dd1d;
+    }
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *s = x;
+    x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_math() {
+        let mut s = SessionSeq::new(CmdSn(10), 4);
+        assert_eq!(s.max_cmd_sn(), CmdSn(13));
+        assert!(s.in_window(CmdSn(10)) && s.in_window(CmdSn(13)));
+        assert!(!s.in_window(CmdSn(14)) && !s.in_window(CmdSn(9)));
+        s.exp_cmd_sn = CmdSn(11);
+        s.in_flight = 1;
+        assert_eq!(s.max_cmd_sn(), CmdSn(13));
+        s.in_flight = 4;
+        assert_eq!(s.max_cmd_sn(), CmdSn(10));
+        assert!(!s.in_window(CmdSn(11)));
+        let s = SessionSeq::new(CmdSn(u32::MAX), 2);
+        assert_eq!(s.max_cmd_sn(), CmdSn(0));
+        assert!(s.in_window(CmdSn(0)));
+    }
+
+    #[test]
+    fn cdb_with_ahs() {
+        let c16: Vec<u8> = (0..16).collect();
+        let (cdb, rl) = parse_cdb(&c16, &[]).unwrap();
+        assert_eq!(cdb.len(), 16);
+        assert_eq!(rl, 0);
+        // 32-byte CDB: AHSLength = 16 + 1, padded to 20 bytes.
+        let mut ahs = vec![0, 17, 1, 0];
+        ahs.extend(16u8..32);
+        let (cdb, _) = parse_cdb(&c16, &ahs).unwrap();
+        assert_eq!(cdb.as_slice(), (0u8..32).collect::<Vec<_>>().as_slice());
+        let ahs = [0, 5, 2, 0, 0, 0, 0x10, 0];
+        assert_eq!(parse_cdb(&c16, &ahs).unwrap().1, 0x1000);
+        assert!(parse_cdb(&c16, &[0, 40, 1, 0]).is_none());
+        assert!(parse_cdb(&c16, &[0, 1, 9, 0]).is_none());
+    }
+}

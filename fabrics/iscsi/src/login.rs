@@ -1,0 +1,556 @@
+//! The login phase (RFC 7143 §6.3, §11.12, §11.13): security and operational
+//! stages, the T and C bits, CSG/NSG transitions, text spanning PDUs,
+//! ISID/TSIH and version checks, for normal and discovery sessions.
+//!
+//! [`Login`] takes whole Login Request PDUs (the connection has already read
+//! header and data) and answers each with a [`LoginStep`]. It does not build
+//! PDUs or know sequence numbers: the connection does.
+
+use crate::conn::IscsiTarget;
+use crate::keys::{
+    AuthMethod, Limits, MAX_TEXT, Negotiator, Params, Phase, SessionType, encode_text, parse_text,
+};
+use crate::pdu::{Bhs, LoginStatus};
+
+/// Login stage numbers (RFC 7143 §11.12.3).
+pub const STAGE_SECURITY: u8 = 0;
+pub const STAGE_OPERATIONAL: u8 = 1;
+pub const STAGE_FULL_FEATURE: u8 = 3;
+
+/// A successful Login Response to send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoginReply {
+    pub transit: bool,
+    pub cont: bool,
+    pub csg: u8,
+    pub nsg: u8,
+    pub itt: u32,
+    /// Response text (`key=value\0...`).
+    pub data: Vec<u8>,
+    /// The TSIH to put in the response (0 until the session is accepted).
+    pub tsih: u16,
+    /// This reply enters the full feature phase.
+    pub enters_full_feature: bool,
+}
+
+/// What the connection does after a Login Request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LoginStep {
+    Reply(LoginReply),
+    /// The initiator asks to leave the login phase: the driver decides
+    /// (target, ACL, reinstatement, TSIH) and answers with
+    /// [`Login::accept`] or [`Login::reject`].
+    SessionRequest {
+        initiator: String,
+        isid: [u8; 6],
+        tsih: u16,
+        target: Option<String>,
+        discovery: bool,
+    },
+    /// Send a Login Response with this status, then close (RFC 7143 §11.13.5).
+    Fail {
+        status: LoginStatus,
+        itt: u32,
+    },
+}
+
+/// Where the login stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Waiting for a request in stage `csg`.
+    Stage(u8),
+    /// SessionRequest emitted; waiting for the driver.
+    AwaitingSession,
+    /// Full feature phase reached.
+    Done,
+    /// Login failed.
+    Failed,
+}
+
+/// The first request's identity, which later requests must repeat.
+#[derive(Clone, Copy, Debug)]
+struct Identity {
+    isid: [u8; 6],
+    tsih: u16,
+    cid: u16,
+}
+
+/// The target side of one connection's login.
+#[derive(Debug)]
+pub struct Login {
+    neg: Negotiator,
+    state: State,
+    id: Option<Identity>,
+    /// Text collected over C-bit continuations.
+    text: Vec<u8>,
+    /// Whether the first full request (names, session type) was checked.
+    checked_first: bool,
+    /// The reply held back until the driver accepts the session.
+    held: Option<LoginReply>,
+    /// Declarations the target makes once (TargetPortalGroupTag, alias).
+    declared_target: bool,
+    targets: Vec<IscsiTarget>,
+}
+
+impl Login {
+    pub fn new(limits: Limits, targets: Vec<IscsiTarget>) -> Login {
+        Login {
+            neg: Negotiator::new(limits),
+            state: State::Stage(STAGE_SECURITY),
+            id: None,
+            text: Vec::new(),
+            checked_first: false,
+            held: None,
+            declared_target: false,
+            targets,
+        }
+    }
+
+    /// The parameters negotiated so far.
+    pub fn params(&self) -> &Params {
+        &self.neg.params
+    }
+
+    pub fn isid(&self) -> [u8; 6] {
+        self.id.map_or([0; 6], |i| i.isid)
+    }
+
+    pub fn cid(&self) -> u16 {
+        self.id.map_or(0, |i| i.cid)
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.state == State::Done
+    }
+
+    fn fail(&mut self, status: LoginStatus, itt: u32) -> LoginStep {
+        self.state = State::Failed;
+        LoginStep::Fail { status, itt }
+    }
+
+    /// Handles one Login Request.
+    pub fn handle(&mut self, bhs: Bhs<'_>, data: &[u8]) -> LoginStep {
+        let itt = bhs.itt();
+        let csg_now = match self.state {
+            State::Stage(s) => s,
+            // RFC 7143 §6.3: one request at a time; a request while the
+            // final response is pending, or after login, is a protocol error.
+            _ => return self.fail(LoginStatus::INITIATOR_ERROR, itt),
+        };
+        // RFC 7143 §11.12.4: Version-min above what we support (0x00).
+        if bhs.version_min() != 0 {
+            return self.fail(LoginStatus::UNSUPPORTED_VERSION, itt);
+        }
+        let id = Identity {
+            isid: bhs.isid(),
+            tsih: bhs.tsih(),
+            cid: bhs.cid(),
+        };
+        match self.id {
+            None => self.id = Some(id),
+            Some(first) => {
+                // RFC 7143 §11.12.5-7: ISID, TSIH and CID stay the same
+                // throughout the login.
+                if first.isid != id.isid || first.tsih != id.tsih || first.cid != id.cid {
+                    return self.fail(LoginStatus::INITIATOR_ERROR, itt);
+                }
+            }
+        }
+        let (transit, cont, csg, nsg) = (
+            bhs.login_transit(),
+            bhs.login_continue(),
+            bhs.login_csg(),
+            bhs.login_nsg(),
+        );
+        // RFC 7143 §11.12.2: T and C must not both be set.
+        if transit && cont {
+            return self.fail(LoginStatus::INITIATOR_ERROR, itt);
+        }
+        // RFC 7143 §6.3: the first request may skip the security stage
+        // (CSG=1) when the target needs no authentication.
+        let csg_ok = csg == csg_now
+            || (csg == STAGE_OPERATIONAL
+                && csg_now == STAGE_SECURITY
+                && self.neg.params.auth_method.is_none()
+                && self.neg.limits.auth_methods.contains(&AuthMethod::None));
+        if !csg_ok {
+            return self.fail(LoginStatus::INITIATOR_ERROR, itt);
+        }
+        // RFC 7143 §11.12.3: NSG 2 is reserved, and a transition goes forward.
+        if transit && (nsg == 2 || nsg <= csg) {
+            return self.fail(LoginStatus::INITIATOR_ERROR, itt);
+        }
+        if self.text.len() + data.len() > MAX_TEXT {
+            return self.fail(LoginStatus::OUT_OF_RESOURCES, itt);
+        }
+        self.text.extend_from_slice(data);
+        if cont {
+            // RFC 7143 §6.1: answer a partial text with an empty response.
+            self.state = State::Stage(csg);
+            return LoginStep::Reply(LoginReply {
+                transit: false,
+                cont: false,
+                csg,
+                nsg: 0,
+                itt,
+                data: Vec::new(),
+                tsih: 0,
+                enters_full_feature: false,
+            });
+        }
+        let text = std::mem::take(&mut self.text);
+        let pairs = match parse_text(&text) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::debug!("login text rejected: {e}");
+                return self.fail(LoginStatus::INITIATOR_ERROR, itt);
+            }
+        };
+        let phase = if csg == STAGE_SECURITY {
+            Phase::Security
+        } else {
+            Phase::Operational
+        };
+        let mut rsp = match self.neg.apply_all(&pairs, phase) {
+            Ok(r) => r,
+            Err(st) => return self.fail(st, itt),
+        };
+        if !self.checked_first {
+            self.checked_first = true;
+            if let Err(st) = self.check_first() {
+                return self.fail(st, itt);
+            }
+        }
+        let normal = self.neg.params.session_type == SessionType::Normal;
+        if !self.declared_target && normal {
+            self.declared_target = true;
+            if let Some(t) = self.target() {
+                // RFC 7143 §13.9: the target returns TargetPortalGroupTag in
+                // the first Login Response of a normal session.
+                rsp.push(("TargetPortalGroupTag".into(), t.tpgt.to_string()));
+                if let Some(a) = &t.alias {
+                    rsp.push(("TargetAlias".into(), a.clone()));
+                }
+            }
+        }
+        if csg == STAGE_SECURITY && transit {
+            // RFC 7143 §12: leaving the security stage needs an agreed method.
+            match self.neg.params.auth_method {
+                Some(AuthMethod::None) => {}
+                None if self.neg.limits.auth_methods.contains(&AuthMethod::None)
+                    && !self.neg.seen("AuthMethod") =>
+                {
+                    self.neg.params.auth_method = Some(AuthMethod::None);
+                }
+                // CHAP exchanges would run here before the transit is agreed.
+                _ => return self.fail(LoginStatus::AUTH_FAILURE, itt),
+            }
+        }
+        if csg == STAGE_OPERATIONAL && !self.neg.declared_mrdsl {
+            // RFC 7143 §13.12: declare what we accept.
+            self.neg.declared_mrdsl = true;
+            let n = self.neg.limits.max_recv_data_segment_length;
+            self.neg.params.max_recv_data_segment_length = n;
+            rsp.push(("MaxRecvDataSegmentLength".into(), n.to_string()));
+        }
+        let reply = LoginReply {
+            transit,
+            cont: false,
+            csg,
+            nsg: if transit { nsg } else { 0 },
+            itt,
+            data: encode_text(&rsp),
+            tsih: 0,
+            enters_full_feature: transit && nsg == STAGE_FULL_FEATURE,
+        };
+        if reply.enters_full_feature {
+            self.state = State::AwaitingSession;
+            self.held = Some(reply);
+            let p = &self.neg.params;
+            return LoginStep::SessionRequest {
+                initiator: p.initiator_name.clone().unwrap_or_default(),
+                isid: id.isid,
+                tsih: id.tsih,
+                target: if normal { p.target_name.clone() } else { None },
+                discovery: !normal,
+            };
+        }
+        self.state = State::Stage(if transit { nsg } else { csg });
+        LoginStep::Reply(reply)
+    }
+
+    fn target(&self) -> Option<&IscsiTarget> {
+        let name = self.neg.params.target_name.as_deref()?;
+        self.targets.iter().find(|t| t.name == name)
+    }
+
+    /// RFC 7143 §11.13.5: names and session type of the first request.
+    fn check_first(&self) -> Result<(), LoginStatus> {
+        let p = &self.neg.params;
+        if p.initiator_name.is_none() {
+            return Err(LoginStatus::MISSING_PARAMETER);
+        }
+        if p.session_type == SessionType::Normal {
+            if p.target_name.is_none() {
+                return Err(LoginStatus::MISSING_PARAMETER);
+            }
+            if self.target().is_none() {
+                return Err(LoginStatus::NOT_FOUND);
+            }
+        }
+        Ok(())
+    }
+
+    /// The driver accepted the session: the final reply, with the TSIH.
+    pub fn accept(&mut self, tsih: u16) -> Option<LoginReply> {
+        if self.state != State::AwaitingSession {
+            return None;
+        }
+        self.state = State::Done;
+        self.held.take().map(|mut r| {
+            r.tsih = tsih;
+            r
+        })
+    }
+
+    /// The driver refused the session.
+    pub fn reject(&mut self, status: LoginStatus) -> Option<LoginStep> {
+        if self.state != State::AwaitingSession {
+            return None;
+        }
+        let itt = self.held.take().map_or(0, |r| r.itt);
+        Some(self.fail(status, itt))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pdu::{BhsBuf, Opcode, flags};
+
+    fn target() -> IscsiTarget {
+        IscsiTarget {
+            name: "iqn.2026-01.test:disk".into(),
+            alias: Some("disk".into()),
+            tpgt: 7,
+            portals: vec![],
+        }
+    }
+
+    fn req(t: bool, c: bool, csg: u8, nsg: u8) -> BhsBuf {
+        let mut f = (csg << 2) | nsg;
+        if t {
+            f |= flags::T;
+        }
+        if c {
+            f |= flags::C;
+        }
+        let mut b = BhsBuf::new(Opcode::LOGIN_REQ, f);
+        b.set_immediate();
+        b.0[8..14].copy_from_slice(&[0x80, 1, 2, 3, 4, 5]);
+        b.set_itt(0x11);
+        b
+    }
+
+    fn login() -> Login {
+        Login::new(Limits::default(), vec![target()])
+    }
+
+    fn text(keys: &[(&str, &str)]) -> Vec<u8> {
+        encode_text(keys)
+    }
+
+    fn reply(s: LoginStep) -> LoginReply {
+        match s {
+            LoginStep::Reply(r) => r,
+            other => panic!("expected a reply, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn security_then_operational_then_full_feature() {
+        let mut l = login();
+        let b = req(true, false, 0, 1);
+        let r = reply(l.handle(
+            b.view(),
+            &text(&[
+                ("InitiatorName", "iqn.i"),
+                ("TargetName", "iqn.2026-01.test:disk"),
+                ("SessionType", "Normal"),
+                ("AuthMethod", "None"),
+            ]),
+        ));
+        assert!(r.transit);
+        assert_eq!((r.csg, r.nsg), (0, 1));
+        let keys = parse_text(&r.data).unwrap();
+        assert!(keys.contains(&("AuthMethod", "None")));
+        assert!(keys.contains(&("TargetPortalGroupTag", "7")));
+        assert!(keys.contains(&("TargetAlias", "disk")));
+
+        let b = req(true, false, 1, 3);
+        let s = l.handle(
+            b.view(),
+            &text(&[("MaxBurstLength", "65536"), ("ImmediateData", "Yes")]),
+        );
+        match s {
+            LoginStep::SessionRequest {
+                initiator,
+                isid,
+                tsih,
+                target,
+                discovery,
+            } => {
+                assert_eq!(initiator, "iqn.i");
+                assert_eq!(isid, [0x80, 1, 2, 3, 4, 5]);
+                assert_eq!(tsih, 0);
+                assert_eq!(target.as_deref(), Some("iqn.2026-01.test:disk"));
+                assert!(!discovery);
+            }
+            other => panic!("{other:?}"),
+        }
+        // A request while the decision is pending is an error.
+        let r = l.accept(0x1234).unwrap();
+        assert!(r.enters_full_feature);
+        assert_eq!(r.tsih, 0x1234);
+        assert_eq!((r.csg, r.nsg), (1, 3));
+        let keys = parse_text(&r.data).unwrap();
+        assert!(keys.contains(&("MaxBurstLength", "65536")));
+        assert!(keys.contains(&("MaxRecvDataSegmentLength", "262144")));
+        assert!(l.is_done());
+        assert_eq!(l.params().max_burst_length, 65536);
+    }
+
+    #[test]
+    fn discovery_skipping_security() {
+        let mut l = login();
+        let b = req(true, false, 1, 3);
+        let s = l.handle(
+            b.view(),
+            &text(&[("InitiatorName", "iqn.i"), ("SessionType", "Discovery")]),
+        );
+        assert!(matches!(
+            s,
+            LoginStep::SessionRequest {
+                discovery: true,
+                target: None,
+                ..
+            }
+        ));
+        assert_eq!(
+            l.reject(LoginStatus::AUTHORIZATION_FAILURE),
+            Some(LoginStep::Fail {
+                status: LoginStatus::AUTHORIZATION_FAILURE,
+                itt: 0x11
+            })
+        );
+    }
+
+    #[test]
+    fn statuses_for_bad_logins() {
+        let cases: Vec<(BhsBuf, Vec<u8>, LoginStatus)> = vec![
+            // No InitiatorName.
+            (
+                req(true, false, 0, 1),
+                text(&[("TargetName", "iqn.2026-01.test:disk")]),
+                LoginStatus::MISSING_PARAMETER,
+            ),
+            // No TargetName on a normal session.
+            (
+                req(true, false, 0, 1),
+                text(&[("InitiatorName", "iqn.i")]),
+                LoginStatus::MISSING_PARAMETER,
+            ),
+            // Unknown target.
+            (
+                req(true, false, 0, 1),
+                text(&[("InitiatorName", "iqn.i"), ("TargetName", "iqn.nope")]),
+                LoginStatus::NOT_FOUND,
+            ),
+            // Garbage text.
+            (
+                req(true, false, 0, 1),
+                b"InitiatorName\0garbage".to_vec(),
+                LoginStatus::INITIATOR_ERROR,
+            ),
+            // Transit backwards.
+            (
+                req(true, false, 1, 0),
+                text(&[("InitiatorName", "iqn.i")]),
+                LoginStatus::INITIATOR_ERROR,
+            ),
+            // NSG 2 is reserved.
+            (
+                req(true, false, 0, 2),
+                text(&[("InitiatorName", "iqn.i")]),
+                LoginStatus::INITIATOR_ERROR,
+            ),
+            // T and C together.
+            (
+                req(true, true, 0, 1),
+                text(&[("InitiatorName", "iqn.i")]),
+                LoginStatus::INITIATOR_ERROR,
+            ),
+            // Only CHAP offered, we accept None only.
+            (
+                req(true, false, 0, 1),
+                text(&[
+                    ("InitiatorName", "iqn.i"),
+                    ("SessionType", "Discovery"),
+                    ("AuthMethod", "CHAP"),
+                ]),
+                LoginStatus::AUTH_FAILURE,
+            ),
+        ];
+        for (i, (b, d, st)) in cases.into_iter().enumerate() {
+            let mut l = login();
+            assert_eq!(
+                l.handle(b.view(), &d),
+                LoginStep::Fail {
+                    status: st,
+                    itt: 0x11
+                },
+                "case {i}"
+            );
+        }
+        let mut b = req(true, false, 0, 1);
+        b.set_u8(3, 1);
+        let mut l = login();
+        assert_eq!(
+            l.handle(b.view(), &text(&[("InitiatorName", "iqn.i")])),
+            LoginStep::Fail {
+                status: LoginStatus::UNSUPPORTED_VERSION,
+                itt: 0x11
+            }
+        );
+    }
+
+    #[test]
+    fn continued_text_spans_pdus() {
+        let mut l = login();
+        let all = text(&[("InitiatorName", "iqn.i"), ("SessionType", "Discovery")]);
+        let (a, b) = all.split_at(10);
+        let r = reply(l.handle(req(false, true, 0, 0).view(), a));
+        assert!(!r.transit && !r.cont && r.data.is_empty());
+        let r = reply(l.handle(req(true, false, 0, 1).view(), b));
+        assert!(r.transit);
+        assert_eq!(l.params().session_type, SessionType::Discovery);
+    }
+
+    #[test]
+    fn identity_must_not_change() {
+        let mut l = login();
+        let _ = reply(l.handle(
+            req(false, false, 0, 0).view(),
+            &text(&[("InitiatorName", "iqn.i"), ("SessionType", "Discovery")]),
+        ));
+        let mut b = req(true, false, 0, 1);
+        b.set_u16(14, 9);
+        assert!(matches!(
+            l.handle(b.view(), &[]),
+            LoginStep::Fail {
+                status: LoginStatus::INITIATOR_ERROR,
+                ..
+            }
+        ));
+    }
+}
