@@ -19,6 +19,7 @@
 pub mod change;
 pub mod config;
 pub mod runtime;
+pub mod server;
 pub mod tree;
 
 pub use change::{Change, plan};
@@ -29,4 +30,5 @@ pub use config::{
 pub use runtime::{
     DeviceAttr, FakeRuntime, IoStats, Runtime, RuntimeError, SessionInfo, Stats, TargetAttr,
 };
+pub use server::{ControlServer, Request, Response, serve};
 pub use tree::{AttrValue, Entry, EntryKind, MgmtError, Tree};

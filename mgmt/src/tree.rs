@@ -26,7 +26,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::change::{Change, device_attr_changes, plan};
 use crate::config::{
@@ -66,7 +66,7 @@ pub enum MgmtError {
 }
 
 /// What kind of node an entry is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EntryKind {
     Dir,
@@ -78,7 +78,7 @@ pub enum EntryKind {
 }
 
 /// One entry of a listing.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
     pub name: String,
     pub kind: EntryKind,
@@ -87,7 +87,7 @@ pub struct Entry {
 }
 
 /// An attribute read.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttrValue {
     pub value: String,
     /// Differs from the default: a saved configuration carries it.
