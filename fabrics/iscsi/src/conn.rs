@@ -269,6 +269,8 @@ struct Fetch {
 struct Task {
     lun_raw: [u8; 8],
     edtl: u32,
+    /// Data-In the initiator expects (EDTL, or the Bidi read length).
+    read_len: u32,
     dir: DataDir,
     /// Counted in `SessionSeq::in_flight`.
     counted: bool,
@@ -1122,6 +1124,11 @@ impl Conn {
         let task = Task {
             lun_raw,
             edtl,
+            read_len: match dir {
+                DataDir::Read => edtl,
+                DataDir::Bidi => read_len,
+                _ => 0,
+            },
             dir,
             counted: false,
             unsol_expected,
@@ -1372,6 +1379,7 @@ impl Conn {
             self.seq.in_flight = self.seq.in_flight.saturating_sub(1);
         }
         let dir = task.as_ref().map_or(DataDir::Read, |t| t.dir);
+        let read_len = task.as_ref().map_or(0, |t| t.read_len) as usize;
         let Response {
             status,
             sense,
@@ -1385,7 +1393,8 @@ impl Conn {
         if let Some(sg) = data
             && matches!(dir, DataDir::Read | DataDir::Bidi)
         {
-            let total = (data_len as usize).min(sg.len());
+            // RFC 7143 §11.7: never more Data-In than the initiator expects.
+            let total = (data_len as usize).min(sg.len()).min(read_len);
             let sg = Arc::new(sg);
             let mrdsl = self.params.max_xmit_data_segment_length.max(512) as usize;
             let burst = self.params.max_burst_length.max(512) as usize;
@@ -1648,7 +1657,8 @@ impl Conn {
         let itt = tag.0 as u32;
         let func = self.tmfs.remove(&itt);
         let code = match rsp {
-            TmfResponse::Complete | TmfResponse::Succeeded => tmf_rsp::COMPLETE,
+            TmfResponse::Complete => tmf_rsp::COMPLETE,
+            TmfResponse::Succeeded => tmf_rsp::SUCCEEDED,
             TmfResponse::TaskNotFound => tmf_rsp::TASK_DOES_NOT_EXIST,
             TmfResponse::IncorrectLun => tmf_rsp::LUN_DOES_NOT_EXIST,
             TmfResponse::Rejected | TmfResponse::Failed => tmf_rsp::REJECTED,

@@ -805,6 +805,8 @@ pub mod tmf_rsp {
     pub const REASSIGN_NOT_SUPPORTED: u8 = 4;
     pub const NOT_SUPPORTED: u8 = 5;
     pub const AUTHORIZATION_FAILED: u8 = 6;
+    /// RFC 7144 §4.2: the queried task or event exists.
+    pub const SUCCEEDED: u8 = 7;
     pub const REJECTED: u8 = 255;
 }
 

@@ -910,7 +910,7 @@ fn random_bytes_never_panic_and_never_overconsume() {
             let len = (rng.next() % 300) as usize;
             let mut chunk: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
             // Often start with a plausible header so deeper paths are reached.
-            if len >= 48 && rng.next() % 2 == 0 {
+            if len >= 48 && rng.next().is_multiple_of(2) {
                 chunk[0] =
                     [0x01, 0x05, 0x00, 0x04, 0x06, 0x02, 0x03, 0x10][(rng.next() % 8) as usize];
                 chunk[4] = (rng.next() % 3) as u8;
