@@ -1,5 +1,184 @@
-//! ferrited: the composition root. Reads the configuration, starts one reactor
-//! per core, opens backends, starts fabrics and serves management.
+//! ferrited: the composition root. Reads the configuration (or builds the
+//! embedded default), opens backends, starts one reactor per core, listens on
+//! the iSCSI portals and shuts down cleanly on SIGINT/SIGTERM.
 #![forbid(unsafe_code)]
 
-fn main() {}
+mod portal;
+mod system;
+mod worker;
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use ferrite_mgmt::config::Config;
+use ferrite_reactor::mailbox::mailbox;
+use ferrite_reactor::ring::{self, ReactorConfig};
+
+use crate::portal::Registry;
+use crate::system::System;
+use crate::worker::{CoreWorker, Msg};
+
+/// Ferrite: a userspace SCSI target (iSCSI over TCP).
+#[derive(Parser, Debug)]
+#[command(name = "ferrited", version)]
+struct Args {
+    /// Start from this JSON configuration instead of the embedded default.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Listen on this portal instead of the configured ones (ADDR:PORT).
+    #[arg(long, value_name = "ADDR:PORT")]
+    listen: Option<SocketAddr>,
+    /// Where the embedded default keeps its disk image and where state lives.
+    /// Default: /var/lib/ferrite as root, else $XDG_STATE_HOME/ferrite.
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// Number of reactor threads (default: from the configuration, else one per CPU).
+    #[arg(long)]
+    cores: Option<usize>,
+    /// Busy-poll this many microseconds before a reactor sleeps.
+    #[arg(long)]
+    poll_us: Option<u32>,
+    /// Pin reactor threads to CPUs.
+    #[arg(long)]
+    pin: bool,
+}
+
+fn default_state_dir() -> PathBuf {
+    let is_root = std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap_or(false);
+    if is_root {
+        return PathBuf::from("/var/lib/ferrite");
+    }
+    if let Some(x) = std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
+        return Path::new(&x).join("ferrite");
+    }
+    if let Some(h) = std::env::var_os("HOME") {
+        return Path::new(&h).join(".local/state/ferrite");
+    }
+    PathBuf::from("/tmp/ferrite-state")
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let args = Args::parse();
+    let state_dir = args.state_dir.clone().unwrap_or_else(default_state_dir);
+    let default_listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 3260));
+    let mut cfg = match &args.config {
+        Some(p) => Config::load(p).map_err(|e| anyhow::anyhow!("{e}"))?,
+        None => {
+            std::fs::create_dir_all(&state_dir)
+                .with_context(|| format!("creating state directory {}", state_dir.display()))?;
+            tracing::info!(state_dir = %state_dir.display(), "no configuration given: starting the embedded default");
+            Config::embedded_default(&state_dir, args.listen.unwrap_or(default_listen))
+        }
+    };
+    if let Some(l) = args.listen {
+        for t in &mut cfg.targets.iscsi {
+            t.portals = vec![l.to_string()];
+        }
+    }
+    if let Some(c) = args.cores {
+        cfg.reactor.cores = Some(c);
+    }
+    if let Some(p) = args.poll_us {
+        cfg.reactor.poll_us = p;
+    }
+    run(cfg, args.pin)
+}
+
+fn run(cfg: Config, pin: bool) -> Result<()> {
+    let system = System::build(&cfg)?;
+    let cores = cfg.reactor.effective_cores().max(1);
+    let mut listeners = Vec::new();
+    for p in &system.portals {
+        let l = TcpListener::bind(p).with_context(|| format!("listening on {p}"))?;
+        tracing::info!(portal = %p, "iSCSI portal listening");
+        listeners.push(l);
+    }
+    for (name, t) in &system.snapshot.iscsi_targets {
+        tracing::info!(target = %name, luns = t.luns.luns.len(), enabled = t.enabled, "target");
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing signal handler")?;
+    }
+
+    let registry = Arc::new(Registry::default());
+    let mut txs = Vec::new();
+    let mut rxs = Vec::new();
+    for _ in 0..cores {
+        let (tx, rx) = mailbox::<Msg>().context("creating mailbox")?;
+        txs.push(tx);
+        rxs.push(rx);
+    }
+    let rcfg = ReactorConfig {
+        poll: Duration::from_micros(cfg.reactor.poll_us as u64),
+        pin,
+        ..ReactorConfig::default()
+    };
+    let mut handles = Vec::new();
+    for (core, rx) in rxs.into_iter().enumerate() {
+        let ls = if core == 0 {
+            std::mem::take(&mut listeners)
+        } else {
+            Vec::new()
+        };
+        let (peers, snapshot, registry) = (txs.clone(), system.snapshot.clone(), registry.clone());
+        let h = std::thread::Builder::new()
+            .name(format!("reactor-{core}"))
+            .spawn(move || {
+                // The worker is built on its own thread: backend queues and
+                // sessions never leave the core that created them.
+                let w = CoreWorker::new(core, ls, peers, snapshot, registry);
+                ring::run(core, rcfg, rx, w).map(|_| ())
+            })
+            .context("spawning reactor thread")?;
+        handles.push(h);
+    }
+    tracing::info!(cores, "ferrited running");
+
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(100));
+        if handles.iter().any(|h| h.is_finished()) {
+            break;
+        }
+    }
+    tracing::info!("shutting down");
+    for tx in &txs {
+        let _ = tx.send(Msg::Stop);
+    }
+    let mut failed = false;
+    for h in handles {
+        match h.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "reactor failed");
+                failed = true;
+            }
+            Err(_) => {
+                tracing::error!("reactor thread panicked");
+                failed = true;
+            }
+        }
+    }
+    drop(system);
+    if failed {
+        anyhow::bail!("a reactor failed");
+    }
+    tracing::info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,179 @@
+//! Builds the running system from a configuration: backends, devices,
+//! targets, and the snapshot that cores read.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use ferrite_core::backend::Backend;
+use ferrite_core::device::{AccessGroup, Device, DeviceId, LunEntry, LunMap, Target};
+use ferrite_fileio::{FileBackend, FileOptions};
+use ferrite_iscsi::conn::{IscsiConfig, IscsiTarget};
+use ferrite_mgmt::config::{Config, DeviceConfig, Handler, LunConfig};
+use ferrite_nullio::NullBackend;
+use ferrite_scsi::Lun;
+
+/// What every core reads: targets by name and the iSCSI settings.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub iscsi_targets: BTreeMap<String, Arc<Target>>,
+    pub iscsi: Arc<IscsiConfig>,
+}
+
+/// The devices and targets built from a configuration.
+pub struct System {
+    pub devices: BTreeMap<String, Arc<Device>>,
+    pub snapshot: Arc<Snapshot>,
+    /// Every portal to listen on, with the targets reachable there.
+    pub portals: Vec<SocketAddr>,
+}
+
+/// Opens the backend a device configuration names.
+pub fn open_backend(d: &DeviceConfig) -> Result<Arc<dyn Backend>> {
+    Ok(match d.handler {
+        Handler::VdiskFileio | Handler::VdiskBlockio => {
+            let path = d
+                .filename
+                .as_ref()
+                .with_context(|| format!("device {}: filename is required", d.name))?;
+            let opts = FileOptions {
+                block_size: d.blocksize,
+                write_through: d.write_through,
+                nv_cache: d.nv_cache,
+                create_size: d.size,
+                read_only: d.read_only,
+            };
+            if let Some(dir) = path.parent()
+                && d.size.is_some()
+                && !dir.as_os_str().is_empty()
+            {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("device {}: creating {}", d.name, dir.display()))?;
+            }
+            Arc::new(
+                FileBackend::open(path, opts)
+                    .with_context(|| format!("device {}: opening {}", d.name, path.display()))?,
+            )
+        }
+        Handler::VdiskNullio => {
+            let size = d.size.unwrap_or(1 << 30);
+            let b = if d.mem {
+                NullBackend::mem(size, d.blocksize)
+            } else {
+                NullBackend::new(size, d.blocksize)
+            };
+            Arc::new(b.with_context(|| format!("device {}", d.name))?)
+        }
+    })
+}
+
+fn lun_map(
+    luns: &[LunConfig],
+    devices: &BTreeMap<String, Arc<Device>>,
+    at: &str,
+) -> Result<Arc<LunMap>> {
+    let mut map = LunMap::default();
+    for l in luns {
+        let Some(dev) = devices.get(&l.device) else {
+            bail!("{at}: LUN {} names unknown device {}", l.lun, l.device);
+        };
+        map.luns.insert(
+            Lun(l.lun),
+            LunEntry {
+                device: dev.clone(),
+                read_only: l.read_only,
+            },
+        );
+    }
+    Ok(Arc::new(map))
+}
+
+/// The iSCSI settings of a configuration.
+pub fn iscsi_config(cfg: &Config, targets: &BTreeMap<String, Arc<Target>>) -> IscsiConfig {
+    let p = &cfg.iscsi;
+    let mut ic = IscsiConfig {
+        max_recv_data_segment_length: p.max_recv_data_segment_length,
+        max_burst_length: p.max_burst_length,
+        first_burst_length: p.first_burst_length,
+        immediate_data: p.immediate_data,
+        initial_r2t: p.initial_r2t,
+        max_outstanding_r2t: u32::from(p.max_outstanding_r2t),
+        max_connections: p.max_connections,
+        nop_in_interval: (p.nop_in_interval_s > 0)
+            .then(|| Duration::from_secs(p.nop_in_interval_s as u64)),
+        nop_in_timeout: Duration::from_secs(p.nop_in_timeout_s.max(1) as u64),
+        login_timeout: Duration::from_secs(p.login_timeout_s.max(1) as u64),
+        ..IscsiConfig::default()
+    };
+    ic.targets = cfg
+        .targets
+        .iscsi
+        .iter()
+        .filter(|t| targets.get(&t.name).is_some_and(|t| t.enabled))
+        .map(|t| IscsiTarget {
+            name: t.name.clone(),
+            alias: t.alias.clone(),
+            tpgt: t.tpgt,
+            portals: t.portal_addrs(),
+        })
+        .collect();
+    ic
+}
+
+impl System {
+    /// Opens every device and builds every target.
+    pub fn build(cfg: &Config) -> Result<System> {
+        cfg.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let mut devices = BTreeMap::new();
+        for (i, d) in cfg.devices.iter().enumerate() {
+            let backend = open_backend(d)?;
+            let dev = Device::new(
+                DeviceId(i as u32),
+                d.name.clone(),
+                backend,
+                d.identity(),
+                d.flags(),
+            );
+            tracing::info!(device = %d.name, handler = d.handler.name(),
+                blocks = dev.geometry().num_blocks, block_size = dev.geometry().block_size, "device ready");
+            devices.insert(d.name.clone(), Arc::new(dev));
+        }
+        let mut targets = BTreeMap::new();
+        let mut portals: Vec<SocketAddr> = Vec::new();
+        for (i, t) in cfg.targets.iscsi.iter().enumerate() {
+            let at = format!("targets.iscsi[{i}]");
+            let mut groups = Vec::new();
+            for g in &t.ini_groups {
+                groups.push(AccessGroup {
+                    name: g.name.clone(),
+                    initiators: g.initiators.clone(),
+                    luns: lun_map(&g.luns, &devices, &format!("{at}.ini_groups.{}", g.name))?,
+                });
+            }
+            let target = Target {
+                name: t.name.clone(),
+                rel_port_id: t.tpgt.max(1),
+                enabled: t.enabled,
+                luns: lun_map(&t.luns, &devices, &at)?,
+                groups,
+            };
+            for p in t.portal_addrs() {
+                if !portals.contains(&p) {
+                    portals.push(p);
+                }
+            }
+            targets.insert(t.name.clone(), Arc::new(target));
+        }
+        let iscsi = Arc::new(iscsi_config(cfg, &targets));
+        Ok(System {
+            devices,
+            snapshot: Arc::new(Snapshot {
+                iscsi_targets: targets,
+                iscsi,
+            }),
+            portals,
+        })
+    }
+}

@@ -1,0 +1,248 @@
+//! The per-core worker: what runs on each reactor. It owns this core's shard
+//! of the target core, the connections living on this core, and (on the core
+//! that got them) the listening sockets, whose accepted connections are spread
+//! over all cores round-robin.
+
+use std::collections::HashMap;
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::time::Instant;
+
+use ferrite_core::shard::{SessionId, Shard};
+use ferrite_iscsi::tcp::{TOKEN_RECV, TOKEN_SEND, TcpConn};
+use ferrite_reactor::buf::BufPool;
+use ferrite_reactor::mailbox::MailboxTx;
+use ferrite_reactor::ring::{Completion, Ctx, Worker};
+use slab::Slab;
+
+use crate::portal::{CorePortal, Registry};
+use crate::system::Snapshot;
+
+/// Token kind of a listener's accept.
+const TOKEN_ACCEPT: u64 = 3;
+
+/// Messages between cores and from the control thread.
+pub enum Msg {
+    /// An accepted connection to run on this core.
+    NewConn(OwnedFd),
+    /// New configuration snapshot.
+    Snapshot(Arc<Snapshot>),
+    /// Close every connection and stop.
+    Stop,
+}
+
+pub struct CoreWorker {
+    core: usize,
+    shard: Shard,
+    conns: Slab<TcpConn>,
+    by_session: HashMap<SessionId, usize>,
+    listeners: Vec<TcpListener>,
+    started: bool,
+    peers: Vec<MailboxTx<Msg>>,
+    rr: usize,
+    snapshot: Arc<Snapshot>,
+    registry: Arc<Registry>,
+    stopping: bool,
+    ready: Vec<SessionId>,
+    next_timer: Option<Instant>,
+    seed: u64,
+}
+
+impl CoreWorker {
+    pub fn new(
+        core: usize,
+        listeners: Vec<TcpListener>,
+        peers: Vec<MailboxTx<Msg>>,
+        snapshot: Arc<Snapshot>,
+        registry: Arc<Registry>,
+    ) -> CoreWorker {
+        CoreWorker {
+            core,
+            shard: Shard::new(core, BufPool::new(256 * 1024, 1024)),
+            conns: Slab::new(),
+            by_session: HashMap::new(),
+            listeners,
+            started: false,
+            peers,
+            rr: core,
+            snapshot,
+            registry,
+            stopping: false,
+            ready: Vec::new(),
+            next_timer: None,
+            seed: 0x9e37_79b9_7f4a_7c15 ^ (core as u64),
+        }
+    }
+
+    fn add_conn(&mut self, ctx: &mut Ctx, fd: OwnedFd) {
+        if self.stopping {
+            return;
+        }
+        let sock = TcpStream::from(fd);
+        self.seed = self.seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+        match TcpConn::new(ctx.now(), sock, self.snapshot.iscsi.clone(), self.seed) {
+            Ok(c) => {
+                tracing::debug!(core = self.core, peer = %c.peer(), "connection");
+                let key = self.conns.insert(c);
+                if let Some(c) = self.conns.get_mut(key) {
+                    c.start(ctx, key as u64);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "accepted socket unusable"),
+        }
+    }
+
+    fn after_conn(&mut self, key: usize) {
+        let Some(c) = self.conns.get(key) else {
+            return;
+        };
+        if let Some(sid) = c.session() {
+            self.by_session.insert(sid, key);
+        }
+        if c.is_finished() {
+            let c = self.conns.remove(key);
+            self.by_session.retain(|_, k| *k != key);
+            tracing::debug!(core = self.core, peer = %c.peer(), "connection finished");
+        }
+    }
+}
+
+impl Worker for CoreWorker {
+    type Msg = Msg;
+
+    fn on_completion(&mut self, ctx: &mut Ctx, c: Completion) {
+        let portal = CorePortal {
+            snapshot: &self.snapshot,
+            registry: &self.registry,
+        };
+        match c {
+            Completion::Accept { token, result } => {
+                let idx = (token >> 8) as usize;
+                match result {
+                    Ok(fd) => {
+                        let n = self.peers.len().max(1);
+                        let target = self.rr % n;
+                        self.rr = self.rr.wrapping_add(1);
+                        if target == self.core || self.peers.is_empty() {
+                            self.add_conn(ctx, fd);
+                        } else if let Err(e) = self.peers[target].send(Msg::NewConn(fd)) {
+                            tracing::warn!(error = %e, "core mailbox closed; connection dropped");
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "accept failed"),
+                }
+                if !self.stopping
+                    && let Some(l) = self.listeners.get(idx)
+                {
+                    ctx.accept(l.as_raw_fd(), (idx as u64) << 8 | TOKEN_ACCEPT);
+                }
+            }
+            Completion::Recv {
+                token,
+                result,
+                buf,
+                ..
+            } if token & 0xff == TOKEN_RECV => {
+                let key = (token >> 8) as usize;
+                if let Some(conn) = self.conns.get_mut(key) {
+                    conn.on_recv(ctx, key as u64, result, buf, &mut self.shard, &portal);
+                }
+                self.after_conn(key);
+            }
+            Completion::Send {
+                token,
+                result,
+                segs,
+            } if token & 0xff == TOKEN_SEND => {
+                let key = (token >> 8) as usize;
+                if let Some(conn) = self.conns.get_mut(key) {
+                    conn.on_send(ctx, key as u64, result, segs, &mut self.shard, &portal);
+                }
+                self.after_conn(key);
+            }
+            other => tracing::debug!(?other, "unexpected completion"),
+        }
+    }
+
+    fn on_message(&mut self, ctx: &mut Ctx, msg: Msg) {
+        match msg {
+            Msg::NewConn(fd) => self.add_conn(ctx, fd),
+            Msg::Snapshot(s) => self.snapshot = s,
+            Msg::Stop => {
+                self.stopping = true;
+                let portal = CorePortal {
+                    snapshot: &self.snapshot,
+                    registry: &self.registry,
+                };
+                let now = ctx.now();
+                for (_, c) in self.conns.iter_mut() {
+                    c.close(now, &mut self.shard, &portal);
+                }
+                self.listeners.clear();
+            }
+        }
+    }
+
+    fn poll(&mut self, ctx: &mut Ctx) -> bool {
+        let mut progress = false;
+        if !self.started {
+            self.started = true;
+            for (i, l) in self.listeners.iter().enumerate() {
+                ctx.accept(l.as_raw_fd(), (i as u64) << 8 | TOKEN_ACCEPT);
+            }
+            progress = true;
+        }
+        let now = ctx.now();
+        if self.shard.poll(now) {
+            progress = true;
+        }
+        self.ready.clear();
+        self.shard.ready_sessions(&mut self.ready);
+        let portal = CorePortal {
+            snapshot: &self.snapshot,
+            registry: &self.registry,
+        };
+        let mut touched: Vec<usize> = Vec::new();
+        for sid in &self.ready {
+            if let Some(&key) = self.by_session.get(sid)
+                && let Some(conn) = self.conns.get_mut(key)
+            {
+                progress = true;
+                conn.pump(ctx, key as u64, &mut self.shard, &portal);
+                touched.push(key);
+            }
+        }
+        // Timers.
+        if self.next_timer.is_some_and(|t| t <= now) {
+            for (key, conn) in self.conns.iter_mut() {
+                if conn.poll_timeout().is_some_and(|t| t <= now) {
+                    conn.on_timer(ctx, key as u64, &mut self.shard, &portal);
+                    touched.push(key);
+                    progress = true;
+                }
+            }
+        }
+        for key in touched {
+            self.after_conn(key);
+        }
+        self.next_timer = self.conns.iter().filter_map(|(_, c)| c.poll_timeout()).min();
+        progress
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.next_timer
+    }
+
+    fn wants_spin(&self) -> bool {
+        self.shard.wants_spin()
+    }
+
+    fn wake_fds(&self, out: &mut Vec<RawFd>) {
+        self.shard.notify_fds(out);
+    }
+
+    fn running(&self) -> bool {
+        !(self.stopping && self.conns.is_empty())
+    }
+}

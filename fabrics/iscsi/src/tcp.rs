@@ -1,0 +1,393 @@
+//! The TCP driver: runs one sans-IO [`Conn`] over a socket on a reactor.
+//!
+//! Only this file touches sockets. It feeds received bytes to the `Conn`,
+//! hands the `Conn`'s events to the core's [`Session`](ferrite_core::Session),
+//! hands the session's actions back to the `Conn`, and sends what the `Conn`
+//! queues. Every RFC rule lives in the `Conn`; nothing here depends on one.
+
+use std::collections::VecDeque;
+use std::mem;
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+use std::time::Instant;
+
+use ferrite_core::device::LunMap;
+use ferrite_core::shard::{Nexus, SessionId, Shard};
+use ferrite_reactor::ring::{Ctx, TxSeg, advance};
+
+use crate::conn::{Conn, ConnEvent, IscsiConfig, TxQueue};
+use crate::pdu::LoginStatus;
+
+/// Receive buffer per connection: a whole maximal PDU header plus a large
+/// piece of data segment (the `Conn` consumes data segments partially).
+pub const RX_BUF: usize = 256 * 1024 + 4096;
+
+/// Token kinds in the low byte of a reactor token.
+pub const TOKEN_RECV: u64 = 1;
+pub const TOKEN_SEND: u64 = 2;
+
+/// A login that reached the end of its operational stage, for the portal to decide.
+#[derive(Debug)]
+pub struct SessionRequest<'a> {
+    pub initiator: &'a str,
+    pub isid: [u8; 6],
+    pub tsih: u16,
+    pub target: Option<&'a str>,
+    pub discovery: bool,
+    pub peer: SocketAddr,
+}
+
+/// What the portal grants a login.
+#[derive(Debug)]
+pub struct Grant {
+    pub tsih: u16,
+    /// The LUN map of a normal session (None for discovery).
+    pub luns: Option<Arc<LunMap>>,
+    /// Relative target port identifier of the target.
+    pub rel_port_id: u16,
+}
+
+/// The daemon side of logins: target lookup, ACLs, TSIH allocation.
+pub trait Portal {
+    fn session_request(&self, req: &SessionRequest<'_>) -> Result<Grant, LoginStatus>;
+    fn session_closed(&self, tsih: u16);
+}
+
+/// One iSCSI connection on a TCP socket.
+pub struct TcpConn {
+    sock: TcpStream,
+    peer: SocketAddr,
+    conn: Conn,
+    /// The receive buffer, absent while a recv is in flight.
+    rx: Option<Vec<u8>>,
+    /// Unconsumed bytes at the front of `rx`.
+    rx_len: usize,
+    /// Bytes waiting to be sent (not yet handed to the ring).
+    tx: VecDeque<TxSeg>,
+    txq: TxQueue,
+    sending: bool,
+    session: Option<SessionId>,
+    /// The login being decided: initiator, isid, target, grant.
+    pending: Option<(String, [u8; 6], Option<String>, Grant)>,
+    tsih: Option<u16>,
+    closing: bool,
+    shut: bool,
+}
+
+impl TcpConn {
+    /// Wraps an accepted socket.
+    pub fn new(
+        now: Instant,
+        sock: TcpStream,
+        cfg: Arc<IscsiConfig>,
+        seed: u64,
+    ) -> std::io::Result<TcpConn> {
+        let local = sock.local_addr()?;
+        let peer = sock.peer_addr()?;
+        sock.set_nodelay(true)?;
+        Ok(TcpConn {
+            conn: Conn::new(now, cfg, local, peer, seed),
+            sock,
+            peer,
+            rx: Some(vec![0; RX_BUF]),
+            rx_len: 0,
+            tx: VecDeque::new(),
+            txq: TxQueue::default(),
+            sending: false,
+            session: None,
+            pending: None,
+            tsih: None,
+            closing: false,
+            shut: false,
+        })
+    }
+
+    fn fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+
+    /// The peer's address.
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// The core session of this connection, once logged in.
+    pub fn session(&self) -> Option<SessionId> {
+        self.session
+    }
+
+    /// Arms the first receive.
+    pub fn start(&mut self, ctx: &mut Ctx, key: u64) {
+        self.arm_recv(ctx, key);
+    }
+
+    fn arm_recv(&mut self, ctx: &mut Ctx, key: u64) {
+        if self.closing {
+            return;
+        }
+        if let Some(buf) = self.rx.take() {
+            if self.rx_len >= buf.len() {
+                // The Conn consumed nothing from a full buffer: it cannot make
+                // progress, which only a protocol violation causes.
+                tracing::warn!(peer = %self.peer, "receive buffer full without progress; closing");
+                self.rx = Some(buf);
+                self.closing = true;
+                return;
+            }
+            ctx.recv(self.fd(), buf, self.rx_len, key << 8 | TOKEN_RECV);
+        }
+    }
+
+    /// A receive finished.
+    pub fn on_recv(
+        &mut self,
+        ctx: &mut Ctx,
+        key: u64,
+        result: std::io::Result<usize>,
+        mut buf: Vec<u8>,
+        shard: &mut Shard,
+        portal: &dyn Portal,
+    ) {
+        let n = match result {
+            Ok(0) => {
+                tracing::debug!(peer = %self.peer, "connection closed by peer");
+                self.rx = Some(buf);
+                self.begin_close(ctx.now(), shard, portal);
+                self.finish_close();
+                return;
+            }
+            Ok(n) => n,
+            Err(e) => {
+                tracing::debug!(peer = %self.peer, error = %e, "receive failed");
+                self.rx = Some(buf);
+                self.begin_close(ctx.now(), shard, portal);
+                self.finish_close();
+                return;
+            }
+        };
+        self.rx_len += n;
+        let now = ctx.now();
+        let mut off = 0;
+        while off < self.rx_len {
+            let used = self.conn.handle_input(now, &buf[off..self.rx_len]);
+            if used == 0 {
+                break;
+            }
+            off += used;
+            // Deliver what that input produced before more input arrives.
+            self.drive(now, shard, portal);
+        }
+        if off > 0 {
+            buf.copy_within(off..self.rx_len, 0);
+            self.rx_len -= off;
+        }
+        self.rx = Some(buf);
+        self.pump(ctx, key, shard, portal);
+        self.arm_recv(ctx, key);
+    }
+
+    /// A send finished.
+    pub fn on_send(
+        &mut self,
+        ctx: &mut Ctx,
+        key: u64,
+        result: std::io::Result<usize>,
+        mut segs: VecDeque<TxSeg>,
+        shard: &mut Shard,
+        portal: &dyn Portal,
+    ) {
+        self.sending = false;
+        match result {
+            Ok(n) => {
+                advance(&mut segs, n);
+                // Unsent bytes go out before anything queued since.
+                while let Some(s) = segs.pop_back() {
+                    self.tx.push_front(s);
+                }
+            }
+            Err(e) => {
+                tracing::debug!(peer = %self.peer, error = %e, "send failed");
+                self.tx.clear();
+                self.begin_close(ctx.now(), shard, portal);
+                self.finish_close();
+                return;
+            }
+        }
+        self.pump(ctx, key, shard, portal);
+    }
+
+    /// Timers: keepalive, login and logout timeouts.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.conn.poll_timeout()
+    }
+
+    /// Fires the `Conn`'s timers if due.
+    pub fn on_timer(&mut self, ctx: &mut Ctx, key: u64, shard: &mut Shard, portal: &dyn Portal) {
+        if self.conn.poll_timeout().is_some_and(|t| t <= ctx.now()) {
+            self.conn.handle_timeout(ctx.now());
+            self.pump(ctx, key, shard, portal);
+        }
+    }
+
+    /// Moves events and actions between the `Conn` and the core until both are
+    /// quiet, then sends what is queued.
+    pub fn pump(&mut self, ctx: &mut Ctx, key: u64, shard: &mut Shard, portal: &dyn Portal) {
+        self.drive(ctx.now(), shard, portal);
+        self.flush(ctx, key);
+    }
+
+    fn drive(&mut self, now: Instant, shard: &mut Shard, portal: &dyn Portal) {
+        loop {
+            let mut progress = false;
+            while let Some(ev) = self.conn.poll_event() {
+                progress = true;
+                self.on_event(now, ev, shard, portal);
+            }
+            if let Some(sid) = self.session
+                && let Some(mut s) = shard.session(sid)
+            {
+                while let Some(a) = s.poll_action() {
+                    progress = true;
+                    self.conn.handle_action(now, a);
+                }
+            }
+            if !progress {
+                break;
+            }
+        }
+        if self.conn.is_closed() && !self.closing {
+            self.begin_close(now, shard, portal);
+        }
+    }
+
+    fn on_event(&mut self, now: Instant, ev: ConnEvent, shard: &mut Shard, portal: &dyn Portal) {
+        match ev {
+            ConnEvent::SessionRequest {
+                initiator,
+                isid,
+                tsih,
+                target,
+                discovery,
+            } => {
+                let req = SessionRequest {
+                    initiator: &initiator,
+                    isid,
+                    tsih,
+                    target: target.as_deref(),
+                    discovery,
+                    peer: self.peer,
+                };
+                match portal.session_request(&req) {
+                    Ok(grant) => {
+                        tracing::info!(peer = %self.peer, initiator = %initiator,
+                            target = target.as_deref().unwrap_or("(discovery)"), tsih = grant.tsih, "login");
+                        self.tsih = Some(grant.tsih);
+                        self.conn.accept_session(grant.tsih);
+                        self.pending = Some((initiator, isid, target, grant));
+                    }
+                    Err(status) => {
+                        tracing::warn!(peer = %self.peer, initiator = %initiator,
+                            target = target.as_deref().unwrap_or("(discovery)"),
+                            class = status.class, detail = status.detail, "login refused");
+                        self.conn.reject_session(status);
+                    }
+                }
+            }
+            ConnEvent::LoggedIn => {
+                if let Some((initiator, isid, Some(target), grant)) = self.pending.take()
+                    && let Some(luns) = grant.luns
+                {
+                    let isid_hex: String = isid.iter().map(|b| format!("{b:02x}")).collect();
+                    let nexus = Nexus {
+                        initiator_port: format!("{initiator},i,0x{isid_hex}"),
+                        initiator,
+                        target,
+                        rel_port_id: grant.rel_port_id,
+                    };
+                    self.session = Some(shard.open_session(now, nexus, luns, true));
+                }
+            }
+            ConnEvent::Command(req) => match self.session.and_then(|s| shard.session(s)) {
+                Some(mut s) => {
+                    s.submit(now, req);
+                }
+                None => tracing::warn!(peer = %self.peer, "command outside a normal session dropped"),
+            },
+            ConnEvent::DataOutDone { id, data } => {
+                if let Some(mut s) = self.session.and_then(|s| shard.session(s)) {
+                    s.data_out_done(id, data);
+                }
+            }
+            ConnEvent::ResponseSent { id } => {
+                if let Some(mut s) = self.session.and_then(|s| shard.session(s)) {
+                    s.response_sent(id);
+                }
+            }
+            ConnEvent::TaskMgmt(req) => {
+                if let Some(mut s) = self.session.and_then(|s| shard.session(s)) {
+                    s.task_mgmt(now, req);
+                }
+            }
+            ConnEvent::Closed { reason } => {
+                tracing::info!(peer = %self.peer, ?reason, "connection closing");
+                self.begin_close(now, shard, portal);
+            }
+        }
+    }
+
+    /// Ends the core session; the socket is shut once queued bytes are sent.
+    fn begin_close(&mut self, now: Instant, shard: &mut Shard, portal: &dyn Portal) {
+        if self.closing {
+            return;
+        }
+        self.closing = true;
+        if let Some(sid) = self.session.take() {
+            shard.close_session(now, sid);
+        }
+        if let Some(tsih) = self.tsih.take() {
+            portal.session_closed(tsih);
+        }
+    }
+
+    fn finish_close(&mut self) {
+        if !self.shut {
+            self.shut = true;
+            let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    fn flush(&mut self, ctx: &mut Ctx, key: u64) {
+        self.conn.poll_transmit(&mut self.txq);
+        self.tx.extend(self.txq.segs.drain(..));
+        if self.sending {
+            return;
+        }
+        if self.tx.is_empty() {
+            if self.closing {
+                self.finish_close();
+            }
+            return;
+        }
+        if self.shut {
+            self.tx.clear();
+            return;
+        }
+        let segs = mem::take(&mut self.tx);
+        self.sending = true;
+        ctx.send(self.fd(), segs, key << 8 | TOKEN_SEND);
+    }
+
+    /// True once the connection is closed and no operation is in flight:
+    /// the worker may drop it.
+    pub fn is_finished(&self) -> bool {
+        self.closing && self.shut && !self.sending && self.rx.is_some()
+    }
+
+    /// Closes the connection from the target side (shutdown, target removed).
+    pub fn close(&mut self, now: Instant, shard: &mut Shard, portal: &dyn Portal) {
+        self.begin_close(now, shard, portal);
+        self.tx.clear();
+        self.finish_close();
+    }
+}
