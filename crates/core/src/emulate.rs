@@ -24,6 +24,15 @@ use crate::device::{LunEntry, LunMap};
 /// Limits VPD page as MAXIMUM TRANSFER LENGTH).
 pub const MAX_TRANSFER_BYTES: u64 = 8 << 20;
 
+/// The largest WRITE SAME, in bytes (MAXIMUM WRITE SAME LENGTH).
+pub const MAX_WRITE_SAME_BYTES: u64 = 1 << 30;
+
+/// MAXIMUM UNMAP LBA COUNT (per descriptor and per command).
+pub const MAX_UNMAP_BLOCKS: u32 = 1 << 20;
+
+/// MAXIMUM UNMAP BLOCK DESCRIPTOR COUNT.
+pub const MAX_UNMAP_DESCRIPTORS: u32 = 256;
+
 /// What a command needs once the task set lets it run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Plan {
@@ -49,6 +58,19 @@ pub enum Plan {
     },
     /// Flush the backend's volatile cache.
     Flush(Residual),
+    /// WRITE SAME: fetch one block (unless `ndob`), then write it over
+    /// `[offset, offset+len)`, or unmap / zero the range when that is
+    /// equivalent.
+    WriteSame {
+        offset: u64,
+        len: u64,
+        unmap: bool,
+        ndob: bool,
+        residual: Residual,
+    },
+    /// UNMAP: fetch the `param_len`-byte parameter list, then deallocate each
+    /// range it names.
+    Unmap { param_len: u32, residual: Residual },
 }
 
 /// The Data-In residual when the device server has `spdtl` bytes to send and
@@ -251,6 +273,10 @@ fn plan_lu(
             }
             Plan::Good(no_data(expected_len))
         }
+        Opcode::WRITE_SAME_10 | Opcode::WRITE_SAME_16 => {
+            plan_write_same(op, cdb, len, e, expected_len, dir)
+        }
+        Opcode::UNMAP => plan_unmap(cdb, e, expected_len, dir),
         Opcode::SYNCHRONIZE_CACHE_10 | Opcode::SYNCHRONIZE_CACHE_16 => {
             let c = match BlockCdb::decode(cdb) {
                 Ok(c) => c,
@@ -269,6 +295,167 @@ fn plan_lu(
         }
         _ => fail(Sense::INVALID_COMMAND_OPERATION_CODE),
     }
+}
+
+/// The Data-Out expected length as the transport will deliver it.
+fn data_out_len(expected_len: u32, dir: DataDir) -> u32 {
+    match dir {
+        DataDir::Write | DataDir::Bidi => expected_len,
+        DataDir::None | DataDir::Read => 0,
+    }
+}
+
+/// The Data-Out rule shared by commands that take a parameter list or data:
+/// more wanted than the initiator sends is an overflow that fails the command
+/// (FCP-4 §9.4.2 b)); less is an underflow residual.
+fn data_out_residual(need: u64, expected: u32) -> Result<Residual, Plan> {
+    if need > expected as u64 {
+        let over = u32::try_from(need - expected as u64).unwrap_or(u32::MAX);
+        return Err(Plan::Fail(
+            Sense::INVALID_FIELD_IN_COMMAND_INFORMATION_UNIT,
+            Residual::Overflow(over),
+        ));
+    }
+    Ok(no_data(expected - need as u32))
+}
+
+fn plan_write_same(
+    op: Opcode,
+    cdb: &[u8],
+    len: usize,
+    e: &LunEntry,
+    expected_len: u32,
+    dir: DataDir,
+) -> Plan {
+    let geo = e.device.geometry();
+    let bs = geo.block_size as u64;
+    let c = match BlockCdb::decode(cdb) {
+        Ok(c) => c,
+        Err(s) => return fail(s),
+    };
+    if let Err(s) = c.check_no_protect() {
+        return fail(s);
+    }
+    // SBC-4 §5.48: ANCHOR needs ANC_SUP (not reported); LBDATA and PBDATA
+    // are obsolete and not supported.
+    if c.flags & 0x10 != 0 {
+        return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(4)));
+    }
+    if c.flags & 0x06 != 0 {
+        return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(2)));
+    }
+    let unmap = c.flags & 0x08 != 0;
+    let ndob = op == Opcode::WRITE_SAME_16 && c.flags & 0x01 != 0;
+    // SBC-4 §6.6.6: UNMAP is allowed only where LBPWS/LBPWS10 say so.
+    if unmap && !lbpme(e) {
+        return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(3)));
+    }
+    // SBC-4 §5.48 with WSNZ = 0: a NUMBER OF LOGICAL BLOCKS of zero means
+    // through the last LBA.
+    let blocks = if c.blocks == 0 {
+        if c.lba > geo.num_blocks {
+            return fail(Sense::LBA_OUT_OF_RANGE);
+        }
+        geo.num_blocks - c.lba
+    } else {
+        c.blocks as u64
+    };
+    match c.lba.checked_add(blocks) {
+        Some(end) if end <= geo.num_blocks => {}
+        _ => return fail(Sense::LBA_OUT_OF_RANGE),
+    }
+    if blocks * bs > MAX_WRITE_SAME_BYTES {
+        return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(xfer_len_byte(len), None));
+    }
+    if e.device.flags.read_only || e.read_only {
+        return fail(Sense::WRITE_PROTECTED);
+    }
+    let need = if ndob { 0 } else { bs };
+    let residual = match data_out_residual(need, data_out_len(expected_len, dir)) {
+        Ok(r) => r,
+        Err(p) => return p,
+    };
+    if blocks == 0 {
+        return Plan::Good(residual);
+    }
+    Plan::WriteSame {
+        offset: c.lba * bs,
+        len: blocks * bs,
+        unmap,
+        ndob,
+        residual,
+    }
+}
+
+fn plan_unmap(cdb: &[u8], e: &LunEntry, expected_len: u32, dir: DataDir) -> Plan {
+    // SBC-4 §5.31: UNMAP exists only on devices reporting LBPU.
+    if !lbpme(e) {
+        return fail(Sense::INVALID_COMMAND_OPERATION_CODE);
+    }
+    if cdb[1] & 0x01 != 0 {
+        return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(0)));
+    }
+    if e.device.flags.read_only || e.read_only {
+        return fail(Sense::WRITE_PROTECTED);
+    }
+    let param_len = u16::from_be_bytes([cdb[7], cdb[8]]) as u32;
+    let residual = match data_out_residual(param_len as u64, data_out_len(expected_len, dir)) {
+        Ok(r) => r,
+        Err(p) => return p,
+    };
+    // SBC-4 §5.31.1: a zero length is not an error; 1..7 cannot hold the
+    // header.
+    if param_len == 0 {
+        return Plan::Good(residual);
+    }
+    if param_len < 8 {
+        return fail(Sense::PARAMETER_LIST_LENGTH_ERROR);
+    }
+    Plan::Unmap {
+        param_len,
+        residual,
+    }
+}
+
+/// Parses an UNMAP parameter list (SBC-4 §5.31.2) into byte ranges, after
+/// checking every descriptor: nothing is unmapped if any is bad.
+pub fn unmap_ranges(
+    data: &[u8],
+    num_blocks: u64,
+    block_size: u32,
+    out: &mut Vec<(u64, u64)>,
+) -> Result<(), Sense> {
+    out.clear();
+    if data.len() < 8 {
+        return Err(Sense::PARAMETER_LIST_LENGTH_ERROR);
+    }
+    let bddl = u16::from_be_bytes([data[2], data[3]]) as usize;
+    // A trailing partial descriptor is ignored (SBC-4 §5.31.2).
+    let n = bddl.min(data.len() - 8) / 16;
+    if n as u32 > MAX_UNMAP_DESCRIPTORS {
+        return Err(Sense::INVALID_FIELD_IN_PARAMETER_LIST.param_field(2, None));
+    }
+    let bs = block_size as u64;
+    for i in 0..n {
+        let d = &data[8 + i * 16..8 + (i + 1) * 16];
+        let mut lba = [0u8; 8];
+        lba.copy_from_slice(&d[..8]);
+        let lba = u64::from_be_bytes(lba);
+        let count = u32::from_be_bytes([d[8], d[9], d[10], d[11]]);
+        if count > MAX_UNMAP_BLOCKS {
+            return Err(
+                Sense::INVALID_FIELD_IN_PARAMETER_LIST.param_field((8 + i * 16 + 8) as u16, None)
+            );
+        }
+        match lba.checked_add(count as u64) {
+            Some(end) if end <= num_blocks => {}
+            _ => return Err(Sense::LBA_OUT_OF_RANGE),
+        }
+        if count > 0 {
+            out.push((lba * bs, count as u64 * bs));
+        }
+    }
+    Ok(())
 }
 
 /// What [`data_in`] needs besides the CDB.
@@ -352,11 +539,11 @@ pub fn data_in(cdb: &[u8], ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<u32, 
     }
 }
 
-/// Whether this device reports logical block provisioning management. The
-/// core does not emulate UNMAP or WRITE SAME yet, so it never claims LBPME,
-/// LBPU or LBPWS, whatever the backend can do.
-fn lbpme(_e: &LunEntry) -> bool {
-    false
+/// Whether this device reports logical block provisioning management
+/// (LBPME, LBPU, LBPWS, LBPWS10): a thin-provisioned device whose backend
+/// can deallocate.
+fn lbpme(e: &LunEntry) -> bool {
+    e.device.flags.thin_provisioned && e.device.backend.caps().unmap
 }
 
 fn capacity(e: &LunEntry) -> Capacity {
@@ -430,6 +617,7 @@ fn inquiry_data(c: &InquiryCdb, ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<
         ),
         vpd::BLOCK_LIMITS => {
             let max = (MAX_TRANSFER_BYTES / bs) as u32;
+            let thin = lbpme(e);
             inquiry::block_limits(
                 pq,
                 &inquiry::BlockLimits {
@@ -437,10 +625,10 @@ fn inquiry_data(c: &InquiryCdb, ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<
                     max_transfer: max,
                     opt_transfer: max,
                     // SBC-4 §6.6.4: zero when UNMAP is not supported.
-                    max_unmap_lbas: 0,
-                    max_unmap_descriptors: 0,
-                    unmap_granularity: 0,
-                    max_write_same: 0,
+                    max_unmap_lbas: if thin { MAX_UNMAP_BLOCKS } else { 0 },
+                    max_unmap_descriptors: if thin { MAX_UNMAP_DESCRIPTORS } else { 0 },
+                    unmap_granularity: if thin { 1 << g.phys_exp.min(15) } else { 0 },
+                    max_write_same: MAX_WRITE_SAME_BYTES / bs,
                 },
                 out,
             )
@@ -489,6 +677,35 @@ mod tests {
         assert_eq!(residual_in(512, 200), (200, Residual::Overflow(312)));
         assert_eq!(residual_in(512, 0), (0, Residual::Overflow(512)));
         assert_eq!(residual_in(512, 512), (512, Residual::None));
+    }
+
+    #[test]
+    fn unmap_parameter_list() {
+        let mut v = Vec::new();
+        let mut data = vec![0u8, 38, 0, 32, 0, 0, 0, 0];
+        for (lba, n) in [(10u64, 2u32), (20, 0)] {
+            data.extend(lba.to_be_bytes());
+            data.extend(n.to_be_bytes());
+            data.extend([0u8; 4]);
+        }
+        unmap_ranges(&data, 100, 512, &mut v).unwrap();
+        assert_eq!(v, vec![(5120, 1024)]);
+        // A trailing partial descriptor is ignored.
+        data[3] = 40;
+        data.extend([0u8; 8]);
+        unmap_ranges(&data, 100, 512, &mut v).unwrap();
+        assert_eq!(v.len(), 1);
+        // One bad descriptor fails the whole list.
+        data[8 + 16 + 7] = 99;
+        data[8 + 16 + 11] = 2;
+        assert_eq!(
+            unmap_ranges(&data, 100, 512, &mut v),
+            Err(Sense::LBA_OUT_OF_RANGE)
+        );
+        assert_eq!(
+            unmap_ranges(&data[..4], 100, 512, &mut v),
+            Err(Sense::PARAMETER_LIST_LENGTH_ERROR)
+        );
     }
 
     #[test]

@@ -72,6 +72,20 @@ enum CmdState {
     Respond,
 }
 
+/// What a command made of several block operations still has to do once
+/// the current one completes.
+enum Cont {
+    None,
+    /// WRITE SAME by writes: the pattern buffer comes back with each
+    /// completion and is written again at `next`, until `end`.
+    Fill {
+        next: u64,
+        end: u64,
+    },
+    /// UNMAP: byte ranges still to deallocate, last first.
+    Unmap(Vec<(u64, u64)>),
+}
+
 struct Cmd {
     session: SessionId,
     /// Shard-wide sequence number, the high half of the backend tag.
@@ -90,6 +104,7 @@ struct Cmd {
     in_task_set: bool,
     /// A block operation handed back by a Busy queue.
     op: Option<BlockOp>,
+    cont: Cont,
 }
 
 /// Per nexus per LUN state: unit attentions, the capacity generation last
@@ -485,6 +500,7 @@ impl Shard {
             aborted: false,
             in_task_set: false,
             op: None,
+            cont: Cont::None,
         });
         let cid = cmd_id(key, seq);
         if let Some(rsp) = early {
@@ -585,22 +601,149 @@ impl Shard {
                 let buf = self.pool.sg(len as usize);
                 self.submit_op(key, BlockOp::Read { offset, buf });
             }
-            Plan::Write { len, .. } => {
-                let buf = self.pool.sg(len as usize);
-                let (sid, tag, id) = (c.session, c.tag, cmd_id(key, c.seq));
-                self.cmds[key].state = CmdState::NeedData;
-                self.push_action(
-                    sid,
-                    Action::FetchData {
-                        id,
-                        tag,
+            Plan::Write { len, .. } => self.fetch(key, len),
+            Plan::Flush(_) => self.submit_op(key, BlockOp::Flush),
+            Plan::WriteSame { ndob: true, .. } => self.write_same(key, None),
+            Plan::WriteSame { .. } => {
+                let bs = c
+                    .entry
+                    .as_ref()
+                    .map_or(0, |e| e.device.geometry().block_size);
+                self.fetch(key, bs)
+            }
+            Plan::Unmap { param_len, .. } => self.fetch(key, param_len),
+        }
+    }
+
+    /// Asks the fabric for `len` bytes of Data-Out in a pool buffer.
+    fn fetch(&mut self, key: usize, len: u32) {
+        let buf = self.pool.sg(len as usize);
+        let c = &mut self.cmds[key];
+        c.state = CmdState::NeedData;
+        let (sid, tag, id) = (c.session, c.tag, cmd_id(key, c.seq));
+        self.push_action(
+            sid,
+            Action::FetchData {
+                id,
+                tag,
+                buf,
+                offset: 0,
+                len,
+            },
+        );
+    }
+
+    /// Carries out a WRITE SAME (SBC-4 §5.48, §5.49) with its one-block
+    /// `pattern` (`None`: NDOB, zeroes): unmap if asked and the result reads
+    /// as the pattern, write zeroes without a buffer if the backend can, or
+    /// write the pattern in chunks of at most MAXIMUM TRANSFER LENGTH.
+    fn write_same(&mut self, key: usize, pattern: Option<SgList>) {
+        let c = &self.cmds[key];
+        let (
+            Plan::WriteSame {
+                offset, len, unmap, ..
+            },
+            Some(dev),
+        ) = (c.plan, c.entry.as_ref().map(|e| e.device.clone()))
+        else {
+            return;
+        };
+        let caps = dev.backend.caps();
+        let bs = dev.geometry().block_size as usize;
+        let zero = pattern
+            .as_ref()
+            .is_none_or(|p| p.slices(0, p.len()).all(|s| s.iter().all(|&b| b == 0)));
+        if zero && unmap && caps.unmap && caps.unmap_zeroes {
+            self.submit_op(key, BlockOp::Unmap { offset, len });
+            return;
+        }
+        if zero && caps.write_zeroes {
+            self.submit_op(key, BlockOp::WriteZeroes { offset, len });
+            return;
+        }
+        let mut block = vec![0u8; bs];
+        if let Some(p) = &pattern {
+            p.copy_out(0, &mut block);
+        }
+        let chunk = len.min(emulate::MAX_TRANSFER_BYTES);
+        let mut buf = self.pool.sg(chunk as usize);
+        let mut at = 0;
+        while at < chunk as usize {
+            at += buf.copy_in(at, &block).max(1);
+        }
+        self.cmds[key].cont = Cont::Fill {
+            next: offset + chunk,
+            end: offset + len,
+        };
+        self.submit_op(
+            key,
+            BlockOp::Write {
+                offset,
+                buf,
+                fua: false,
+            },
+        );
+    }
+
+    /// Starts an UNMAP once its parameter list arrived.
+    fn unmap(&mut self, key: usize, list: SgList) {
+        let c = &self.cmds[key];
+        let (Plan::Unmap { residual, .. }, Some(dev)) =
+            (c.plan, c.entry.as_ref().map(|e| e.device.clone()))
+        else {
+            return;
+        };
+        let g = dev.geometry();
+        let mut ranges = Vec::new();
+        match emulate::unmap_ranges(&list.to_vec(), g.num_blocks, g.block_size, &mut ranges) {
+            Err(s) => self.respond(key, Response::check(s)),
+            Ok(()) => {
+                ranges.reverse();
+                match ranges.pop() {
+                    None => self.respond(key, good(residual)),
+                    Some((offset, len)) => {
+                        self.cmds[key].cont = Cont::Unmap(ranges);
+                        self.submit_op(key, BlockOp::Unmap { offset, len });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Submits the next operation of a multi-operation command, if any;
+    /// hands the buffer back if there was nothing left to do.
+    fn continue_cmd(&mut self, key: usize, buf: Option<SgList>) -> Result<(), Option<SgList>> {
+        let c = &mut self.cmds[key];
+        match &mut c.cont {
+            Cont::None => Err(buf),
+            Cont::Fill { next, end } => {
+                if *next >= *end {
+                    return Err(buf);
+                }
+                let Some(mut buf) = buf else {
+                    return Err(None);
+                };
+                let offset = *next;
+                let n = (*end - *next).min(buf.len() as u64);
+                buf.truncate(n as usize);
+                *next += n;
+                self.submit_op(
+                    key,
+                    BlockOp::Write {
+                        offset,
                         buf,
-                        offset: 0,
-                        len,
+                        fua: false,
                     },
                 );
+                Ok(())
             }
-            Plan::Flush(_) => self.submit_op(key, BlockOp::Flush),
+            Cont::Unmap(ranges) => match ranges.pop() {
+                None => Err(buf),
+                Some((offset, len)) => {
+                    self.submit_op(key, BlockOp::Unmap { offset, len });
+                    Ok(())
+                }
+            },
         }
     }
 
@@ -761,10 +904,18 @@ impl Shard {
             self.free(key);
             return;
         }
+        let mut dbuf = d.buf;
+        if d.result.is_ok() && !matches!(c.cont, Cont::None) {
+            match self.continue_cmd(key, dbuf) {
+                Ok(()) => return,
+                Err(b) => dbuf = b,
+            }
+        }
+        let c = &self.cmds[key];
         let rsp = match (c.plan, d.result) {
             (Plan::Read { xfer, residual, .. }, Ok(())) => {
                 let mut rsp = good(residual);
-                match d.buf {
+                match dbuf {
                     Some(buf) if buf.len() >= xfer as usize => {
                         rsp.data = Some(buf);
                         rsp.data_len = xfer;
@@ -776,9 +927,10 @@ impl Shard {
                 }
                 rsp
             }
-            (Plan::Write { residual, .. }, Ok(())) | (Plan::Flush(residual), Ok(())) => {
-                good(residual)
-            }
+            (Plan::Write { residual, .. }, Ok(()))
+            | (Plan::Flush(residual), Ok(()))
+            | (Plan::WriteSame { residual, .. }, Ok(()))
+            | (Plan::Unmap { residual, .. }, Ok(())) => good(residual),
             (Plan::Read { .. }, Err(e)) => Response::check(block_error_sense(e, false)),
             (_, Err(e)) => Response::check(block_error_sense(e, true)),
             (_, Ok(())) => Response::good(),
@@ -1141,21 +1293,32 @@ impl Shard {
             self.free(key);
             return;
         }
-        let Plan::Write {
-            offset, len, fua, ..
-        } = c.plan
-        else {
-            return;
-        };
+        let plan = c.plan;
+        let bs = c
+            .entry
+            .as_ref()
+            .map_or(0, |e| e.device.geometry().block_size);
         match data {
             Ok(mut buf) => {
-                if buf.len() < len as usize {
+                let want = match plan {
+                    Plan::Write { len, .. } => len,
+                    Plan::WriteSame { .. } => bs,
+                    Plan::Unmap { param_len, .. } => param_len,
+                    _ => return,
+                };
+                if buf.len() < want as usize {
                     // The fabric must deliver what FetchData asked for.
                     self.respond(key, Response::check(Sense::DATA_PHASE_ERROR));
                     return;
                 }
-                buf.truncate(len as usize);
-                self.submit_op(key, BlockOp::Write { offset, buf, fua });
+                buf.truncate(want as usize);
+                match plan {
+                    Plan::Write { offset, fua, .. } => {
+                        self.submit_op(key, BlockOp::Write { offset, buf, fua })
+                    }
+                    Plan::WriteSame { .. } => self.write_same(key, Some(buf)),
+                    _ => self.unmap(key, buf),
+                }
             }
             Err(Abort::ConnectionLost) | Err(Abort::Aborted) => {
                 // Nobody to answer: the command ends here.

@@ -39,6 +39,7 @@ struct Ctl {
     /// Every op submitted, in order: ("R"|"W"|"F", offset, len, fua).
     log: Vec<(&'static str, u64, usize, bool)>,
     busy_count: usize,
+    caps: Caps,
 }
 
 struct MemBackend {
@@ -60,11 +61,7 @@ impl Backend for MemBackend {
         }
     }
     fn caps(&self) -> Caps {
-        Caps {
-            write_cache: true,
-            fua: true,
-            ..Caps::default()
-        }
+        self.ctl.lock().unwrap().caps
     }
     fn open_queue(&self, _depth: u32) -> Result<Box<dyn BackendQueue>, BackendError> {
         if self.ctl.lock().unwrap().refuse_open {
@@ -88,9 +85,8 @@ impl BackendQueue for MemQueue {
             BlockOp::Read { offset, buf } => ("R", *offset, buf.len(), false),
             BlockOp::Write { offset, buf, fua } => ("W", *offset, buf.len(), *fua),
             BlockOp::Flush => ("F", 0, 0, false),
-            BlockOp::Unmap { offset, len } | BlockOp::WriteZeroes { offset, len } => {
-                ("U", *offset, *len as usize, false)
-            }
+            BlockOp::Unmap { offset, len } => ("U", *offset, *len as usize, false),
+            BlockOp::WriteZeroes { offset, len } => ("Z", *offset, *len as usize, false),
         };
         c.log.push(e);
         self.pending.push_back((tag, op));
@@ -121,7 +117,14 @@ impl BackendQueue for MemQueue {
                     }
                     (Some(buf), fail.map_or(Ok(()), Err))
                 }
-                _ => (None, fail.map_or(Ok(()), Err)),
+                BlockOp::Unmap { offset, len } | BlockOp::WriteZeroes { offset, len } => {
+                    if fail.is_none() {
+                        let (o, n) = (offset as usize, len as usize);
+                        c.data[o..o + n].fill(0);
+                    }
+                    (None, fail.map_or(Ok(()), Err))
+                }
+                BlockOp::Flush => (None, fail.map_or(Ok(()), Err)),
             };
             out.push(BlockDone { tag, result, buf });
         }
@@ -170,9 +173,23 @@ fn nexus(isid: u32) -> Nexus {
 
 impl H {
     fn with(flags: DeviceFlags, map_ro: bool) -> H {
+        H::build(
+            flags,
+            map_ro,
+            BLOCKS,
+            Caps {
+                write_cache: true,
+                fua: true,
+                ..Caps::default()
+            },
+        )
+    }
+
+    fn build(flags: DeviceFlags, map_ro: bool, blocks: u64, caps: Caps) -> H {
         let ctl = Arc::new(Mutex::new(Ctl {
-            data: vec![0u8; (BLOCKS * BS as u64) as usize],
+            data: vec![0u8; (blocks * BS as u64) as usize],
             depth: 128,
+            caps,
             ..Ctl::default()
         }));
         let dev = device(&ctl, flags);
@@ -1188,4 +1205,196 @@ fn stale_command_ids_are_ignored() {
         matches!(&a[..], [Action::Respond { id, rsp, .. }] if *id == new && rsp.status == Status::GOOD)
     );
     assert_eq!(&h.ctl.lock().unwrap().data[..512], &[7; 512]);
+}
+
+// ----- WRITE SAME and UNMAP -----
+
+fn thin(blocks: u64, caps: Caps) -> H {
+    let mut h = H::build(
+        DeviceFlags {
+            thin_provisioned: true,
+            ..Default::default()
+        },
+        false,
+        blocks,
+        caps,
+    );
+    h.run(&[0; 6], DataDir::None, 0, &[]);
+    h
+}
+
+const THIN_CAPS: Caps = Caps {
+    unmap: true,
+    write_zeroes: true,
+    fua: true,
+    write_cache: true,
+    unmap_zeroes: true,
+};
+
+#[test]
+fn write_same_replicates_the_block_in_chunks() {
+    // 20000 blocks of 512 bytes: more than one MAXIMUM TRANSFER LENGTH.
+    let mut h = H::build(DeviceFlags::default(), false, 20000, Caps::default());
+    h.run(&[0; 6], DataDir::None, 0, &[]);
+    let block = pattern(512, 42);
+    let mut ws = rw16(0x93, 100, 19000);
+    ws[1] = 0;
+    good(&h.run(&ws, DataDir::Write, BS, &block));
+    let c = h.ctl.lock().unwrap();
+    assert_eq!(c.log.len(), 2);
+    assert_eq!(c.log[0], ("W", 100 * 512, 8 << 20, false));
+    assert_eq!(
+        c.log[1],
+        ("W", 100 * 512 + (8 << 20), 19000 * 512 - (8 << 20), false)
+    );
+    for b in 100..19100usize {
+        assert_eq!(&c.data[b * 512..(b + 1) * 512], &block[..], "block {b}");
+    }
+    assert!(c.data[..100 * 512].iter().all(|&x| x == 0));
+    assert!(c.data[19100 * 512..].iter().all(|&x| x == 0));
+}
+
+#[test]
+fn write_same_zero_and_unmap_paths() {
+    let mut h = thin(BLOCKS, THIN_CAPS);
+    good(&h.run(&rw10(0x2a, 0, 4, 0), DataDir::Write, 4 * BS, &[9; 2048]));
+    // Zero pattern without UNMAP: WRITE ZEROES.
+    good(&h.run(&rw10(0x41, 0, 2, 0), DataDir::Write, BS, &[0; 512]));
+    // Zero pattern with UNMAP on a thin device: deallocate.
+    good(&h.run(
+        &rw16(0x93, 2, 1).map_or_flag(1, 0x08),
+        DataDir::Write,
+        BS,
+        &[0; 512],
+    ));
+    // NDOB (no Data-Out) with UNMAP.
+    good(&h.run(
+        &rw16(0x93, 3, 1).map_or_flag(1, 0x09),
+        DataDir::None,
+        0,
+        &[],
+    ));
+    let c = h.ctl.lock().unwrap();
+    let kinds: Vec<&str> = c.log.iter().map(|e| e.0).collect();
+    assert_eq!(kinds, ["W", "Z", "U", "U"]);
+    assert!(c.data[..2048].iter().all(|&x| x == 0));
+}
+
+#[test]
+fn write_same_checks() {
+    let mut h = H::ready();
+    // 0 blocks means to the end of the device (WSNZ = 0).
+    good(&h.run(&rw10(0x41, 1000, 0, 0), DataDir::Write, BS, &[3; 512]));
+    assert_eq!(
+        h.ctl.lock().unwrap().log[0],
+        ("W", 1000 * 512, 24 * 512, false)
+    );
+    let r = h.run(
+        &rw10(0x41, BLOCKS as u32 + 1, 0, 0),
+        DataDir::Write,
+        BS,
+        &[3; 512],
+    );
+    assert_eq!(sense_of(&r), (0x05, 0x21, 0x00));
+    let r = h.run(
+        &rw10(0x41, BLOCKS as u32 - 1, 2, 0),
+        DataDir::Write,
+        BS,
+        &[3; 512],
+    );
+    assert_eq!(sense_of(&r), (0x05, 0x21, 0x00));
+    // UNMAP bit on a device without logical block provisioning.
+    let r = h.run(&rw10(0x41, 0, 1, 0x08), DataDir::Write, BS, &[0; 512]);
+    assert_eq!(sense_of(&r), (0x05, 0x24, 0x00));
+    // No Data-Out for the block: overflow.
+    let r = h.run(&rw10(0x41, 0, 1, 0), DataDir::Write, 0, &[]);
+    assert_eq!(sense_of(&r), (0x05, 0x0e, 0x03));
+    assert_eq!(r.residual, Residual::Overflow(BS));
+    // UNMAP is not an operation of a fully provisioned device.
+    let r = h.run(
+        &[0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0],
+        DataDir::Write,
+        24,
+        &[0; 24],
+    );
+    assert_eq!(sense_of(&r), (0x05, 0x20, 0x00));
+}
+
+fn unmap_list(descs: &[(u64, u32)]) -> Vec<u8> {
+    let mut v = Vec::new();
+    v.extend(((6 + 16 * descs.len()) as u16).to_be_bytes());
+    v.extend(((16 * descs.len()) as u16).to_be_bytes());
+    v.extend([0u8; 4]);
+    for (lba, n) in descs {
+        v.extend(lba.to_be_bytes());
+        v.extend(n.to_be_bytes());
+        v.extend([0u8; 4]);
+    }
+    v
+}
+
+fn unmap_cdb(len: u16) -> [u8; 10] {
+    let l = len.to_be_bytes();
+    [0x42, 0, 0, 0, 0, 0, 0, l[0], l[1], 0]
+}
+
+#[test]
+fn unmap_descriptors() {
+    let mut h = thin(BLOCKS, THIN_CAPS);
+    good(&h.run(&rw10(0x2a, 0, 8, 0), DataDir::Write, 8 * BS, &[5; 4096]));
+    let list = unmap_list(&[(1, 2), (5, 1), (7, 0)]);
+    let n = list.len() as u16;
+    good(&h.run(&unmap_cdb(n), DataDir::Write, n as u32, &list));
+    {
+        let c = h.ctl.lock().unwrap();
+        let ops: Vec<_> = c.log[1..].to_vec();
+        assert_eq!(ops, [("U", 512, 1024, false), ("U", 2560, 512, false)]);
+        let blocks: Vec<u8> = (0..8).map(|b| c.data[b * 512]).collect();
+        assert_eq!(blocks, [5, 0, 0, 5, 5, 0, 5, 5]);
+    }
+    // Zero-length descriptor at the end of the device is fine; one block
+    // beyond it fails the whole list.
+    let list = unmap_list(&[(BLOCKS, 0)]);
+    good(&h.run(&unmap_cdb(24), DataDir::Write, 24, &list));
+    let list = unmap_list(&[(0, 1), (BLOCKS, 1)]);
+    let r = h.run(&unmap_cdb(40), DataDir::Write, 40, &list);
+    assert_eq!(sense_of(&r), (0x05, 0x21, 0x00));
+    assert_eq!(h.ctl.lock().unwrap().log.len(), 3);
+    // Parameter list length 0 is a no-op; 1..7 is an error.
+    good(&h.run(&unmap_cdb(0), DataDir::None, 0, &[]));
+    let r = h.run(&unmap_cdb(4), DataDir::Write, 4, &[0; 4]);
+    assert_eq!(sense_of(&r), (0x05, 0x1a, 0x00));
+}
+
+#[test]
+fn thin_device_reports_provisioning() {
+    let mut h = thin(BLOCKS, THIN_CAPS);
+    let mut c = [0u8; 16];
+    c[0] = 0x9e;
+    c[1] = 0x10;
+    c[13] = 32;
+    let d = data_of(&h.run(&c, DataDir::Read, 32, &[]));
+    assert_eq!(d[14] & 0xc0, 0xc0); // LBPME, LBPRZ
+    let b2 = data_of(&h.run(&inquiry(true, 0xb2, 255), DataDir::Read, 255, &[]));
+    assert_eq!((b2[5] & 0xe0, b2[6] & 7), (0xe0, 2));
+    let b0 = data_of(&h.run(&inquiry(true, 0xb0, 255), DataDir::Read, 255, &[]));
+    let max_unmap = u32::from_be_bytes([b0[20], b0[21], b0[22], b0[23]]);
+    let max_desc = u32::from_be_bytes([b0[24], b0[25], b0[26], b0[27]]);
+    assert!(max_unmap > 0 && max_unmap <= 1 << 20);
+    assert!(max_desc > 0 && max_desc <= 1 << 20);
+    // A thin device whose backend cannot deallocate claims nothing.
+    let mut h = thin(BLOCKS, Caps::default());
+    let d = data_of(&h.run(&c, DataDir::Read, 32, &[]));
+    assert_eq!(d[14] & 0xc0, 0);
+}
+
+trait Flag {
+    fn map_or_flag(self, byte: usize, bits: u8) -> Self;
+}
+
+impl Flag for [u8; 16] {
+    fn map_or_flag(mut self, byte: usize, bits: u8) -> Self {
+        self[byte] |= bits;
+        self
+    }
 }
