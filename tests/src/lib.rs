@@ -264,16 +264,33 @@ pub fn parse_cu(output: &str) -> CuResult {
     let mut cur: Option<(String, String)> = None; // (name, body)
     let finish = |cur: &mut Option<(String, String)>, r: &mut CuResult| {
         if let Some((name, body)) = cur.take() {
-            if body.contains("FAILED") {
-                r.failed.push(name);
-            } else if body.contains("passed") {
-                if body.contains("[SKIPPED]") {
-                    r.skipped.push(name);
-                } else {
-                    r.passed.push(name);
+            // The verdict is CUnit's first `passed`/`FAILED` at the start of a
+            // line or right after the test's `...`; whatever follows it on that
+            // line belongs to the next test's or suite's set-up.
+            let verdict = body
+                .lines()
+                .enumerate()
+                .find_map(|(i, l)| {
+                    let l = if i == 0 { l } else { l.trim_start() };
+                    if l.starts_with("passed") {
+                        Some((i, true))
+                    } else if l.starts_with("FAILED") {
+                        Some((i, false))
+                    } else {
+                        None
+                    }
+                });
+            match verdict {
+                Some((i, true)) => {
+                    let before: Vec<&str> = body.lines().take(i).collect();
+                    if before.iter().any(|l| l.contains("[SKIPPED]")) {
+                        r.skipped.push(name);
+                    } else {
+                        r.passed.push(name);
+                    }
                 }
-            } else {
-                r.failed.push(format!("{name} (no verdict)"));
+                Some((_, false)) => r.failed.push(name),
+                None => r.failed.push(format!("{name} (no verdict)")),
             }
         }
     };
@@ -284,7 +301,15 @@ pub fn parse_cu(output: &str) -> CuResult {
         } else if let Some(t) = line.strip_prefix("  Test: ") {
             finish(&mut cur, &mut r);
             let (name, rest) = t.split_once(" ...").unwrap_or((t, ""));
-            cur = Some((format!("{suite}.{name}"), rest.to_string()));
+            // `rest` is what followed `...` on the test's line: a verdict, or
+            // the start of the test's own output.
+            let rest = rest.trim_start();
+            let first = if rest.starts_with("passed") || rest.starts_with("FAILED") {
+                rest.to_string()
+            } else {
+                format!("\n{rest}")
+            };
+            cur = Some((format!("{suite}.{name}"), first));
         } else if line.starts_with("Run Summary:") {
             finish(&mut cur, &mut r);
         } else if let Some((_, body)) = cur.as_mut() {
@@ -302,9 +327,9 @@ mod tests {
 
     #[test]
     fn parses_cunit_output() {
-        let out = "Suite: Read10\n  Test: Simple ...passed\n  Test: Beyond ...\n[SKIPPED] no\npassed\n  Test: Bad ...FAILED\n    1. x.c:1  - CU_ASSERT\n\nRun Summary:    Type  Total\n";
+        let out = "Suite: Read10\n  Test: Simple ...passed    [SKIPPED] PERSISTENT RESERVE IN is not implemented.\n  Test: Beyond ...    [SKIPPED] no\npassed\n  Test: Bad ...    First block wrong\nFAILED\n    1. x.c:1  - CU_ASSERT\n  Test: Info ...    [FAILED] WRITE10 failed as expected\npassed\n\nRun Summary:    Type  Total\n";
         let r = parse_cu(out);
-        assert_eq!(r.passed, vec!["Read10.Simple"]);
+        assert_eq!(r.passed, vec!["Read10.Simple", "Read10.Info"]);
         assert_eq!(r.skipped, vec!["Read10.Beyond"]);
         assert_eq!(r.failed, vec!["Read10.Bad"]);
     }
