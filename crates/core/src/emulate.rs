@@ -232,15 +232,22 @@ fn plan_lu(
                 DataDir::None | DataDir::Read => 0,
             };
             if spdtl > expected as u64 {
-                // FCP-4 §9.4.2 b) (the rule libiscsi's iSCSIResiduals tests
-                // hold iSCSI targets to): the initiator will send less than the
-                // CDB asks for; transfer nothing and report INVALID FIELD IN
-                // COMMAND INFORMATION UNIT with the overflow.
+                // FCP-4 §9.4.2 a), RFC 7143 §11.4.5.2 (what libiscsi 1.19's
+                // iSCSIResiduals tests and open-iscsi expect): the initiator
+                // sends less than the CDB asks for; process the command
+                // normally for the whole blocks it does send, request nothing
+                // beyond them, and report the overflow.
                 let over = u32::try_from(spdtl - expected as u64).unwrap_or(u32::MAX);
-                return Plan::Fail(
-                    Sense::INVALID_FIELD_IN_COMMAND_INFORMATION_UNIT,
-                    Residual::Overflow(over),
-                );
+                let whole = (expected as u64 / bs) * bs;
+                if whole == 0 {
+                    return Plan::Good(Residual::Overflow(over));
+                }
+                return Plan::Write {
+                    offset: c.lba * bs,
+                    len: whole as u32,
+                    fua: c.fua() && !dev.flags.write_through,
+                    residual: Residual::Overflow(over),
+                };
             }
             let residual = no_data(expected - spdtl as u32);
             if spdtl == 0 {

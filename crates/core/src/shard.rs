@@ -212,7 +212,7 @@ fn tag_of(key: usize, seq: u32) -> u64 {
     ((seq as u64) << 32) | key as u64
 }
 
-/// SBC-4 §4.? / SPC-4 Annex D: the sense a failed block operation reports.
+/// The sense a failed block operation reports (codes from SPC-4 Annex D).
 fn block_error_sense(e: BlockError, write: bool) -> Sense {
     match e {
         BlockError::Io if write => Sense::WRITE_ERROR,
@@ -466,7 +466,8 @@ impl Shard {
                 early = Some(Response::check(ua));
             }
         } else if !emulate::serves_unmapped_lun(op) {
-            // SPC-4 §4.? / SAM-5 §5.9.? : LOGICAL UNIT NOT SUPPORTED.
+            // SAM-5 (incorrect logical unit selection): a LUN with no logical
+            // unit behind it answers LOGICAL UNIT NOT SUPPORTED.
             early = Some(Response::check(Sense::LOGICAL_UNIT_NOT_SUPPORTED));
         }
         let plan = match early {
@@ -1325,8 +1326,8 @@ impl Shard {
                 self.free(key);
             }
             Err(Abort::TransportError) => {
-                // RFC 7143 §7.? digest or sequence errors in Data-Out end the
-                // command with ABORTED COMMAND.
+                // RFC 7143 (digest errors): a Data-Out the transport had to drop
+                // ends the command with ABORTED COMMAND.
                 self.respond(key, Response::check(Sense::PROTOCOL_SERVICE_CRC_ERROR));
             }
         }
