@@ -19,6 +19,7 @@
 pub mod change;
 pub mod config;
 pub mod runtime;
+pub mod scst;
 pub mod server;
 pub mod tree;
 
@@ -30,5 +31,6 @@ pub use config::{
 pub use runtime::{
     DeviceAttr, FakeRuntime, IoStats, Runtime, RuntimeError, SessionInfo, Stats, TargetAttr,
 };
+pub use scst::{Import, ImportError, import_scst};
 pub use server::{ControlServer, Request, Response, serve};
 pub use tree::{AttrValue, Entry, EntryKind, MgmtError, Tree};

@@ -1,0 +1,255 @@
+//! ferritectl: manage a running ferrited through its control socket, and
+//! convert SCST configurations offline.
+#![forbid(unsafe_code)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use clap::{CommandFactory, Parser, Subcommand};
+use ferrite_mgmt::config::Config;
+use ferrite_mgmt::server::{DEFAULT_SOCKET, Request, Response, request};
+use ferrite_mgmt::tree::EntryKind;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "ferritectl",
+    version,
+    about = "Manage ferrited: the SCST-shaped object tree over its control socket"
+)]
+struct Cli {
+    /// Control socket of ferrited.
+    #[arg(long, global = true, default_value = DEFAULT_SOCKET, env = "FERRITE_SOCKET")]
+    socket: PathBuf,
+    /// Print ferrited's JSON answer as is.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// List a directory of the tree (default /).
+    Ls {
+        path: Option<String>,
+        /// One line per entry with its kind, access and description.
+        #[arg(short, long)]
+        long: bool,
+    },
+    /// Read an attribute; on a mgmt leaf, print its commands.
+    Get { path: String },
+    /// Write an attribute.
+    Set { path: String, value: String },
+    /// Run an SCST command on a mgmt leaf, e.g.
+    /// `ferritectl do /targets/iscsi/IQN/luns/mgmt add disk1 1 read_only=1`.
+    Do {
+        path: String,
+        #[arg(required = true, num_args = 1.., allow_hyphen_values = true)]
+        command: Vec<String>,
+    },
+    /// Save the running configuration (to ferrited's file, or FILE).
+    Save { file: Option<PathBuf> },
+    /// Make the running system match FILE (objects, then attributes and LUNs,
+    /// then enable).
+    Apply { file: PathBuf },
+    /// Show what `apply FILE` would change.
+    Diff { file: PathBuf },
+    /// List sessions.
+    Sessions,
+    /// Show I/O counters.
+    Stats,
+    /// Print the running configuration as JSON.
+    Config,
+    /// Check a configuration file without ferrited.
+    Check { file: PathBuf },
+    /// Convert an SCST scst.conf to a ferrite configuration (JSON).
+    ImportScst {
+        file: PathBuf,
+        /// Write here (atomically) instead of standard output.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// Print a shell completion script.
+    Completions { shell: clap_complete::Shell },
+}
+
+fn load_for_send(file: &Path) -> Result<Config> {
+    Ok(Config::load(file)?)
+}
+
+fn call(socket: &Path, req: &Request) -> Result<Response> {
+    request(socket, req).with_context(|| format!("cannot talk to ferrited at {}", socket.display()))
+}
+
+fn print_response(cmd: &Cmd, rsp: &Response) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    if let Some(e) = &rsp.error {
+        bail!("{e}");
+    }
+    match cmd {
+        Cmd::Ls { long, .. } => {
+            for e in rsp.entries.iter().flatten() {
+                let name = if e.kind == EntryKind::Dir {
+                    format!("{}/", e.name)
+                } else {
+                    e.name.clone()
+                };
+                if *long {
+                    let kind = match e.kind {
+                        EntryKind::Dir => "dir ",
+                        EntryKind::Attr => "attr",
+                        EntryKind::Mgmt => "mgmt",
+                        EntryKind::Link => "link",
+                    };
+                    let rw = if e.writable { "rw" } else { "r-" };
+                    writeln!(out, "{kind} {rw} {name:<32} {}", e.description)?;
+                } else {
+                    writeln!(out, "{name}")?;
+                }
+            }
+        }
+        Cmd::Get { .. } => {
+            if let Some(v) = &rsp.value {
+                writeln!(out, "{}", v.to_text())?;
+            }
+        }
+        Cmd::Apply { .. } | Cmd::Diff { .. } => {
+            let changes = rsp.changes.as_deref().unwrap_or_default();
+            if changes.is_empty() {
+                writeln!(out, "no changes")?;
+            }
+            for c in changes {
+                writeln!(out, "{c}")?;
+            }
+        }
+        Cmd::Sessions => {
+            let ss = rsp.sessions.as_deref().unwrap_or_default();
+            if ss.is_empty() {
+                writeln!(out, "no sessions")?;
+            }
+            for s in ss {
+                writeln!(
+                    out,
+                    "{} {} isid=0x{:012x} tsih={} group={} connections={} active={}",
+                    s.target,
+                    s.initiator,
+                    s.isid,
+                    s.tsih,
+                    s.group.as_deref().unwrap_or("-"),
+                    s.connections.join(","),
+                    s.active_commands
+                )?;
+            }
+        }
+        Cmd::Stats => {
+            if let Some(st) = &rsp.stats {
+                for (kind, map) in [("device", &st.devices), ("target", &st.targets)] {
+                    for (name, s) in map {
+                        writeln!(
+                            out,
+                            "{kind} {name}: read_cmds={} write_cmds={} other_cmds={} read_bytes={} write_bytes={} errors={}",
+                            s.read_cmds,
+                            s.write_cmds,
+                            s.other_cmds,
+                            s.read_bytes,
+                            s.write_bytes,
+                            s.errors
+                        )?;
+                    }
+                }
+            }
+        }
+        Cmd::Config => {
+            if let Some(c) = &rsp.config {
+                writeln!(out, "{}", c.to_json())?;
+            }
+        }
+        _ => {
+            if let Some(m) = &rsp.message {
+                writeln!(out, "{m}")?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let req = match &cli.cmd {
+        Cmd::Completions { shell } => {
+            let mut c = Cli::command();
+            clap_complete::generate(*shell, &mut c, "ferritectl", &mut std::io::stdout());
+            return Ok(());
+        }
+        Cmd::Check { file } => {
+            load_for_send(file)?;
+            println!("{}: valid", file.display());
+            return Ok(());
+        }
+        Cmd::ImportScst { file, output } => {
+            let text =
+                std::fs::read_to_string(file).with_context(|| format!("{}", file.display()))?;
+            let imp = ferrite_mgmt::scst::import_scst(&text)
+                .with_context(|| format!("{}", file.display()))?;
+            for w in &imp.warnings {
+                eprintln!("warning: {}: {w}", file.display());
+            }
+            match output {
+                Some(o) => {
+                    imp.config.save_atomic(o)?;
+                    eprintln!("wrote {}", o.display());
+                }
+                None => println!("{}", imp.config.to_json()),
+            }
+            return Ok(());
+        }
+        Cmd::Ls { path, .. } => Request::Ls { path: path.clone() },
+        Cmd::Get { path } => Request::Get { path: path.clone() },
+        Cmd::Set { path, value } => Request::Set {
+            path: path.clone(),
+            value: value.clone(),
+        },
+        Cmd::Do { path, command } => Request::Do {
+            path: path.clone(),
+            command: command.join(" "),
+        },
+        Cmd::Save { file } => Request::Save {
+            // ferrited writes the file: make a relative name mean the
+            // caller's directory.
+            file: match file {
+                Some(f) if f.is_relative() => Some(std::env::current_dir()?.join(f)),
+                other => other.clone(),
+            },
+        },
+        Cmd::Apply { file } => Request::Apply {
+            config: Box::new(load_for_send(file)?),
+        },
+        Cmd::Diff { file } => Request::Diff {
+            config: Box::new(load_for_send(file)?),
+        },
+        Cmd::Sessions => Request::Sessions,
+        Cmd::Stats => Request::Stats,
+        Cmd::Config => Request::Config,
+    };
+    let rsp = call(&cli.socket, &req)?;
+    if cli.json {
+        print!("{}", rsp.to_line());
+        if !rsp.ok {
+            bail!("{}", rsp.error.as_deref().unwrap_or("request failed"));
+        }
+        return Ok(());
+    }
+    print_response(&cli.cmd, &rsp)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ferritectl: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

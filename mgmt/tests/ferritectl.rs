@@ -1,0 +1,162 @@
+//! ferritectl against a control socket served over a recording runtime.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+
+use ferrite_mgmt::{Config, FakeRuntime, serve};
+
+const T: &str = "iqn.2026-11.org.ferrite:default";
+
+fn ctl(sock: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ferritectl"))
+        .arg("--socket")
+        .arg(sock)
+        .args(args)
+        .output()
+        .expect("ferritectl runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn ferritectl_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Arc::new(FakeRuntime::new());
+    let cfg = Config::embedded_default(dir.path(), "127.0.0.1:3260".parse().unwrap());
+    let save = dir.path().join("ferrite.json");
+    let sock = dir.path().join("ctl.sock");
+    let _srv = serve(rt.clone(), cfg, Some(save.clone()), &sock).unwrap();
+
+    let (ok, out, _) = ctl(&sock, &["ls"]);
+    assert!(ok);
+    assert_eq!(out, "handlers/\ndevices/\ntargets/\n");
+    let (ok, out, _) = ctl(&sock, &["ls", "-l", "/devices/disk0"]);
+    assert!(ok);
+    assert!(out.contains("attr rw read_only"), "{out}");
+    let (ok, out, _) = ctl(&sock, &["get", "/devices/disk0/thin_provisioned"]);
+    assert!(ok);
+    assert_eq!(out, "1\n[key]\n");
+    let (ok, out, _) = ctl(&sock, &["get", "/handlers/vdisk_nullio/mgmt"]);
+    assert!(ok && out.contains("add_device NAME"), "{out}");
+
+    let (ok, _, err) = ctl(
+        &sock,
+        &[
+            "do",
+            "/handlers/vdisk_nullio/mgmt",
+            "add_device",
+            "n0",
+            "size=1M;",
+            "mem=1",
+        ],
+    );
+    assert!(ok, "{err}");
+    let lm = format!("/targets/iscsi/{T}/luns/mgmt");
+    let (ok, _, err) = ctl(&sock, &["do", &lm, "add", "n0", "1", "read_only=1"]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = ctl(&sock, &["do", &lm, "add", "n0", "1"]);
+    assert!(!ok);
+    assert!(err.contains("LUN 1 is in use"), "{err}");
+    let (ok, _, err) = ctl(&sock, &["set", "/devices/n0/rotational", "sometimes"]);
+    assert!(!ok);
+    assert!(err.contains("not a boolean"), "{err}");
+    let (ok, out, _) = ctl(&sock, &["--json", "get", "/devices/n0/mem"]);
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["value"]["value"], "1");
+
+    // save, then diff/apply of the saved file: no changes, twice.
+    let (ok, out, err) = ctl(&sock, &["save"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("saved to"), "{out}");
+    let f = save.to_str().unwrap();
+    for _ in 0..2 {
+        let (ok, out, err) = ctl(&sock, &["apply", f]);
+        assert!(ok, "{err}");
+        assert_eq!(out, "no changes\n");
+    }
+    // A file without n0: diff shows the unmapping and the deletion in order.
+    let mut c = Config::load(&save).unwrap();
+    c.devices.retain(|d| d.name != "n0");
+    c.targets.iscsi[0].luns.retain(|l| l.device != "n0");
+    let f2 = dir.path().join("next.json");
+    c.save_atomic(&f2).unwrap();
+    let (ok, out, _) = ctl(&sock, &["diff", f2.to_str().unwrap()]);
+    assert!(ok);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(
+        lines[0].starts_with("map of") && lines[1].contains("del_device n0"),
+        "{out}"
+    );
+    let before = rt.calls().len();
+    let (ok, _, _) = ctl(&sock, &["apply", f2.to_str().unwrap()]);
+    assert!(ok);
+    assert_eq!(rt.calls().len(), before + 2);
+
+    let (ok, out, _) = ctl(&sock, &["sessions"]);
+    assert!(ok);
+    assert_eq!(out, "no sessions\n");
+    let (ok, _, _) = ctl(&sock, &["stats"]);
+    assert!(ok);
+    let (ok, out, _) = ctl(&sock, &["config"]);
+    assert!(ok);
+    assert_eq!(Config::from_json(&out, "out").unwrap(), c);
+
+    // Errors name what was wrong and exit non-zero.
+    let (ok, _, err) = ctl(&sock, &["get", "/devices/nosuch/size"]);
+    assert!(!ok);
+    assert!(err.contains("valid devices: disk0"), "{err}");
+    let (ok, _, err) = ctl(&sock, &["apply", "/nonexistent.json"]);
+    assert!(!ok);
+    assert!(err.contains("/nonexistent.json"), "{err}");
+    let (ok, _, err) = ctl(&dir.path().join("none.sock"), &["ls"]);
+    assert!(!ok);
+    assert!(err.contains("cannot talk to ferrited"), "{err}");
+}
+
+#[test]
+fn offline_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("unused.sock");
+    let conf = dir.path().join("scst.conf");
+    std::fs::write(
+        &conf,
+        "HANDLER vdisk_nullio {\n DEVICE n {\n size_mb 16\n }\n}\nTARGET_DRIVER iscsi {\n TARGET iqn.2026-01.org.x:t {\n enabled 1\n LUN 0 n\n bogus 1\n }\n}\n",
+    )
+    .unwrap();
+    let (ok, out, err) = ctl(&sock, &["import-scst", conf.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(err.contains("bogus ignored"), "{err}");
+    let c = Config::from_json(&out, "out").unwrap();
+    assert_eq!(c.targets.iscsi[0].luns[0].device, "n");
+    let json = dir.path().join("out.json");
+    let (ok, _, err) = ctl(
+        &sock,
+        &[
+            "import-scst",
+            conf.to_str().unwrap(),
+            "-o",
+            json.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{err}");
+    let (ok, out, _) = ctl(&sock, &["check", json.to_str().unwrap()]);
+    assert!(ok && out.contains("valid"), "{out}");
+    std::fs::write(
+        &json,
+        "{\"devices\":[{\"name\":\"x\",\"handler\":\"vdisk_nullio\"}]}",
+    )
+    .unwrap();
+    let (ok, _, err) = ctl(&sock, &["check", json.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("devices[0].size"), "{err}");
+    let (ok, out, _) = ctl(&sock, &["completions", "bash"]);
+    assert!(ok && out.contains("ferritectl"), "{out}");
+    let (ok, _, _) = ctl(&sock, &["completions", "tcsh"]);
+    assert!(!ok);
+}
