@@ -705,9 +705,12 @@ fn write_residual_case(op: u8, xfer_blocks: u32, edtl: u32, want: Residual) {
     let got = data_of(&r2);
     let spdtl = xfer_blocks * BS;
     if edtl < spdtl {
-        // Overflow: INVALID FIELD IN COMMAND INFORMATION UNIT, nothing written.
-        assert_eq!(sense_of(&r), (0x05, 0x0e, 0x03));
-        assert!(got.iter().all(|&b| b == b'a'));
+        // Overflow (FCP-4 §9.4.2 a)): GOOD; exactly the whole blocks within
+        // EDTL are written, nothing beyond them.
+        good(&r);
+        let whole = (edtl / BS * BS) as usize;
+        assert!(got[..whole].iter().all(|&b| b == b'b'));
+        assert!(got[whole..].iter().all(|&b| b == b'a'));
     } else {
         good(&r);
         assert!(got[..spdtl as usize].iter().all(|&b| b == b'b'));
