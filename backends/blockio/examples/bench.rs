@@ -32,7 +32,7 @@ fn bench(name: &str, q: &mut dyn BackendQueue, blocks: u64, secs: u64, qd: usize
     let mut polls = 0u64;
     let mut stop = false;
     loop {
-        if polls % 64 == 0 && Instant::now() >= end {
+        if polls.is_multiple_of(64) && Instant::now() >= end {
             stop = true;
         }
         while !stop && q.in_flight() < qd {

@@ -126,9 +126,24 @@ impl BlockRing {
     /// an eventfd registered that becomes readable when completions arrive.
     pub fn new(entries: u32) -> io::Result<BlockRing> {
         let entries = entries.clamp(1, 32768);
-        let ring = IoUring::builder()
-            .setup_cqsize(entries.saturating_mul(2).next_power_of_two())
-            .build(entries)?;
+        let cq = entries.saturating_mul(2).next_power_of_two();
+        // COOP_TASKRUN (Linux 5.19): completions that need the submitting
+        // task's context (io-wq punts, as for buffered and tmpfs I/O) no
+        // longer interrupt a running core with an IPI; they wait for its next
+        // kernel entry, which `reap` makes when TASKRUN_FLAG says some wait.
+        // A sleeping core is still woken. Older kernels: a plain ring.
+        let ring = match IoUring::builder()
+            .setup_cqsize(cq)
+            .setup_coop_taskrun()
+            .setup_taskrun_flag()
+            .build(entries)
+        {
+            Ok(r) => r,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                IoUring::builder().setup_cqsize(cq).build(entries)?
+            }
+            Err(e) => return Err(e),
+        };
         // SAFETY: eventfd(2) takes no pointers; the result is checked below.
         let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if efd < 0 {
@@ -294,9 +309,15 @@ impl BlockRing {
         // the kernel signals the eventfd just after posting a CQE, so a
         // signal can outlive its CQE; the sweep bounds the spurious
         // wake-ups that would cause.
-        let cq_ready = !self.ring.completion().is_empty();
+        let mut cq_ready = !self.ring.completion().is_empty();
+        if !cq_ready && self.in_flight > 0 && self.ring.submission().taskrun() {
+            // Task work holds completions back (COOP_TASKRUN): any kernel
+            // entry runs it. `submit` also hands over queued SQEs.
+            self.enter();
+            cq_ready = !self.ring.completion().is_empty();
+        }
         self.empty_rounds = self.empty_rounds.wrapping_add(1);
-        if cq_ready || self.efd_dirty || self.empty_rounds % EFD_SWEEP == 0 {
+        if cq_ready || self.efd_dirty || self.empty_rounds.is_multiple_of(EFD_SWEEP) {
             self.clear_eventfd();
             self.efd_dirty = false;
         }
@@ -346,6 +367,13 @@ impl BlockRing {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }
+        }
+    }
+
+    /// Enters the kernel even with nothing to submit (runs pending task work).
+    fn enter(&mut self) {
+        if let Ok(n) = self.ring.submitter().submit() {
+            self.unsubmitted = self.unsubmitted.saturating_sub(n);
         }
     }
 
@@ -791,6 +819,38 @@ mod tests {
         // SAFETY: as above.
         let n = unsafe { libc::poll(&mut pfd, 1, 0) };
         assert_eq!(n, 0, "eventfd still readable after reap");
+    }
+
+    /// The reactor's way of sleeping: in another ring, on a poll of the
+    /// eventfd. A completion that needs task work (an fsync goes through
+    /// io-wq) must still wake it, COOP_TASKRUN or not.
+    #[test]
+    fn eventfd_wakes_a_sleeper_in_another_ring() {
+        let Some(mut r) = ring_or_skip(2) else { return };
+        let t = tmp();
+        std::os::unix::fs::FileExt::write_all_at(&t.file, &[1u8; 4096], 0).unwrap();
+        let mut sleeper = IoUring::new(4).unwrap();
+        let poll = opcode::PollAdd::new(types::Fd(r.eventfd()), libc::POLLIN as u32)
+            .build()
+            .user_data(1);
+        let ts = types::Timespec::new().sec(5);
+        let timeout = opcode::Timeout::new(&ts).build().user_data(2);
+        // SAFETY: `ts` outlives the wait below, which returns only after a
+        // completion; the poll SQE holds no pointers. The timeout may still
+        // be armed when `ts` goes out of scope only if the poll won, and the
+        // ring is dropped (cancelling it) in the same scope.
+        unsafe {
+            sleeper.submission().push(&poll).unwrap();
+            sleeper.submission().push(&timeout).unwrap();
+        }
+        r.submit_fsync(t.file.as_raw_fd(), true, 7).unwrap();
+        r.submit().unwrap();
+        sleeper.submit_and_wait(1).unwrap();
+        let first = sleeper.completion().next().map(|c| c.user_data());
+        assert_eq!(first, Some(1), "the eventfd did not wake the sleeping ring");
+        let mut got = Vec::new();
+        r.reap(|u, res, _| got.push((u, res)));
+        assert_eq!(got, vec![(7, Ok(0))]);
     }
 
     #[test]
