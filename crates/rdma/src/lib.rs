@@ -27,6 +27,7 @@ pub mod soft;
 pub mod verbs;
 
 use std::os::fd::RawFd;
+use std::time::Duration;
 
 use ferrite_reactor::buf::SgList;
 use smallvec::SmallVec;
@@ -278,6 +279,12 @@ pub trait MemoryRegion: Send {
     fn into_sg(self: Box<Self>) -> SgList;
 }
 
+/// A protection domain: registers memory for local and remote access.
+pub trait ProtectionDomain: Send + Sync {
+    /// Registers every segment of `sg` with `access`.
+    fn reg_sg(&self, sg: SgList, access: Access) -> Result<Box<dyn MemoryRegion>, RdmaError>;
+}
+
 /// A completion queue: non-blocking polling plus an fd to sleep on.
 pub trait CompletionQueue: Send + Sync {
     /// Moves every available completion to `out`; returns how many. Never
@@ -285,6 +292,21 @@ pub trait CompletionQueue: Send + Sync {
     fn poll_cq(&self, out: &mut Vec<WorkCompletion>) -> usize;
     /// Readable when completions may be available (re-armed by `poll_cq`).
     fn fd(&self) -> RawFd;
+    /// Sleeps until [`CompletionQueue::fd`] is readable or `timeout`
+    /// passes (threads without a reactor, tools and tests). True if
+    /// readable.
+    fn wait(&self, timeout: Duration) -> bool {
+        let mut pfd = libc::pollfd {
+            fd: self.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: `pfd` is a valid, initialised pollfd that outlives the
+        // call, and the count passed is 1.
+        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        n > 0
+    }
 }
 
 /// A reliable-connected queue pair.

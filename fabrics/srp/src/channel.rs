@@ -12,9 +12,10 @@
 //! Credits (SRP r16a §5.5 request limit): the login grants
 //! [`ChannelConfig::credits`]; every SRP_CMD and SRP_TSK_MGMT spends one;
 //! a credit comes back (REQUEST LIMIT DELTA of SRP_RSP, SRP_CRED_REQ or
-//! SRP_AER_REQ) only once the receive buffer it used has been reposted, so
-//! an initiator that keeps to its request limit can never find the target
-//! without a receive posted. [`ChannelConfig::reserve`] more receives are
+//! SRP_AER_REQ) only once the receive buffer it used has been reposted
+//! *and* its task has ended, so an initiator that keeps to its request
+//! limit can never find the target without a receive posted, and never has
+//! more tasks outstanding than the limit (as ib_srpt bounds them). [`ChannelConfig::reserve`] more receives are
 //! kept for the IUs that spend no credit (SRP_I_LOGOUT and the responses to
 //! the target's own SRP_CRED_REQ and SRP_AER_REQ, of which at most one is
 //! outstanding at a time).
@@ -161,7 +162,7 @@ enum TaskState {
     /// SRP_RSP (and data) on the wire; waiting for its send completion.
     Responding { id: CmdId },
     /// A task management function in the core.
-    Tmf,
+    Tmf { func: TmfFunction },
     /// Its SRP_RSP is on the wire.
     TmfResponding,
 }
@@ -169,6 +170,7 @@ enum TaskState {
 #[derive(Debug)]
 struct Task {
     state: TaskState,
+    lun: [u8; 8],
     data_out: DataBuf,
     data_in: DataBuf,
 }
@@ -193,8 +195,13 @@ pub struct Channel {
     state: ChannelState,
     /// Credits the initiator holds, as far as the target knows.
     granted: u32,
-    /// Credits that may be returned (their receives were reposted).
-    delta: u32,
+    /// Credit-spending IUs whose receive buffers were reposted.
+    reposted: u64,
+    /// Credit-spending IUs whose task has ended (response sent or owed
+    /// no more).
+    finished: u64,
+    /// Credits returned so far.
+    returned: u64,
     /// Kinds (credit or not) of received IUs whose buffers are not yet
     /// reposted, in order.
     unreposted: VecDeque<bool>,
@@ -299,7 +306,9 @@ impl Channel {
             granted: cfg.credits,
             cfg,
             state: ChannelState::Live,
-            delta: 0,
+            reposted: 0,
+            finished: 0,
+            returned: 0,
             unreposted: VecDeque::new(),
             tasks: HashMap::new(),
             ops: HashMap::new(),
@@ -355,8 +364,15 @@ impl Channel {
         self.tx.push_back(Transmit::Send { op, iu });
     }
 
+    /// Credits that may be returned now: a credit comes back once its IU's
+    /// buffer is reposted and its task has ended.
+    fn returnable(&self) -> u64 {
+        self.reposted.min(self.finished) - self.returned
+    }
+
     fn take_delta(&mut self) -> u32 {
-        let d = std::mem::take(&mut self.delta);
+        let d = u32::try_from(self.returnable()).unwrap_or(u32::MAX);
+        self.returned += d as u64;
         self.granted += d;
         d
     }
@@ -441,7 +457,7 @@ impl Channel {
     /// One receive buffer went back on the receive queue.
     pub fn recv_reposted(&mut self) {
         if self.unreposted.pop_front() == Some(true) {
-            self.delta += 1;
+            self.reposted += 1;
         }
         self.next_target_req();
     }
@@ -454,6 +470,7 @@ impl Channel {
         if self.tasks.contains_key(&cmd.tag) {
             // SAM-5 §5.9: a task tag already in use is an overlapped command.
             let sense = Sense::OVERLAPPED_COMMANDS_ATTEMPTED.to_fixed();
+            self.finished += 1;
             let rsp = iu::Rsp {
                 tag: cmd.tag,
                 req_lim_delta: self.take_delta(),
@@ -522,6 +539,7 @@ impl Channel {
             cmd.tag,
             Task {
                 state,
+                lun: cmd.lun,
                 data_out: cmd.data_out,
                 data_in: cmd.data_in,
             },
@@ -552,6 +570,7 @@ impl Channel {
                 // A TMF reusing a live tag.
                 _ => iu::RspCode::INVALID_FIELDS,
             };
+            self.finished += 1;
             let rsp = iu::Rsp {
                 tag: t.tag,
                 req_lim_delta: self.take_delta(),
@@ -564,7 +583,8 @@ impl Channel {
         self.tasks.insert(
             t.tag,
             Task {
-                state: TaskState::Tmf,
+                state: TaskState::Tmf { func },
+                lun: t.lun,
                 data_out: DataBuf::None,
                 data_in: DataBuf::None,
             },
@@ -650,6 +670,7 @@ impl Channel {
             }
         };
         task.state = TaskState::Responding { id };
+        self.finished += 1;
         let in_segs = match &task.data_in {
             DataBuf::Segs(s) => s.clone(),
             _ => SmallVec::new(),
@@ -720,12 +741,24 @@ impl Channel {
 
     fn tmf_done(&mut self, tag: u64, rsp: TmfResponse) {
         let live = self.state == ChannelState::Live;
-        match self.tasks.get_mut(&tag) {
-            Some(t) if live => t.state = TaskState::TmfResponding,
+        let (func, lun) = match self.tasks.get_mut(&tag) {
+            Some(t) if live => {
+                let st = std::mem::replace(&mut t.state, TaskState::TmfResponding);
+                let TaskState::Tmf { func } = st else {
+                    t.state = st;
+                    return;
+                };
+                (func, t.lun)
+            }
             _ => {
                 self.tasks.remove(&tag);
                 return;
             }
+        };
+        // The TMF's own credit, and those of the tasks it ended.
+        self.finished += 1;
+        if rsp == TmfResponse::Complete {
+            self.finished += self.forget_aborted(func, lun);
         }
         let code = match rsp {
             TmfResponse::Complete => iu::RspCode::COMPLETE,
@@ -743,6 +776,38 @@ impl Channel {
             ..iu::Rsp::default()
         };
         self.send(OpKind::Rsp { tag }, out.encode());
+    }
+
+    /// SAM-5 §7.2-§7.5: tasks aborted on this nexus end without a
+    /// response, so the channel forgets them once the TMF completes (their
+    /// credits were already returned when their buffers were reposted).
+    fn forget_aborted(&mut self, func: TmfFunction, lun: [u8; 8]) -> u64 {
+        let before = self.tasks.len();
+        let waiting = |t: &Task| {
+            matches!(
+                t.state,
+                TaskState::Submitted
+                    | TaskState::FetchingData { .. }
+                    | TaskState::FetchingTables { .. }
+            )
+        };
+        match func {
+            TmfFunction::AbortTask { tag }
+                if self
+                    .tasks
+                    .get(&tag.0)
+                    .is_some_and(|t| waiting(t) && t.lun == lun) =>
+            {
+                self.tasks.remove(&tag.0);
+            }
+            TmfFunction::AbortTaskSet
+            | TmfFunction::ClearTaskSet
+            | TmfFunction::LogicalUnitReset => {
+                self.tasks.retain(|_, t| !(waiting(t) && t.lun == lun));
+            }
+            _ => {}
+        }
+        (before - self.tasks.len()) as u64
     }
 
     /// Sends the next SRP_AER_REQ, or an SRP_CRED_REQ when credits are owed
@@ -771,7 +836,7 @@ impl Channel {
                 TaskState::Responding { .. } | TaskState::TmfResponding
             )
         });
-        if self.delta > 0 && !responses_coming {
+        if self.returnable() > 0 && !responses_coming {
             self.next_tag += 1;
             self.target_req = Some(tag);
             let cred = iu::CredReq {

@@ -3,4 +3,6 @@
 #![forbid(unsafe_code)]
 
 pub mod channel;
+pub mod initiator;
 pub mod iu;
+pub mod target;

@@ -268,6 +268,12 @@ impl std::fmt::Debug for SoftPd {
     }
 }
 
+impl crate::ProtectionDomain for SoftPd {
+    fn reg_sg(&self, sg: SgList, access: Access) -> Result<Box<dyn MemoryRegion>, RdmaError> {
+        Ok(Box::new(SoftPd::reg_sg(self, sg, access)?))
+    }
+}
+
 impl SoftPd {
     /// Registers the segments of `sg` (one region per segment). The region
     /// owns the list until [`MemoryRegion::into_sg`].
@@ -428,6 +434,10 @@ impl SoftCq {
     /// Blocks until a completion is available or `timeout` passes; true if
     /// one is available (for threads that do not run a reactor, and tests).
     pub fn wait(&self, timeout: Duration) -> bool {
+        CompletionQueue::wait(self, timeout)
+    }
+
+    fn wait_nonempty(&self, timeout: Duration) -> bool {
         let q = lock(&self.shared.q);
         let (q, _) = self
             .shared
@@ -452,6 +462,10 @@ impl CompletionQueue for SoftCq {
 
     fn fd(&self) -> RawFd {
         self.shared.wake_rx.as_raw_fd()
+    }
+
+    fn wait(&self, timeout: Duration) -> bool {
+        self.wait_nonempty(timeout)
     }
 }
 

@@ -487,6 +487,18 @@ fn task_management() {
     let r = Rsp::parse(b).unwrap();
     assert_eq!((r.tag, r.rsp_code()), (50, Some(iu::RspCode::COMPLETE)));
     ch.send_done(op, true);
+    // The aborted command ends without a response; its tag is free again.
+    assert_eq!(ch.tasks(), 0);
+    ch.handle_action(Action::Respond {
+        id: CmdId(1),
+        tag: TaskTag(1),
+        rsp: Response::good(),
+    });
+    assert!(ch.poll_transmit().is_none());
+    assert!(matches!(
+        events(&mut ch)[..],
+        [Event::ResponseSent(CmdId(1))]
+    ));
     // Unknown function: answered by the channel, never reaches the core.
     let mut bad = t;
     bad.tag = 51;

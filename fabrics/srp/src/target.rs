@@ -1,0 +1,409 @@
+//! The target-side driver of one channel: carries a [`Channel`]'s transmits
+//! out on a queue pair and feeds its completions back. Provider-neutral (it
+//! sees only the `ferrite_rdma` traits) and thread-agnostic: the reactor
+//! that owns the connection calls it from its poller.
+//!
+//! Buffers: the receive ring (one registered buffer of `max_it_iu_len` per
+//! receive) and a ring of send buffers are registered once; data buffers
+//! (`SgList`s from the core) are registered for the time of one transfer
+//! and handed back to the channel, which hands them back to the core.
+
+use std::collections::{HashMap, VecDeque};
+
+use ferrite_core::Action;
+use ferrite_rdma::{
+    Access, ConnEvent, MemoryRegion, PostError, ProtectionDomain, QueuePair, RdmaError, RecvWr,
+    SendOp, SendWr, WcStatus, WorkCompletion,
+};
+use ferrite_reactor::buf::{IoBuf, SgList};
+
+use crate::channel::{Channel, ChannelConfig, Event, OpId, Transmit, Xfer};
+
+/// Marks receive work requests; the low bits are the ring slot.
+const RECV_BIT: u64 = 1 << 63;
+
+/// Driver errors (infrastructure, not protocol).
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    #[error("memory registration failed: {0}")]
+    Reg(#[source] RdmaError),
+    #[error("posting a work request failed: {0}")]
+    Post(#[source] PostError),
+}
+
+/// Registered receive buffers, posted before the connection is accepted.
+pub struct RecvRing {
+    slots: Vec<Box<dyn MemoryRegion>>,
+    len: u32,
+}
+
+impl std::fmt::Debug for RecvRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RecvRing({} x {})", self.slots.len(), self.len)
+    }
+}
+
+impl RecvRing {
+    /// Registers `count` receive buffers of `len` bytes.
+    pub fn new(pd: &dyn ProtectionDomain, count: u32, len: u32) -> Result<RecvRing, DriverError> {
+        let mut slots = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            let mr = pd
+                .reg_sg(SgList::from(IoBuf::new(len as usize)), Access::LOCAL_WRITE)
+                .map_err(DriverError::Reg)?;
+            slots.push(mr);
+        }
+        Ok(RecvRing { slots, len })
+    }
+
+    /// A ring sized for `cfg` ([`ChannelConfig::recv_count`] buffers of
+    /// `max_it_iu_len`).
+    pub fn for_config(
+        pd: &dyn ProtectionDomain,
+        cfg: &ChannelConfig,
+    ) -> Result<RecvRing, DriverError> {
+        RecvRing::new(pd, cfg.recv_count(), cfg.max_it_iu_len)
+    }
+
+    fn post(&self, qp: &dyn QueuePair, slot: usize) -> Result<(), DriverError> {
+        let Some(mr) = self.slots.get(slot) else {
+            return Ok(());
+        };
+        let sges = mr.sges(0, self.len as u64).unwrap_or_default();
+        qp.post_recv(&RecvWr {
+            wr_id: RECV_BIT | slot as u64,
+            sges,
+        })
+        .map_err(DriverError::Post)
+    }
+
+    /// Posts every buffer (call before accepting the connection).
+    pub fn post_all(&self, qp: &dyn QueuePair) -> Result<(), DriverError> {
+        (0..self.slots.len()).try_for_each(|s| self.post(qp, s))
+    }
+}
+
+enum Pending {
+    Send {
+        op: OpId,
+        slot: usize,
+    },
+    Rdma {
+        op: OpId,
+        mr: Box<dyn MemoryRegion>,
+        left: usize,
+        ok: bool,
+    },
+}
+
+/// One SRP channel on one queue pair.
+pub struct TargetConn {
+    channel: Box<Channel>,
+    qp: Box<dyn QueuePair>,
+    pd: Box<dyn ProtectionDomain>,
+    recv: RecvRing,
+    send_slots: Vec<Box<dyn MemoryRegion>>,
+    free_send: Vec<usize>,
+    max_sge: usize,
+    next_wr: u64,
+    pending: HashMap<u64, Pending>,
+    /// Transmits waiting for a send buffer (back-pressure, not an error).
+    waiting: VecDeque<Transmit>,
+    failed: bool,
+}
+
+impl std::fmt::Debug for TargetConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "TargetConn(qp {:#x}, {:?})",
+            self.qp.qp_num(),
+            self.channel.state()
+        )
+    }
+}
+
+impl TargetConn {
+    /// Wraps an accepted channel. `recv` must already be posted on `qp`;
+    /// `max_sge` is the QP's scatter-gather limit.
+    pub fn new(
+        channel: Box<Channel>,
+        qp: Box<dyn QueuePair>,
+        pd: Box<dyn ProtectionDomain>,
+        recv: RecvRing,
+        max_sge: usize,
+    ) -> Result<TargetConn, DriverError> {
+        let cfg = channel.config();
+        // One SRP_RSP per credit, plus target requests and a logout.
+        let n = (cfg.credits + cfg.reserve + 2) as usize;
+        let mut send_slots = Vec::with_capacity(n);
+        for _ in 0..n {
+            let mr = pd
+                .reg_sg(
+                    SgList::from(IoBuf::new(cfg.max_ti_iu_len as usize)),
+                    Access::LOCAL_WRITE,
+                )
+                .map_err(DriverError::Reg)?;
+            send_slots.push(mr);
+        }
+        Ok(TargetConn {
+            channel,
+            qp,
+            pd,
+            recv,
+            free_send: (0..n).rev().collect(),
+            send_slots,
+            max_sge: max_sge.max(1),
+            next_wr: 1,
+            pending: HashMap::new(),
+            waiting: VecDeque::new(),
+            failed: false,
+        })
+    }
+
+    /// The protocol state machine.
+    pub fn channel(&self) -> &Channel {
+        &self.channel
+    }
+
+    /// The queue pair.
+    pub fn qp(&self) -> &dyn QueuePair {
+        &*self.qp
+    }
+
+    /// The next event for the core.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.channel.poll_event()
+    }
+
+    /// Carries out a core action (then call [`TargetConn::pump`]).
+    pub fn handle_action(&mut self, a: Action) {
+        self.channel.handle_action(a);
+    }
+
+    /// Looks at connection events (disconnects).
+    pub fn poll_conn_events(&mut self) {
+        while let Some(ev) = self.qp.poll_event() {
+            match ev {
+                ConnEvent::Disconnected => self.channel.connection_lost(),
+            }
+        }
+    }
+
+    /// Feeds one completion of this QP.
+    pub fn handle_completion(&mut self, wc: &WorkCompletion) {
+        if wc.wr_id & RECV_BIT != 0 {
+            let slot = (wc.wr_id & !RECV_BIT) as usize;
+            if wc.status != WcStatus::Success {
+                self.channel.connection_lost();
+                return;
+            }
+            let n = (wc.byte_len as usize).min(self.recv.len as usize);
+            let mut iu = vec![0u8; n];
+            if let Some(mr) = self.recv.slots.get(slot) {
+                mr.read_at(0, &mut iu);
+            }
+            self.channel.handle_recv(&iu);
+            // The IU is copied out: the buffer goes straight back.
+            match self.recv.post(&*self.qp, slot) {
+                Ok(()) => self.channel.recv_reposted(),
+                Err(_) => self.channel.connection_lost(),
+            }
+            return;
+        }
+        let ok = wc.status == WcStatus::Success;
+        match self.pending.remove(&wc.wr_id) {
+            Some(Pending::Send { op, slot }) => {
+                self.free_send.push(slot);
+                self.channel.send_done(op, ok);
+            }
+            Some(Pending::Rdma {
+                op,
+                mr,
+                left,
+                ok: all_ok,
+            }) => {
+                let all_ok = all_ok && ok;
+                if left > 1 {
+                    self.pending.insert(
+                        wc.wr_id,
+                        Pending::Rdma {
+                            op,
+                            mr,
+                            left: left - 1,
+                            ok: all_ok,
+                        },
+                    );
+                } else {
+                    self.channel.rdma_done(op, mr.into_sg(), all_ok);
+                }
+            }
+            None => {
+                tracing::debug!(wr_id = wc.wr_id, opcode = ?wc.opcode, "completion for no request");
+            }
+        }
+    }
+
+    /// Puts everything the channel wants on the queue pair.
+    pub fn pump(&mut self) {
+        loop {
+            let t = match self.waiting.pop_front() {
+                Some(t) => t,
+                None => match self.channel.poll_transmit() {
+                    Some(t) => t,
+                    None => return,
+                },
+            };
+            if self.failed {
+                self.fail(t);
+                continue;
+            }
+            if let Err(t) = self.transmit(t) {
+                // Out of send buffers: wait for a send completion.
+                self.waiting.push_front(*t);
+                return;
+            }
+        }
+    }
+
+    /// Completes a transmit that cannot go out (the QP failed).
+    fn fail(&mut self, t: Transmit) {
+        match t {
+            Transmit::Send { op, .. } => self.channel.send_done(op, false),
+            Transmit::RdmaRead { op, buf, .. } | Transmit::RdmaWrite { op, buf, .. } => {
+                self.channel.rdma_done(op, buf, false)
+            }
+            Transmit::Disconnect => {}
+        }
+    }
+
+    fn wr_id(&mut self) -> u64 {
+        let id = self.next_wr;
+        self.next_wr = (self.next_wr + 1) & !RECV_BIT;
+        id
+    }
+
+    fn post_failed(&mut self, e: DriverError) {
+        tracing::warn!("srp channel: {e}; disconnecting");
+        self.failed = true;
+        self.qp.disconnect();
+        self.channel.connection_lost();
+    }
+
+    fn transmit(&mut self, t: Transmit) -> Result<(), Box<Transmit>> {
+        match t {
+            Transmit::Send { op, iu } => {
+                let Some(slot) = self.free_send.pop() else {
+                    return Err(Box::new(Transmit::Send { op, iu }));
+                };
+                let mr = &mut self.send_slots[slot];
+                let n = mr.write_at(0, &iu);
+                let sges = mr.sges(0, n as u64).unwrap_or_default();
+                let wr_id = self.wr_id();
+                self.pending.insert(wr_id, Pending::Send { op, slot });
+                let wr = SendWr {
+                    wr_id,
+                    op: SendOp::Send,
+                    sges,
+                    signaled: true,
+                };
+                if let Err(e) = self.qp.post_send(&wr) {
+                    self.pending.remove(&wr_id);
+                    self.free_send.push(slot);
+                    self.channel.send_done(op, false);
+                    self.post_failed(DriverError::Post(e));
+                }
+            }
+            Transmit::RdmaRead { op, buf, xfers } => self.rdma(op, buf, &xfers, false),
+            Transmit::RdmaWrite { op, buf, xfers } => self.rdma(op, buf, &xfers, true),
+            Transmit::Disconnect => self.qp.disconnect(),
+        }
+        Ok(())
+    }
+
+    /// Posts one RDMA work request per (xfer, max_sge local sges).
+    fn rdma(&mut self, op: OpId, buf: SgList, xfers: &[Xfer], write: bool) {
+        let access = if write {
+            Access::default()
+        } else {
+            Access::LOCAL_WRITE
+        };
+        let mr = match self.pd.reg_sg(buf, access) {
+            Ok(mr) => mr,
+            Err(e) => {
+                // The list is gone with the failed registration; the channel
+                // reports the command aborted.
+                self.channel.rdma_done(op, SgList::new(), false);
+                return self.post_failed(DriverError::Reg(e));
+            }
+        };
+        let mut wrs = Vec::new();
+        for x in xfers {
+            let Some(sges) = mr.sges(x.offset as u64, x.remote.len as u64) else {
+                self.channel.rdma_done(op, mr.into_sg(), false);
+                return;
+            };
+            let mut remote = x.remote.addr;
+            for chunk in sges.chunks(self.max_sge) {
+                let len: u64 = chunk.iter().map(|s| s.len as u64).sum();
+                let rop = if write {
+                    SendOp::RdmaWrite {
+                        remote_addr: remote,
+                        rkey: x.remote.rkey,
+                    }
+                } else {
+                    SendOp::RdmaRead {
+                        remote_addr: remote,
+                        rkey: x.remote.rkey,
+                    }
+                };
+                wrs.push(SendWr {
+                    wr_id: 0,
+                    op: rop,
+                    sges: chunk.iter().copied().collect(),
+                    signaled: true,
+                });
+                remote += len;
+            }
+        }
+        if wrs.is_empty() {
+            self.channel.rdma_done(op, mr.into_sg(), true);
+            return;
+        }
+        let wr_id = self.wr_id();
+        let total = wrs.len();
+        let mut posted = 0;
+        let mut err = None;
+        for mut wr in wrs {
+            wr.wr_id = wr_id;
+            match self.qp.post_send(&wr) {
+                Ok(()) => posted += 1,
+                Err(e) => {
+                    err = Some(e);
+                    break;
+                }
+            }
+        }
+        if posted > 0 {
+            self.pending.insert(
+                wr_id,
+                Pending::Rdma {
+                    op,
+                    mr,
+                    left: posted,
+                    ok: posted == total,
+                },
+            );
+        } else {
+            self.channel.rdma_done(op, mr.into_sg(), false);
+        }
+        if let Some(e) = err {
+            self.post_failed(DriverError::Post(e));
+        }
+    }
+
+    /// True once the channel is closed and nothing is in flight.
+    pub fn finished(&self) -> bool {
+        self.channel.state() == crate::channel::ChannelState::Closed && self.pending.is_empty()
+    }
+}
