@@ -241,6 +241,13 @@ fn serve_client(tree: &Mutex<Tree>, stream: UnixStream) {
     };
     if let Err(msg) = peer_allowed(&stream) {
         tracing::warn!("control socket: {msg}");
+        // Take the request line (bounded in size and time) before refusing,
+        // so the peer reads the refusal instead of a broken pipe.
+        let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(2)));
+        let mut sink = Vec::new();
+        let _ = BufReader::new(&stream)
+            .take(64 << 10)
+            .read_until(b'\n', &mut sink);
         let _ = out.write_all(Response::err(msg).to_line().as_bytes());
         return;
     }
@@ -423,9 +430,15 @@ pub fn request(socket: &Path, req: &Request) -> std::io::Result<Response> {
     let mut s = UnixStream::connect(socket)?;
     let mut line = serde_json::to_string(req).map_err(std::io::Error::other)?;
     line.push('\n');
-    s.write_all(line.as_bytes())?;
+    // A server that refuses the peer may answer and close before reading
+    // everything: its answer is still worth reading.
+    let written = s.write_all(line.as_bytes());
     let mut answer = String::new();
-    BufReader::new(s).read_line(&mut answer)?;
+    let read = BufReader::new(s).read_line(&mut answer);
+    if answer.is_empty() {
+        written?;
+        read?;
+    }
     serde_json::from_str(&answer).map_err(|e| {
         std::io::Error::new(
             std::io::ErrorKind::InvalidData,

@@ -160,3 +160,35 @@ fn offline_commands() {
     let (ok, _, _) = ctl(&sock, &["completions", "tcsh"]);
     assert!(!ok);
 }
+
+#[test]
+fn non_root_peer_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to run a client as another uid");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Arc::new(FakeRuntime::new());
+    let sock = dir.path().join("ctl.sock");
+    let _srv = serve(rt, Config::default(), None, &sock).unwrap();
+    // Open the file-system gates so that only SO_PEERCRED stands in the way.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ferritectl"))
+        .arg("--socket")
+        .arg(&sock)
+        .arg("ls")
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    if err.contains("Permission denied (os error 13)") && err.contains("cannot talk") {
+        eprintln!("skipped: uid 65534 cannot reach the test directory: {err}");
+        return;
+    }
+    assert!(!out.status.success());
+    assert!(err.contains("permission denied: uid 65534"), "{err}");
+}
