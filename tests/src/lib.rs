@@ -267,19 +267,16 @@ pub fn parse_cu(output: &str) -> CuResult {
             // The verdict is CUnit's first `passed`/`FAILED` at the start of a
             // line or right after the test's `...`; whatever follows it on that
             // line belongs to the next test's or suite's set-up.
-            let verdict = body
-                .lines()
-                .enumerate()
-                .find_map(|(i, l)| {
-                    let l = if i == 0 { l } else { l.trim_start() };
-                    if l.starts_with("passed") {
-                        Some((i, true))
-                    } else if l.starts_with("FAILED") {
-                        Some((i, false))
-                    } else {
-                        None
-                    }
-                });
+            let verdict = body.lines().enumerate().find_map(|(i, l)| {
+                let l = if i == 0 { l } else { l.trim_start() };
+                if l.starts_with("passed") {
+                    Some((i, true))
+                } else if l.starts_with("FAILED") {
+                    Some((i, false))
+                } else {
+                    None
+                }
+            });
             match verdict {
                 Some((i, true)) => {
                     let before: Vec<&str> = body.lines().take(i).collect();

@@ -23,7 +23,10 @@ fn stdout(cmd: &mut Command) -> String {
 
 fn sha256(path: &Path) -> String {
     let out = stdout(Command::new("sha256sum").arg(path));
-    out.split_whitespace().next().unwrap_or_default().to_string()
+    out.split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string()
 }
 
 fn random_file(path: &Path, mib: usize) {
@@ -43,7 +46,11 @@ fn default_target_is_discovered_with_its_lun_and_size() {
     require_tool("iscsi-ls", "libiscsi-bin");
     let dir = tempfile::tempdir().unwrap();
     let f = Ferrited::start_default(dir.path());
-    let out = stdout(Command::new("iscsi-ls").arg("-s").arg(format!("iscsi://{}", f.addr)));
+    let out = stdout(
+        Command::new("iscsi-ls")
+            .arg("-s")
+            .arg(format!("iscsi://{}", f.addr)),
+    );
     assert!(
         out.contains(&format!("Target:{DEFAULT_IQN} Portal:{},1", f.addr)),
         "target or portal missing:\n{out}"
@@ -72,10 +79,20 @@ fn inquiry_and_capacity_of_lun0() {
     );
     assert!(inq.contains("Vendor:FERRITE"), "vendor:\n{inq}");
     assert!(inq.contains("CmdQue:1"), "{inq}");
-    let serial = stdout(Command::new("iscsi-inq").arg("-e").arg("1").arg("-c").arg("0x80").arg(&url));
+    let serial = stdout(
+        Command::new("iscsi-inq")
+            .arg("-e")
+            .arg("1")
+            .arg("-c")
+            .arg("0x80")
+            .arg(&url),
+    );
     assert!(serial.to_lowercase().contains("serial"), "{serial}");
     let rc = stdout(Command::new("iscsi-readcapacity16").arg(&url));
-    assert!(rc.contains("RETURNED LOGICAL BLOCK ADDRESS:2097151"), "{rc}");
+    assert!(
+        rc.contains("RETURNED LOGICAL BLOCK ADDRESS:2097151"),
+        "{rc}"
+    );
     assert!(rc.contains("LOGICAL BLOCK LENGTH IN BYTES:512"), "{rc}");
     assert!(rc.contains("Total size:1073741824"), "{rc}");
 }
@@ -217,7 +234,11 @@ fn writes_survive_a_restart() {
                 .arg(&src)
                 .arg(f.url(DEFAULT_IQN, 0)),
         );
-        assert!(f.stop(), "ferrited did not stop on SIGTERM:\n{}", f.log_text());
+        assert!(
+            f.stop(),
+            "ferrited did not stop on SIGTERM:\n{}",
+            f.log_text()
+        );
         assert!(
             f.log_text().contains("stopped"),
             "no clean shutdown:\n{}",

@@ -139,10 +139,7 @@ impl Worker for CoreWorker {
                 }
             }
             Completion::Recv {
-                token,
-                result,
-                buf,
-                ..
+                token, result, buf, ..
             } if token & 0xff == TOKEN_RECV => {
                 let key = (token >> 8) as usize;
                 if let Some(conn) = self.conns.get_mut(key) {
@@ -226,7 +223,11 @@ impl Worker for CoreWorker {
         for key in touched {
             self.after_conn(key);
         }
-        self.next_timer = self.conns.iter().filter_map(|(_, c)| c.poll_timeout()).min();
+        self.next_timer = self
+            .conns
+            .iter()
+            .filter_map(|(_, c)| c.poll_timeout())
+            .min();
         progress
     }
 

@@ -151,7 +151,12 @@ impl TcpConn {
     ) {
         let n = match result {
             Ok(0) => {
-                tracing::debug!(peer = %self.peer, "connection closed by peer");
+                if self.rx_len > 0 {
+                    tracing::warn!(peer = %self.peer, pending = self.rx_len,
+                        "peer closed the connection in the middle of a PDU");
+                } else {
+                    tracing::debug!(peer = %self.peer, "connection closed by peer");
+                }
                 self.rx = Some(buf);
                 self.begin_close(ctx.now(), shard, portal);
                 self.finish_close();
@@ -312,7 +317,9 @@ impl TcpConn {
                 Some(mut s) => {
                     s.submit(now, req);
                 }
-                None => tracing::warn!(peer = %self.peer, "command outside a normal session dropped"),
+                None => {
+                    tracing::warn!(peer = %self.peer, "command outside a normal session dropped")
+                }
             },
             ConnEvent::DataOutDone { id, data } => {
                 if let Some(mut s) = self.session.and_then(|s| shard.session(s)) {
