@@ -430,6 +430,40 @@ mod tests {
         }
     }
 
+    /// A reactor that sleeps on `notify_fd` whenever a poll found nothing:
+    /// operations deferred by submission batching must still complete.
+    #[test]
+    fn sleeping_on_notify_fd_completes_batched_ops() {
+        let dir = shm_dir();
+        let b = create(&dir, 4 * MIB, 512);
+        let mut q = b.open_uring_queue(16).unwrap();
+        let fd = q.notify_fd().unwrap();
+        for t in 0..16u64 {
+            let op = BlockOp::Write {
+                offset: t * 65536,
+                buf: pattern(65536, t as u8),
+                fua: t % 4 == 0,
+            };
+            q.submit(t, op).unwrap();
+        }
+        let mut done = Vec::new();
+        while q.in_flight() > 0 {
+            let before = done.len();
+            q.poll(&mut done);
+            if done.len() == before {
+                let woke = blockring::wait_readable(fd, std::time::Duration::from_secs(5)).unwrap();
+                assert!(
+                    woke,
+                    "slept 5 s with {} operations in flight",
+                    q.in_flight()
+                );
+            }
+        }
+        assert_eq!(done.len(), 16);
+        assert!(done.iter().all(|d| d.result.is_ok()));
+        assert!(q.ring_stats().ops >= 16);
+    }
+
     #[test]
     fn busy_at_full_depth() {
         let dir = shm_dir();

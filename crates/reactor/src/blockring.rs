@@ -320,6 +320,10 @@ impl BlockRing {
         if cq_ready || self.efd_dirty || self.empty_rounds.is_multiple_of(EFD_SWEEP) {
             self.clear_eventfd();
             self.efd_dirty = false;
+            // Look again after the clear: a CQE posted just before it lost
+            // its signal and must be drained now; one posted after it
+            // signals again.
+            cq_ready = !self.ring.completion().is_empty();
         }
         if !cq_ready {
             return 0;
@@ -567,6 +571,30 @@ fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
         Err(io::Error::last_os_error())
     } else {
         Ok(r)
+    }
+}
+
+/// Blocks until `fd` is readable or `timeout` passes (`poll(2)`); true if
+/// readable. For tools and tests that sleep on a queue's eventfd without a
+/// reactor. A raw descriptor is enough: poll(2) only reports on it (a
+/// closed one comes back as not readable).
+pub fn wait_readable(fd: RawFd, timeout: std::time::Duration) -> io::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    loop {
+        // SAFETY: one valid, initialised pollfd on the stack; nfds is 1.
+        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if r >= 0 {
+            return Ok(r > 0 && pfd.revents & libc::POLLIN != 0);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
     }
 }
 
