@@ -58,6 +58,9 @@ pub struct BlockBackend {
     align: u32,
     phys_exp: u8,
     is_device: bool,
+    /// The store has a volatile cache (files: the page cache is bypassed,
+    /// but the disk under the filesystem may have one).
+    volatile_cache: bool,
     unmap: UnmapVia,
     zeroes: ZeroesVia,
 }
@@ -78,6 +81,17 @@ fn device_discards(rdev: u64) -> bool {
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok())
         .is_some_and(|n| n > 0)
+}
+
+/// Whether the device at `rdev` has a volatile write cache (sysfs
+/// `queue/write_cache` says "write back"); true when unknown.
+fn device_write_cache(rdev: u64) -> bool {
+    let p = format!(
+        "/sys/dev/block/{}:{}/queue/write_cache",
+        libc::major(rdev),
+        libc::minor(rdev)
+    );
+    std::fs::read_to_string(p).map_or(true, |s| s.trim() != "write through")
 }
 
 impl BlockBackend {
@@ -174,6 +188,7 @@ impl BlockBackend {
             align: logical.max(512),
             phys_exp: phys_exp(physical as u64, block_size),
             is_device,
+            volatile_cache: !is_device || device_write_cache(md.rdev()),
             unmap,
             zeroes,
         })
@@ -231,7 +246,7 @@ impl Backend for BlockBackend {
                 ZeroesVia::None => false,
             },
             fua: true,
-            write_cache: !self.opts.write_through,
+            write_cache: !self.opts.write_through && self.volatile_cache,
             unmap_zeroes: file_thin,
         }
     }
@@ -269,10 +284,10 @@ impl Backend for BlockBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::fs::File;
     use ferrite_core::backend::{BlockDone, BlockError, BlockOp, Busy};
     use ferrite_nullio::integrity::{self, Options, Rng};
     use ferrite_reactor::buf::{BufPool, SgList};
+    use std::fs::File;
 
     const MIB: u64 = 1 << 20;
 

@@ -717,6 +717,50 @@ mod tests {
         assert_eq!(d.buf.map(|b| b.len()), Some(1024));
     }
 
+    /// ENOSPC from a full filesystem reaches the core as NoSpace. Needs
+    /// root to mount a 1 MiB tmpfs; skipped otherwise.
+    #[test]
+    fn full_filesystem_is_no_space() {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+            .arg(dir.path())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!("skipping: cannot mount a small tmpfs (needs root)");
+            return;
+        }
+        let result = std::panic::catch_unwind(|| {
+            let b = FileBackend::open(
+                dir.path().join("lun"),
+                FileOptions {
+                    create_size: Some(8 * MIB),
+                    ..FileOptions::default()
+                },
+            )
+            .unwrap();
+            let mut q = b.open_queue(4).unwrap();
+            let d = run(
+                &mut *q,
+                BlockOp::Write {
+                    offset: 0,
+                    buf: pattern(2 * MIB as usize, 1),
+                    fua: false,
+                },
+            );
+            assert_eq!(d.result, Err(BlockError::NoSpace));
+            assert_eq!(d.buf.map(|b| b.len()), Some(2 * MIB as usize));
+        });
+        let _ = std::process::Command::new("umount")
+            .arg(dir.path())
+            .status();
+        if let Err(p) = result {
+            std::panic::resume_unwind(p);
+        }
+    }
+
     #[test]
     fn out_of_range_is_refused() {
         let dir = shm_dir();
