@@ -156,12 +156,17 @@ impl UringQueue {
         if depth == 0 {
             return Err(BackendError::Invalid("queue depth 0".into()));
         }
-        let ring = BlockRing::new(depth).map_err(|source| BackendError::Io {
+        let mut ring = BlockRing::new(depth).map_err(|source| BackendError::Io {
             what: format!("io_uring of {depth} entries"),
             source,
         })?;
         let depth = ring.capacity();
         let fd = shared.file.as_raw_fd();
+        // A registered file saves a lookup and a shared reference count per
+        // operation; without it the plain descriptor works the same.
+        if let Err(e) = ring.register_file(fd) {
+            tracing::debug!(error = %e, "io_uring file registration refused; using the descriptor");
+        }
         Ok(UringQueue {
             ring,
             shared,

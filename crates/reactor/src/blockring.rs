@@ -37,6 +37,20 @@ const IOV_MAX: usize = 1024;
 /// `reap` clears the eventfd at least once every this many empty rounds.
 const EFD_SWEEP: u32 = 64;
 
+/// Builds an SQE on `$fd`: through the ring's registered file when `$fd` is
+/// the one registered, else on the plain descriptor.
+macro_rules! on_fd {
+    ($ring:ident, $fd:expr, |$f:ident| $build:expr) => {
+        if $ring.fixed == Some($fd) {
+            let $f = types::Fixed(0);
+            $build
+        } else {
+            let $f = types::Fd($fd);
+            $build
+        }
+    };
+}
+
 /// What kind of operation a slot holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
@@ -100,6 +114,8 @@ pub struct BlockRing {
     /// SQEs pushed but not yet handed to the kernel.
     unsubmitted: usize,
     stats: RingStats,
+    /// The descriptor registered as fixed file 0, if any.
+    fixed: Option<RawFd>,
     /// Completions were drained since the eventfd was last cleared.
     efd_dirty: bool,
     /// `reap` calls since completions were last found.
@@ -169,6 +185,7 @@ impl BlockRing {
             in_flight: 0,
             unsubmitted: 0,
             stats: RingStats::default(),
+            fixed: None,
             efd_dirty: false,
             empty_rounds: 0,
         })
@@ -188,6 +205,20 @@ impl BlockRing {
     /// Operations submitted and not yet reaped.
     pub fn in_flight(&self) -> usize {
         self.in_flight
+    }
+
+    /// Registers `fd` as the ring's fixed file: later operations on `fd` skip
+    /// the per-operation file lookup and reference count (shared across
+    /// cores, that count is a contended cache line). One file per ring. The
+    /// ring keeps its own reference to the file: operations on the number
+    /// `fd` reach this file even if the caller closes and reuses the number.
+    pub fn register_file(&mut self, fd: RawFd) -> io::Result<()> {
+        if self.fixed.is_some() {
+            return Err(io::Error::from_raw_os_error(libc::EBUSY));
+        }
+        self.ring.submitter().register_files(&[fd])?;
+        self.fixed = Some(fd);
+        Ok(())
     }
 
     /// Operations queued but not yet handed to the kernel.
@@ -250,10 +281,8 @@ impl BlockRing {
         } else {
             types::FsyncFlags::empty()
         };
-        let sqe = opcode::Fsync::new(types::Fd(fd))
-            .flags(flags)
-            .build()
-            .user_data(idx as u64);
+        let sqe =
+            on_fd!(self, fd, |f| opcode::Fsync::new(f).flags(flags).build()).user_data(idx as u64);
         self.stats.fsyncs += 1;
         self.start_simple(idx, Kind::Fsync, fd, user_data, sqe)
     }
@@ -271,11 +300,11 @@ impl BlockRing {
         let Some(idx) = self.free.pop() else {
             return Err(RingFull(None));
         };
-        let sqe = opcode::Fallocate::new(types::Fd(fd), len)
+        let sqe = on_fd!(self, fd, |f| opcode::Fallocate::new(f, len)
             .offset(offset)
             .mode(mode)
-            .build()
-            .user_data(idx as u64);
+            .build())
+        .user_data(idx as u64);
         self.start_simple(idx, Kind::Fallocate, fd, user_data, sqe)
     }
 
@@ -479,18 +508,18 @@ impl BlockRing {
                 skip = 0;
             }
         }
-        let fd = types::Fd(op.fd);
         let off = op.offset + op.done as u64;
         let n = slot.iov.len() as u32;
+        let iov = slot.iov.as_ptr();
         let sqe = match op.kind {
-            Kind::Readv => opcode::Readv::new(fd, slot.iov.as_ptr(), n)
+            Kind::Readv => on_fd!(self, op.fd, |f| opcode::Readv::new(f, iov, n)
                 .offset(off)
                 .rw_flags(op.rw_flags)
-                .build(),
-            _ => opcode::Writev::new(fd, slot.iov.as_ptr(), n)
+                .build()),
+            _ => on_fd!(self, op.fd, |f| opcode::Writev::new(f, iov, n)
                 .offset(off)
                 .rw_flags(op.rw_flags)
-                .build(),
+                .build()),
         }
         .user_data(idx as u64);
         // SAFETY: the SQE points at `slot.iov`, whose heap array is neither
@@ -758,6 +787,8 @@ mod tests {
         let Some(mut r) = ring_or_skip(4) else { return };
         let t = tmp();
         let f = &t.file;
+        r.register_file(f.as_raw_fd()).unwrap();
+        assert!(r.register_file(f.as_raw_fd()).is_err());
         let pool = BufPool::new(4096, 8);
         let mut sg = pool.sg(10000);
         let data: Vec<u8> = (0..10000u32).map(|i| (i * 7) as u8).collect();
