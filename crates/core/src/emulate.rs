@@ -71,6 +71,33 @@ pub enum Plan {
     /// UNMAP: fetch the `param_len`-byte parameter list, then deallocate each
     /// range it names.
     Unmap { param_len: u32, residual: Residual },
+    /// VERIFY with BYTCHK: fetch `data_len` bytes of Data-Out, read `len`
+    /// bytes at `offset`, compare (a one-block Data-Out against every block).
+    Compare {
+        offset: u64,
+        len: u32,
+        data_len: u32,
+        residual: Residual,
+    },
+}
+
+/// The first byte where `medium` differs from `data` (repeated if shorter,
+/// for VERIFY with BYTCHK = 11b), as SBC-4 §5.34 reports it in the
+/// INFORMATION field of a MISCOMPARE.
+pub fn first_miscompare(data: &[u8], medium: &[u8]) -> Option<usize> {
+    if data.is_empty() {
+        return None;
+    }
+    medium
+        .chunks(data.len())
+        .enumerate()
+        .find_map(|(i, chunk)| {
+            chunk
+                .iter()
+                .zip(data)
+                .position(|(a, b)| a != b)
+                .map(|p| i * data.len() + p)
+        })
 }
 
 /// The Data-In residual when the device server has `spdtl` bytes to send and
@@ -211,56 +238,20 @@ fn plan_lu(
                 Ok(c) => c,
                 Err(s) => return fail(s),
             };
-            if let Err(s) = c.check_no_protect() {
-                return fail(s);
-            }
-            if let Err(s) = c.check_range(geo.num_blocks) {
-                return fail(s);
-            }
-            let spdtl = c.blocks as u64 * bs;
-            if spdtl > MAX_TRANSFER_BYTES {
-                return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(xfer_len_byte(len), None));
-            }
-            // SBC-4 §4.11: writes to a write-protected medium fail with
-            // DATA PROTECT, WRITE PROTECTED.
-            if dev.flags.read_only || e.read_only {
-                return fail(Sense::WRITE_PROTECTED);
-            }
-            // Write data can only arrive on a Data-Out transfer.
-            let expected = match dir {
-                DataDir::Write | DataDir::Bidi => expected_len,
-                DataDir::None | DataDir::Read => 0,
+            // FUA is implied on a write-through device.
+            let fua = c.fua() && !dev.flags.write_through;
+            plan_write(&c, len, e, expected_len, dir, fua)
+        }
+        Opcode::WRITE_AND_VERIFY_10 | Opcode::WRITE_AND_VERIFY_12 | Opcode::WRITE_AND_VERIFY_16 => {
+            let c = match BlockCdb::decode(cdb) {
+                Ok(c) => c,
+                Err(s) => return fail(s),
             };
-            if spdtl > expected as u64 {
-                // FCP-4 §9.4.2 a), RFC 7143 §11.4.5.2 (what libiscsi 1.19's
-                // iSCSIResiduals tests and open-iscsi expect): the initiator
-                // sends less than the CDB asks for; process the command
-                // normally for the whole blocks it does send, request nothing
-                // beyond them, and report the overflow.
-                let over = u32::try_from(spdtl - expected as u64).unwrap_or(u32::MAX);
-                let whole = (expected as u64 / bs) * bs;
-                if whole == 0 {
-                    return Plan::Good(Residual::Overflow(over));
-                }
-                return Plan::Write {
-                    offset: c.lba * bs,
-                    len: whole as u32,
-                    fua: c.fua() && !dev.flags.write_through,
-                    residual: Residual::Overflow(over),
-                };
-            }
-            let residual = no_data(expected - spdtl as u32);
-            if spdtl == 0 {
-                // SBC-4 §5.32: a TRANSFER LENGTH of zero writes nothing.
-                return Plan::Good(residual);
-            }
-            Plan::Write {
-                offset: c.lba * bs,
-                len: spdtl as u32,
-                // FUA is implied on a write-through device.
-                fua: c.fua() && !dev.flags.write_through,
-                residual,
-            }
+            // SBC-4 §5.36: the data is verified on the medium after the write;
+            // a write that is durable when it completes (FUA) is what reading
+            // it back would prove. BYTCHK compares the Data-Out with what was
+            // just written from it, which cannot differ.
+            plan_write(&c, len, e, expected_len, dir, !dev.flags.write_through)
         }
         Opcode::VERIFY_10 | Opcode::VERIFY_12 | Opcode::VERIFY_16 => {
             let c = match BlockCdb::decode(cdb) {
@@ -270,15 +261,39 @@ fn plan_lu(
             if let Err(s) = c.check_no_protect() {
                 return fail(s);
             }
-            // SBC-4 §5.34: BYTCHK = 00b verifies the medium only; comparing
-            // with Data-Out (01b, 11b) is not supported.
-            if c.bytchk() != 0 {
-                return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(2)));
-            }
             if let Err(s) = c.check_range(geo.num_blocks) {
                 return fail(s);
             }
-            Plan::Good(no_data(expected_len))
+            // SBC-4 §5.34: BYTCHK 00b verifies the medium only (nothing to do
+            // here); 01b compares TRANSFER LENGTH blocks of Data-Out with the
+            // medium; 11b compares one block of Data-Out with every block;
+            // 10b is reserved.
+            let spdtl = c.blocks as u64 * bs;
+            let data_len = match c.bytchk() {
+                0 => return Plan::Good(no_data(expected_len)),
+                1 => spdtl,
+                3 => bs,
+                _ => return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(2))),
+            };
+            if spdtl > MAX_TRANSFER_BYTES {
+                return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(xfer_len_byte(len), None));
+            }
+            let residual = match data_out_residual(
+                if c.blocks == 0 { 0 } else { data_len },
+                data_out_len(expected_len, dir),
+            ) {
+                Ok(r) => r,
+                Err(p) => return p,
+            };
+            if c.blocks == 0 {
+                return Plan::Good(residual);
+            }
+            Plan::Compare {
+                offset: c.lba * bs,
+                len: spdtl as u32,
+                data_len: data_len as u32,
+                residual,
+            }
         }
         Opcode::WRITE_SAME_10 | Opcode::WRITE_SAME_16 => {
             plan_write_same(op, cdb, len, e, expected_len, dir)
@@ -301,6 +316,70 @@ fn plan_lu(
             }
         }
         _ => fail(Sense::INVALID_COMMAND_OPERATION_CODE),
+    }
+}
+
+/// The planning WRITE and WRITE AND VERIFY share: checks, residuals, the
+/// blocks to fetch and write.
+fn plan_write(
+    c: &BlockCdb,
+    len: usize,
+    e: &LunEntry,
+    expected_len: u32,
+    dir: DataDir,
+    fua: bool,
+) -> Plan {
+    let dev = &e.device;
+    let geo = dev.geometry();
+    let bs = geo.block_size as u64;
+    if let Err(s) = c.check_no_protect() {
+        return fail(s);
+    }
+    if let Err(s) = c.check_range(geo.num_blocks) {
+        return fail(s);
+    }
+    let spdtl = c.blocks as u64 * bs;
+    if spdtl > MAX_TRANSFER_BYTES {
+        return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(xfer_len_byte(len), None));
+    }
+    // SBC-4 §4.11: writes to a write-protected medium fail with
+    // DATA PROTECT, WRITE PROTECTED.
+    if dev.flags.read_only || e.read_only {
+        return fail(Sense::WRITE_PROTECTED);
+    }
+    // Write data can only arrive on a Data-Out transfer.
+    let expected = match dir {
+        DataDir::Write | DataDir::Bidi => expected_len,
+        DataDir::None | DataDir::Read => 0,
+    };
+    if spdtl > expected as u64 {
+        // FCP-4 §9.4.2 a), RFC 7143 §11.4.5.2 (what libiscsi 1.19's
+        // iSCSIResiduals tests and open-iscsi expect): the initiator
+        // sends less than the CDB asks for; process the command
+        // normally for the whole blocks it does send, request nothing
+        // beyond them, and report the overflow.
+        let over = u32::try_from(spdtl - expected as u64).unwrap_or(u32::MAX);
+        let whole = (expected as u64 / bs) * bs;
+        if whole == 0 {
+            return Plan::Good(Residual::Overflow(over));
+        }
+        return Plan::Write {
+            offset: c.lba * bs,
+            len: whole as u32,
+            fua,
+            residual: Residual::Overflow(over),
+        };
+    }
+    let residual = no_data(expected - spdtl as u32);
+    if spdtl == 0 {
+        // SBC-4 §5.32: a TRANSFER LENGTH of zero writes nothing.
+        return Plan::Good(residual);
+    }
+    Plan::Write {
+        offset: c.lba * bs,
+        len: spdtl as u32,
+        fua,
+        residual,
     }
 }
 
@@ -378,10 +457,19 @@ fn plan_write_same(
         return fail(Sense::WRITE_PROTECTED);
     }
     let need = if ndob { 0 } else { bs };
-    let residual = match data_out_residual(need, data_out_len(expected_len, dir)) {
+    let sent = data_out_len(expected_len, dir);
+    let residual = match data_out_residual(need, sent) {
         Ok(r) => r,
         Err(p) => return p,
     };
+    // SBC-4 §5.48: the Data-Out buffer is exactly one logical block; a longer
+    // one is not a WRITE SAME this target can make sense of.
+    if sent as u64 > need {
+        return Plan::Fail(
+            Sense::INVALID_FIELD_IN_CDB.cdb_field(xfer_len_byte(len), None),
+            residual,
+        );
+    }
     if blocks == 0 {
         return Plan::Good(residual);
     }
@@ -713,6 +801,14 @@ mod tests {
             unmap_ranges(&data[..4], 100, 512, &mut v),
             Err(Sense::PARAMETER_LIST_LENGTH_ERROR)
         );
+    }
+
+    #[test]
+    fn miscompare_offsets() {
+        assert_eq!(first_miscompare(&[1, 2, 3, 4], &[1, 2, 3, 4]), None);
+        assert_eq!(first_miscompare(&[1, 2, 3, 4], &[1, 2, 9, 4]), Some(2));
+        assert_eq!(first_miscompare(&[1, 2], &[1, 2, 1, 2, 1, 0]), Some(5));
+        assert_eq!(first_miscompare(&[], &[1]), None);
     }
 
     #[test]

@@ -105,6 +105,8 @@ struct Cmd {
     /// A block operation handed back by a Busy queue.
     op: Option<BlockOp>,
     cont: Cont,
+    /// VERIFY's Data-Out, kept while the medium is read for the comparison.
+    held: Option<SgList>,
 }
 
 /// Per nexus per LUN state: unit attentions, the capacity generation last
@@ -502,6 +504,7 @@ impl Shard {
             in_task_set: false,
             op: None,
             cont: Cont::None,
+            held: None,
         });
         let cid = cmd_id(key, seq);
         if let Some(rsp) = early {
@@ -613,6 +616,7 @@ impl Shard {
                 self.fetch(key, bs)
             }
             Plan::Unmap { param_len, .. } => self.fetch(key, param_len),
+            Plan::Compare { data_len, .. } => self.fetch(key, data_len),
         }
     }
 
@@ -654,7 +658,10 @@ impl Shard {
         let zero = pattern
             .as_ref()
             .is_none_or(|p| p.slices(0, p.len()).all(|s| s.iter().all(|&b| b == 0)));
-        if zero && unmap && caps.unmap && caps.unmap_zeroes {
+        // SBC-4 §5.48 with LBPWS set: the UNMAP bit deallocates the range;
+        // it then reads as LBPRZ says, whatever the Data-Out held (as Linux
+        // LIO does, and libiscsi's WriteSame*.Unmap tests expect).
+        if unmap && caps.unmap {
             self.submit_op(key, BlockOp::Unmap { offset, len });
             return;
         }
@@ -932,7 +939,24 @@ impl Shard {
             | (Plan::Flush(residual), Ok(()))
             | (Plan::WriteSame { residual, .. }, Ok(()))
             | (Plan::Unmap { residual, .. }, Ok(())) => good(residual),
-            (Plan::Read { .. }, Err(e)) => Response::check(block_error_sense(e, false)),
+            (Plan::Compare { residual, .. }, Ok(())) => {
+                let data = self.cmds[key].held.take().map(|b| b.to_vec());
+                let medium = dbuf.map(|b| b.to_vec());
+                match (data, medium) {
+                    (Some(d), Some(m)) => match emulate::first_miscompare(&d, &m) {
+                        // SBC-4 §5.34: MISCOMPARE, INFORMATION = offset of the
+                        // first byte that differs.
+                        Some(at) => {
+                            Response::check(Sense::MISCOMPARE_DURING_VERIFY.with_info(at as u64))
+                        }
+                        None => good(residual),
+                    },
+                    _ => Response::check(Sense::INTERNAL_TARGET_FAILURE),
+                }
+            }
+            (Plan::Read { .. } | Plan::Compare { .. }, Err(e)) => {
+                Response::check(block_error_sense(e, false))
+            }
             (_, Err(e)) => Response::check(block_error_sense(e, true)),
             (_, Ok(())) => Response::good(),
         };
@@ -1305,6 +1329,7 @@ impl Shard {
                     Plan::Write { len, .. } => len,
                     Plan::WriteSame { .. } => bs,
                     Plan::Unmap { param_len, .. } => param_len,
+                    Plan::Compare { data_len, .. } => data_len,
                     _ => return,
                 };
                 if buf.len() < want as usize {
@@ -1318,6 +1343,17 @@ impl Shard {
                         self.submit_op(key, BlockOp::Write { offset, buf, fua })
                     }
                     Plan::WriteSame { .. } => self.write_same(key, Some(buf)),
+                    Plan::Compare { offset, len, .. } => {
+                        self.cmds[key].held = Some(buf);
+                        let medium = self.pool.sg(len as usize);
+                        self.submit_op(
+                            key,
+                            BlockOp::Read {
+                                offset,
+                                buf: medium,
+                            },
+                        );
+                    }
                     _ => self.unmap(key, buf),
                 }
             }

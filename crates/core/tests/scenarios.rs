@@ -647,7 +647,8 @@ fn verify_start_stop_prevent_allow() {
     good(&h.run(&rw10(0x2f, 0, 8, 0), DataDir::None, 0, &[]));
     let r = h.run(&rw10(0x2f, BLOCKS as u32, 1, 0), DataDir::None, 0, &[]);
     assert_eq!(sense_of(&r), (0x05, 0x21, 0x00));
-    let r = h.run(&rw10(0x2f, 0, 1, 0x02), DataDir::Write, BS, &[0; 512]);
+    // BYTCHK = 10b is reserved.
+    let r = h.run(&rw10(0x2f, 0, 1, 0x04), DataDir::Write, BS, &[0; 512]);
     assert_eq!(sense_of(&r), (0x05, 0x24, 0x00));
     good(&h.run(&rw16(0x8f, 0, 1), DataDir::None, 0, &[]));
     good(&h.run(&[0x1b, 0, 0, 0, 1, 0], DataDir::None, 0, &[]));
@@ -1400,4 +1401,82 @@ impl Flag for [u8; 16] {
         self[byte] |= bits;
         self
     }
+}
+
+// ----- VERIFY with BYTCHK, WRITE AND VERIFY -----
+
+#[test]
+fn verify_compares_data_out_with_the_medium() {
+    let mut h = H::ready();
+    let d = pattern(3 * BS as usize, 11);
+    good(&h.run(&rw10(0x2a, 4, 3, 0), DataDir::Write, 3 * BS, &d));
+    // BYTCHK = 01b, equal.
+    good(&h.run(&rw10(0x2f, 4, 3, 0x02), DataDir::Write, 3 * BS, &d));
+    good(&h.run(
+        &rw16(0x8f, 4, 3).map_or_flag(1, 0x02),
+        DataDir::Write,
+        3 * BS,
+        &d,
+    ));
+    // One byte differs: MISCOMPARE with its offset in INFORMATION.
+    let mut bad = d.clone();
+    bad[700] ^= 0xff;
+    let r = h.run(&rw10(0x2f, 4, 3, 0x02), DataDir::Write, 3 * BS, &bad);
+    assert_eq!(sense_of(&r), (0x0e, 0x1d, 0x00));
+    let s = r.sense.as_ref().unwrap();
+    assert_eq!(s[0] & 0x80, 0x80);
+    assert_eq!(&s[3..7], &700u32.to_be_bytes());
+    // BYTCHK = 11b: one block against every block.
+    good(&h.run(&rw10(0x2a, 10, 2, 0), DataDir::Write, 2 * BS, &[6; 1024]));
+    good(&h.run(&rw10(0x2f, 10, 2, 0x06), DataDir::Write, BS, &[6; 512]));
+    let r = h.run(&rw10(0x2f, 9, 2, 0x06), DataDir::Write, BS, &[6; 512]);
+    assert_eq!(sense_of(&r), (0x0e, 0x1d, 0x00));
+    // Out of range is checked before any data moves; zero blocks is GOOD.
+    let r = h.run(
+        &rw10(0x2f, BLOCKS as u32, 1, 0x02),
+        DataDir::Write,
+        BS,
+        &[0; 512],
+    );
+    assert_eq!(sense_of(&r), (0x05, 0x21, 0x00));
+    good(&h.run(&rw10(0x2f, 0, 0, 0x02), DataDir::None, 0, &[]));
+    // BYTCHK = 00b with different data: the medium alone is verified.
+    good(&h.run(&rw10(0x2f, 4, 3, 0), DataDir::Write, 3 * BS, &bad));
+}
+
+#[test]
+fn write_and_verify_writes() {
+    let mut h = H::ready();
+    let d = pattern(2 * BS as usize, 21);
+    for op in [0x2e, 0xae, 0x8e] {
+        let cdb: Vec<u8> = match op {
+            0x2e => rw10(op, 30, 2, 0x02).to_vec(),
+            0xae => rw12(op, 30, 2).to_vec(),
+            _ => rw16(op, 30, 2).to_vec(),
+        };
+        good(&h.run(&cdb, DataDir::Write, 2 * BS, &d));
+        let r = h.run(&rw10(0x28, 30, 2, 0), DataDir::Read, 2 * BS, &[]);
+        assert_eq!(data_of(&r), d);
+    }
+    // Durable when it completes.
+    assert!(h.ctl.lock().unwrap().log.iter().any(|e| e.0 == "W" && e.3));
+    let r = h.run(&rw10(0x2e, 0, 1, 0x20), DataDir::Write, BS, &[0; 512]);
+    assert_eq!(sense_of(&r), (0x05, 0x24, 0x00));
+}
+
+#[test]
+fn write_same_unmap_ignores_the_pattern_and_checks_data_out_size() {
+    let mut h = thin(BLOCKS, THIN_CAPS);
+    good(&h.run(&rw10(0x2a, 0, 2, 0), DataDir::Write, 2 * BS, &[9; 1024]));
+    good(&h.run(&rw10(0x41, 0, 2, 0x08), DataDir::Write, BS, &[0xff; 512]));
+    assert_eq!(h.ctl.lock().unwrap().log[1], ("U", 0, 1024, false));
+    let r = h.run(&rw10(0x28, 0, 2, 0), DataDir::Read, 2 * BS, &[]);
+    assert!(data_of(&r).iter().all(|&b| b == 0));
+    // Data-Out of two blocks, or of half a block.
+    let r = h.run(&rw10(0x41, 0, 1, 0x08), DataDir::Write, 2 * BS, &[0; 1024]);
+    assert_eq!(sense_of(&r), (0x05, 0x24, 0x00));
+    let r = h.run(&rw10(0x41, 0, 1, 0x08), DataDir::Write, BS / 2, &[0; 256]);
+    assert_eq!(r.status, Status::CHECK_CONDITION);
+    // Only the first write, the unmap and the read reached the backend.
+    assert_eq!(h.ctl.lock().unwrap().log.len(), 3);
 }
