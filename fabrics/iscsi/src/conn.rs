@@ -482,6 +482,7 @@ impl Conn {
     // ---- transmit helpers ----
 
     fn send(&mut self, bhs: &BhsBuf, data: &[u8]) {
+        tracing::trace!(peer = %self.peer, "tx {bhs:?} status={:#x}", bhs.0[3]);
         let mut out = Vec::with_capacity(BHS_LEN + data.len() + 12);
         pdu::encode_header(bhs, &[], data.len() as u32, self.header_digest, &mut out);
         if !data.is_empty() {
@@ -497,6 +498,7 @@ impl Conn {
     }
 
     fn send_sg(&mut self, bhs: &BhsBuf, sg: &Arc<SgList>, offset: usize, len: usize) {
+        tracing::trace!(peer = %self.peer, "tx {bhs:?} offset={offset}");
         let mut hdr = Vec::with_capacity(BHS_LEN + DIGEST_LEN);
         pdu::encode_header(bhs, &[], len as u32, self.header_digest, &mut hdr);
         self.out.push_back(TxSeg::Bytes(hdr));
@@ -756,6 +758,7 @@ impl Conn {
 
     fn start_pdu(&mut self, hdr: Box<[u8; BHS_LEN]>, ahs: Vec<u8>) {
         let bhs = Bhs(&hdr);
+        tracing::trace!(peer = %self.peer, "rx {bhs:?} sn={:#x}", bhs.cmd_sn().0);
         let len = bhs.data_segment_len() as usize;
         let op = bhs.opcode();
         // RFC 7143 §13.12: during login the limit is the 8192 default.
@@ -771,9 +774,13 @@ impl Conn {
                 self.login_fail(LoginStatus::INITIATOR_ERROR, itt);
                 return;
             }
-            // RFC 7143 §7.2? A PDU over the declared limit is a protocol
+            // RFC 7143 §13.12: a PDU over the declared limit is a protocol
             // error; the segment is skipped without being stored.
             self.send_reject(RejectReason::ProtocolError, &hdr);
+            if op == Opcode::DATA_OUT {
+                // The burst can no longer complete: the write fails.
+                self.fail_task_data(bhs.itt());
+            }
             sink = Sink::Discard;
         } else if self.phase == Phase::FullFeature && op == Opcode::DATA_OUT {
             sink = self.data_out_header(&hdr, len as u32);
@@ -1609,7 +1616,7 @@ impl Conn {
                 return;
             }
         };
-        // RFC 7143 §4.2.3.3? Affected tasks get no more R2Ts and their
+        // RFC 7143 §11.5.1: affected tasks get no more R2Ts and their
         // Data-Out is discarded: the core's pending fetches end now.
         let affected: Vec<u32> = self
             .tasks

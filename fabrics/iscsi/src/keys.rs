@@ -360,7 +360,7 @@ impl Negotiator {
             }
             "AuthMethod" => {
                 if phase != Phase::Security {
-                    // RFC 7143 §13.8? AuthMethod belongs to the security stage.
+                    // RFC 7143 §12.1: AuthMethod belongs to the security stage.
                     return Err(LoginStatus::INITIATOR_ERROR);
                 }
                 // RFC 7143 §6.2.1 list negotiation: first of the initiator's
@@ -488,8 +488,8 @@ impl Negotiator {
                 None => Some(REJECT.into()),
             },
             "IFMarker" | "OFMarker" | "RDMAExtensions" => match parse_bool(value) {
-                // RFC 7143 Appendix? markers: AND, we say No. RFC 7145
-                // RDMAExtensions: AND, No on TCP.
+                // Markers (RFC 3720 Appendix A, obsolete in RFC 7143) and
+                // RFC 7145 RDMAExtensions: AND; this target says No on TCP.
                 Some(_) => Some("No".into()),
                 None => Some(REJECT.into()),
             },

@@ -1037,3 +1037,34 @@ fn digest_of_zero_pad_matches_sender() {
     let (_, r) = write_then_read(&mut i, 1, &data);
     assert_eq!(r.data, data);
 }
+
+#[test]
+fn oversized_data_out_fails_the_write() {
+    let ic = InitiatorConfig {
+        immediate_data: false,
+        ..ini_cfg()
+    };
+    let mut i = logged_in(cfg(), ic);
+    let data = pattern(32 * 1024, 4);
+    let c = Command {
+        cdb: &write10(0, 64),
+        write: &data,
+        attr: 1,
+        ..Command::default()
+    };
+    let itt = i.new_itt();
+    let (p, _) = i.command_pdu(itt, &c);
+    i.send_pdu(&p).unwrap();
+    let r2t = i.wait_for(Opcode::R2T, itt).unwrap();
+    assert_eq!(r2t.bhs().word(44), 32 * 1024);
+    // One Data-Out of 32 KiB: twice our 16 KiB MaxRecvDataSegmentLength.
+    i.target_mrdsl = 32 * 1024;
+    let d = &i.data_out_pdus(0, itt, r2t.bhs().ttt(), &data, 0, data.len())[0];
+    i.send_pdu(d).unwrap();
+    let rej = i.recv_pdu().unwrap();
+    assert_eq!((rej.bhs().opcode(), rej.bhs().0[2]), (Opcode::REJECT, 0x04));
+    let rsp = i.wait_for(Opcode::SCSI_RSP, itt).unwrap();
+    assert_eq!(rsp.bhs().0[3], 2);
+    assert_eq!(i.t.core.data_errors, vec![Abort::TransportError]);
+    assert_eq!(i.nop(b"after", true).unwrap(), b"after");
+}
