@@ -225,7 +225,7 @@ impl Backend for NullBackend {
             depth: depth as usize,
             capacity: self.geometry.bytes(),
             store: self.store.clone(),
-            queued: VecDeque::with_capacity(depth as usize),
+            queued: VecDeque::with_capacity((depth as usize).min(1024)),
         }))
     }
 
