@@ -24,8 +24,9 @@ use crate::device::{LunEntry, LunMap};
 /// Limits VPD page as MAXIMUM TRANSFER LENGTH).
 pub const MAX_TRANSFER_BYTES: u64 = 8 << 20;
 
-/// The largest WRITE SAME, in bytes (MAXIMUM WRITE SAME LENGTH).
-pub const MAX_WRITE_SAME_BYTES: u64 = 1 << 30;
+/// The largest WRITE SAME, in logical blocks (MAXIMUM WRITE SAME LENGTH;
+/// FFFFh as Linux LIO reports).
+pub const MAX_WRITE_SAME_BLOCKS: u64 = 0xffff;
 
 /// MAXIMUM UNMAP LBA COUNT (per descriptor and per command).
 pub const MAX_UNMAP_BLOCKS: u32 = 1 << 20;
@@ -450,7 +451,7 @@ fn plan_write_same(
         Some(end) if end <= geo.num_blocks => {}
         _ => return fail(Sense::LBA_OUT_OF_RANGE),
     }
-    if blocks * bs > MAX_WRITE_SAME_BYTES {
+    if blocks > MAX_WRITE_SAME_BLOCKS {
         return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(xfer_len_byte(len), None));
     }
     if e.device.flags.read_only || e.read_only {
@@ -723,7 +724,7 @@ fn inquiry_data(c: &InquiryCdb, ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<
                     max_unmap_lbas: if thin { MAX_UNMAP_BLOCKS } else { 0 },
                     max_unmap_descriptors: if thin { MAX_UNMAP_DESCRIPTORS } else { 0 },
                     unmap_granularity: if thin { 1 << g.phys_exp.min(15) } else { 0 },
-                    max_write_same: MAX_WRITE_SAME_BYTES / bs,
+                    max_write_same: MAX_WRITE_SAME_BLOCKS,
                 },
                 out,
             )
