@@ -82,6 +82,8 @@ impl Ferrited {
         let mut cmd = Command::new(ferrited_path());
         cmd.arg("--state-dir")
             .arg(state_dir)
+            .arg("--control")
+            .arg(state_dir.join("ferrited.sock"))
             .arg("--listen")
             .arg(addr.to_string());
         if let Some(c) = &opts.config {
@@ -152,6 +154,11 @@ impl Ferrited {
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// The control socket of this instance.
+    pub fn control(&self) -> PathBuf {
+        self.state_dir.join("ferrited.sock")
     }
 
     /// iscsi:// URL of `target`/`lun` on this instance.

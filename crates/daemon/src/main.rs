@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 mod portal;
+mod runtime;
 mod system;
 mod worker;
 
@@ -20,6 +21,7 @@ use ferrite_reactor::mailbox::mailbox;
 use ferrite_reactor::ring::{self, ReactorConfig};
 
 use crate::portal::Registry;
+use crate::runtime::DaemonRuntime;
 use crate::system::System;
 use crate::worker::{CoreWorker, Msg};
 
@@ -46,13 +48,30 @@ struct Args {
     /// Pin reactor threads to CPUs.
     #[arg(long)]
     pin: bool,
+    /// Control socket for ferritectl. Default: /run/ferrite/ferrited.sock as
+    /// root, else $XDG_RUNTIME_DIR/ferrite/ferrited.sock (or the state directory).
+    #[arg(long, value_name = "PATH")]
+    control: Option<PathBuf>,
+}
+
+fn is_root() -> bool {
+    std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap_or(false)
+}
+
+fn default_control_socket(state_dir: &Path) -> PathBuf {
+    if is_root() {
+        return PathBuf::from("/run/ferrite/ferrited.sock");
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
+        Some(d) => Path::new(&d).join("ferrite/ferrited.sock"),
+        None => state_dir.join("ferrited.sock"),
+    }
 }
 
 fn default_state_dir() -> PathBuf {
-    let is_root = std::fs::metadata("/proc/self")
-        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
-        .unwrap_or(false);
-    if is_root {
+    if is_root() {
         return PathBuf::from("/var/lib/ferrite");
     }
     if let Some(x) = std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
@@ -96,10 +115,18 @@ fn main() -> Result<()> {
     if let Some(p) = args.poll_us {
         cfg.reactor.poll_us = p;
     }
-    run(cfg, args.pin)
+    let control = args
+        .control
+        .clone()
+        .unwrap_or_else(|| default_control_socket(&state_dir));
+    let save = args
+        .config
+        .clone()
+        .unwrap_or_else(|| state_dir.join("ferrite.json"));
+    run(cfg, args.pin, &control, save)
 }
 
-fn run(cfg: Config, pin: bool) -> Result<()> {
+fn run(cfg: Config, pin: bool, control: &Path, save: PathBuf) -> Result<()> {
     let system = System::build(&cfg)?;
     let cores = cfg.reactor.effective_cores().max(1);
     let mut listeners = Vec::new();
@@ -149,6 +176,18 @@ fn run(cfg: Config, pin: bool) -> Result<()> {
             .context("spawning reactor thread")?;
         handles.push(h);
     }
+    let runtime = Arc::new(DaemonRuntime::new(
+        &system,
+        &cfg,
+        txs.clone(),
+        registry.clone(),
+    ));
+    if let Some(dir) = control.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let server = ferrite_mgmt::serve(runtime, cfg.clone(), Some(save), control)
+        .map_err(|e| anyhow::anyhow!("control socket {}: {e}", control.display()))?;
+    tracing::info!(socket = %control.display(), "control socket ready");
     tracing::info!(cores, "ferrited running");
 
     while !stop.load(Ordering::Relaxed) {
@@ -158,6 +197,7 @@ fn run(cfg: Config, pin: bool) -> Result<()> {
         }
     }
     tracing::info!("shutting down");
+    server.shutdown();
     for tx in &txs {
         let _ = tx.send(Msg::Stop);
     }

@@ -1,8 +1,10 @@
 //! Login decisions shared by every core: target lookup, LUN map choice and
 //! TSIH allocation. Logins are control path, so a mutex here is fine.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
+
+use ferrite_mgmt::runtime::{SessionInfo, Stats};
 
 use ferrite_iscsi::pdu::LoginStatus;
 use ferrite_iscsi::tcp::{Grant, Portal, SessionRequest};
@@ -13,6 +15,7 @@ use crate::system::Snapshot;
 #[derive(Debug, Default)]
 pub struct Registry {
     tsihs: Mutex<TsihState>,
+    sessions: Mutex<HashMap<u16, SessionInfo>>,
 }
 
 #[derive(Debug, Default)]
@@ -42,11 +45,39 @@ impl Registry {
         if let Ok(mut st) = self.tsihs.lock() {
             st.live.remove(&tsih);
         }
+        if let Ok(mut s) = self.sessions.lock() {
+            s.remove(&tsih);
+        }
     }
 
-    /// Live sessions.
-    pub fn count(&self) -> usize {
-        self.tsihs.lock().map(|s| s.live.len()).unwrap_or(0)
+    fn record(&self, info: SessionInfo) {
+        if let Ok(mut s) = self.sessions.lock() {
+            s.insert(info.tsih, info);
+        }
+    }
+
+    /// The normal sessions logged in now, by target then initiator.
+    pub fn sessions(&self) -> Vec<SessionInfo> {
+        let mut v: Vec<SessionInfo> = self
+            .sessions
+            .lock()
+            .map(|s| s.values().cloned().collect())
+            .unwrap_or_default();
+        v.sort_by(|a, b| (&a.target, &a.initiator, a.isid).cmp(&(&b.target, &b.initiator, b.isid)));
+        v
+    }
+
+    /// The TSIH of a session, by target, initiator and ISID.
+    pub fn find(&self, target: &str, initiator: &str, isid: u64) -> Option<u16> {
+        let s = self.sessions.lock().ok()?;
+        s.values()
+            .find(|i| i.target == target && i.initiator == initiator && i.isid == isid)
+            .map(|i| i.tsih)
+    }
+
+    /// Counters (per device and target; filled once the core keeps them).
+    pub fn stats(&self) -> Stats {
+        Stats::default()
     }
 }
 
@@ -88,6 +119,20 @@ impl Portal for CorePortal<'_> {
             .registry
             .allocate()
             .ok_or(LoginStatus::OUT_OF_RESOURCES)?;
+        let group = target
+            .groups
+            .iter()
+            .find(|g| Arc::ptr_eq(&g.luns, &luns))
+            .map(|g| g.name.clone());
+        self.registry.record(SessionInfo {
+            target: name.to_string(),
+            initiator: req.initiator.to_string(),
+            isid: req.isid.iter().fold(0u64, |a, b| a << 8 | u64::from(*b)),
+            tsih,
+            group,
+            connections: vec![req.peer.to_string()],
+            ..SessionInfo::default()
+        });
         Ok(Grant {
             tsih,
             luns: Some(luns),

@@ -11,7 +11,9 @@ use ferrite_core::backend::Backend;
 use ferrite_core::device::{AccessGroup, Device, DeviceId, LunEntry, LunMap, Target};
 use ferrite_fileio::{FileBackend, FileOptions};
 use ferrite_iscsi::conn::{IscsiConfig, IscsiTarget};
-use ferrite_mgmt::config::{Config, DeviceConfig, Handler, LunConfig};
+use ferrite_mgmt::config::{
+    Config, DeviceConfig, Handler, IscsiParamsConfig, IscsiTargetConfig, LunConfig,
+};
 use ferrite_nullio::NullBackend;
 use ferrite_scsi::Lun;
 
@@ -92,7 +94,15 @@ fn lun_map(
 
 /// The iSCSI settings of a configuration.
 pub fn iscsi_config(cfg: &Config, targets: &BTreeMap<String, Arc<Target>>) -> IscsiConfig {
-    let p = &cfg.iscsi;
+    iscsi_config_from(&cfg.iscsi, &cfg.targets.iscsi, targets)
+}
+
+/// The iSCSI settings from the portal-independent parameters and the targets.
+pub fn iscsi_config_from(
+    p: &IscsiParamsConfig,
+    target_cfgs: &[IscsiTargetConfig],
+    targets: &BTreeMap<String, Arc<Target>>,
+) -> IscsiConfig {
     let mut ic = IscsiConfig {
         max_recv_data_segment_length: p.max_recv_data_segment_length,
         max_burst_length: p.max_burst_length,
@@ -107,9 +117,7 @@ pub fn iscsi_config(cfg: &Config, targets: &BTreeMap<String, Arc<Target>>) -> Is
         login_timeout: Duration::from_secs(p.login_timeout_s.max(1) as u64),
         ..IscsiConfig::default()
     };
-    ic.targets = cfg
-        .targets
-        .iscsi
+    ic.targets = target_cfgs
         .iter()
         .filter(|t| targets.get(&t.name).is_some_and(|t| t.enabled))
         .map(|t| IscsiTarget {

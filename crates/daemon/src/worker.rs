@@ -28,6 +28,12 @@ pub enum Msg {
     NewConn(OwnedFd),
     /// New configuration snapshot.
     Snapshot(Arc<Snapshot>),
+    /// Start accepting on this listener (core 0).
+    Listen(TcpListener),
+    /// Stop accepting on this address (core 0).
+    Unlisten(std::net::SocketAddr),
+    /// Close the session with this TSIH if it lives here.
+    CloseSession(u16),
     /// Close every connection and stop.
     Stop,
 }
@@ -37,7 +43,10 @@ pub struct CoreWorker {
     shard: Shard,
     conns: Slab<TcpConn>,
     by_session: HashMap<SessionId, usize>,
-    listeners: Vec<TcpListener>,
+    /// Listening sockets by index (the index is in the accept token); a
+    /// closed one leaves a hole so indexes stay stable.
+    listeners: Vec<Option<TcpListener>>,
+    closing_listeners: Vec<usize>,
     started: bool,
     peers: Vec<MailboxTx<Msg>>,
     rr: usize,
@@ -62,7 +71,8 @@ impl CoreWorker {
             shard: Shard::new(core, BufPool::new(256 * 1024, 1024)),
             conns: Slab::new(),
             by_session: HashMap::new(),
-            listeners,
+            listeners: listeners.into_iter().map(Some).collect(),
+            closing_listeners: Vec::new(),
             started: false,
             peers,
             rr: core,
@@ -90,6 +100,39 @@ impl CoreWorker {
                 }
             }
             Err(e) => tracing::warn!(error = %e, "accepted socket unusable"),
+        }
+    }
+
+    /// A new configuration: sessions whose LUN map changed get the new map
+    /// (the core raises the unit attentions); sessions of a target that is
+    /// gone or disabled are closed, as SCST does.
+    fn apply_snapshot(&mut self, ctx: &mut Ctx) {
+        let portal = CorePortal {
+            snapshot: &self.snapshot,
+            registry: &self.registry,
+        };
+        let now = ctx.now();
+        let mut touched = Vec::new();
+        for (key, c) in self.conns.iter_mut() {
+            let Some((target, initiator, luns)) = c.nexus() else {
+                continue;
+            };
+            match self.snapshot.iscsi_targets.get(target) {
+                Some(t) if t.enabled => {
+                    let new = t.map_for(initiator);
+                    if !Arc::ptr_eq(&new, luns) {
+                        c.set_luns(&mut self.shard, new);
+                    }
+                }
+                _ => {
+                    tracing::info!(target, peer = %c.peer(), "target removed or disabled: closing its session");
+                    c.close(now, &mut self.shard, &portal);
+                    touched.push(key);
+                }
+            }
+        }
+        for key in touched {
+            self.after_conn(key);
         }
     }
 
@@ -130,10 +173,16 @@ impl Worker for CoreWorker {
                             tracing::warn!(error = %e, "core mailbox closed; connection dropped");
                         }
                     }
+                    Err(e) if e.raw_os_error() == Some(libc::ECANCELED) => {}
                     Err(e) => tracing::warn!(error = %e, "accept failed"),
                 }
-                if !self.stopping
-                    && let Some(l) = self.listeners.get(idx)
+                if let Some(pos) = self.closing_listeners.iter().position(|&i| i == idx) {
+                    self.closing_listeners.swap_remove(pos);
+                    if let Some(slot) = self.listeners.get_mut(idx) {
+                        *slot = None;
+                    }
+                } else if !self.stopping
+                    && let Some(Some(l)) = self.listeners.get(idx)
                 {
                     ctx.accept(l.as_raw_fd(), (idx as u64) << 8 | TOKEN_ACCEPT);
                 }
@@ -165,7 +214,46 @@ impl Worker for CoreWorker {
     fn on_message(&mut self, ctx: &mut Ctx, msg: Msg) {
         match msg {
             Msg::NewConn(fd) => self.add_conn(ctx, fd),
-            Msg::Snapshot(s) => self.snapshot = s,
+            Msg::Snapshot(s) => {
+                self.snapshot = s;
+                self.apply_snapshot(ctx);
+            }
+            Msg::Listen(l) => {
+                let idx = self.listeners.len();
+                ctx.accept(l.as_raw_fd(), (idx as u64) << 8 | TOKEN_ACCEPT);
+                self.listeners.push(Some(l));
+            }
+            Msg::Unlisten(addr) => {
+                for (idx, slot) in self.listeners.iter_mut().enumerate() {
+                    if slot
+                        .as_ref()
+                        .and_then(|l| l.local_addr().ok())
+                        .is_some_and(|a| a == addr)
+                    {
+                        ctx.cancel(|t| t == (idx as u64) << 8 | TOKEN_ACCEPT);
+                        // Dropped once the cancelled accept completes.
+                        self.closing_listeners.push(idx);
+                    }
+                }
+            }
+            Msg::CloseSession(tsih) => {
+                let portal = CorePortal {
+                    snapshot: &self.snapshot,
+                    registry: &self.registry,
+                };
+                let now = ctx.now();
+                let mut touched = Vec::new();
+                for (key, c) in self.conns.iter_mut() {
+                    if c.tsih() == Some(tsih) {
+                        tracing::info!(tsih, peer = %c.peer(), "closing session on request");
+                        c.close(now, &mut self.shard, &portal);
+                        touched.push(key);
+                    }
+                }
+                for key in touched {
+                    self.after_conn(key);
+                }
+            }
             Msg::Stop => {
                 self.stopping = true;
                 let portal = CorePortal {
@@ -176,7 +264,9 @@ impl Worker for CoreWorker {
                 for (_, c) in self.conns.iter_mut() {
                     c.close(now, &mut self.shard, &portal);
                 }
-                self.listeners.clear();
+                // Pending accepts are cancelled; the sockets close when the
+                // worker is dropped.
+                ctx.cancel(|t| t & 0xff == TOKEN_ACCEPT);
             }
         }
     }
@@ -186,7 +276,9 @@ impl Worker for CoreWorker {
         if !self.started {
             self.started = true;
             for (i, l) in self.listeners.iter().enumerate() {
-                ctx.accept(l.as_raw_fd(), (i as u64) << 8 | TOKEN_ACCEPT);
+                if let Some(l) = l {
+                    ctx.accept(l.as_raw_fd(), (i as u64) << 8 | TOKEN_ACCEPT);
+                }
             }
             progress = true;
         }

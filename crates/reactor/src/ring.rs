@@ -23,6 +23,8 @@ use crate::mailbox::MailboxRx;
 const MAX_IOVECS: usize = 256;
 /// user_data reserved for the mailbox wake-up poll.
 const WAKE_TOKEN: u64 = u64::MAX;
+/// user_data of cancellation requests (their own completions are ignored).
+const CANCEL_TOKEN: u64 = u64::MAX - 1;
 
 /// One piece of bytes to send: owned header bytes, or a window of a shared
 /// scatter-gather list (response data sent straight from the backend's buffer).
@@ -259,6 +261,29 @@ impl Ctx {
         self.push(e);
     }
 
+    /// Asks the kernel to cancel every operation in flight whose token
+    /// satisfies `pred`; each completes (with ECANCELED if it had not finished).
+    pub fn cancel(&mut self, pred: impl Fn(u64) -> bool) {
+        let keys: Vec<u64> = self
+            .ops
+            .iter()
+            .filter(|(_, op)| {
+                let token = match op {
+                    Op::Recv { token, .. }
+                    | Op::Send { token, .. }
+                    | Op::Accept { token }
+                    | Op::Poll { token } => *token,
+                };
+                pred(token)
+            })
+            .map(|(k, _)| k as u64)
+            .collect();
+        for k in keys {
+            let e = opcode::AsyncCancel::new(k).build().user_data(CANCEL_TOKEN);
+            self.push(e);
+        }
+    }
+
     fn submit(&mut self, wait: Option<Duration>) -> io::Result<()> {
         let res = match wait {
             None => self.ring.submit(),
@@ -349,6 +374,9 @@ pub fn run<W: Worker>(
             if ud == WAKE_TOKEN {
                 wake_armed = false;
                 mailbox.drain_wake();
+                continue;
+            }
+            if ud == CANCEL_TOKEN {
                 continue;
             }
             let key = ud as usize;

@@ -71,6 +71,8 @@ pub struct TcpConn {
     /// The login being decided: initiator, isid, target, grant.
     pending: Option<(String, [u8; 6], Option<String>, Grant)>,
     tsih: Option<u16>,
+    /// Target, initiator and LUN map of the normal session, once logged in.
+    nexus: Option<(String, String, Arc<LunMap>)>,
     closing: bool,
     shut: bool,
 }
@@ -98,6 +100,7 @@ impl TcpConn {
             session: None,
             pending: None,
             tsih: None,
+            nexus: None,
             closing: false,
             shut: false,
         })
@@ -115,6 +118,27 @@ impl TcpConn {
     /// The core session of this connection, once logged in.
     pub fn session(&self) -> Option<SessionId> {
         self.session
+    }
+
+    /// Target name, initiator name and LUN map of the logged-in session.
+    pub fn nexus(&self) -> Option<(&str, &str, &Arc<LunMap>)> {
+        self.nexus
+            .as_ref()
+            .map(|(t, i, l)| (t.as_str(), i.as_str(), l))
+    }
+
+    /// The TSIH of this connection's session.
+    pub fn tsih(&self) -> Option<u16> {
+        self.tsih
+    }
+
+    /// Gives the session a new LUN map (live reconfiguration); the core
+    /// raises the unit attentions.
+    pub fn set_luns(&mut self, shard: &mut Shard, luns: Arc<LunMap>) {
+        if let (Some(sid), Some(n)) = (self.session, self.nexus.as_mut()) {
+            n.2 = luns.clone();
+            shard.set_luns(sid, luns);
+        }
     }
 
     /// Arms the first receive.
@@ -306,11 +330,12 @@ impl TcpConn {
                     let isid_hex: String = isid.iter().map(|b| format!("{b:02x}")).collect();
                     let nexus = Nexus {
                         initiator_port: format!("{initiator},i,0x{isid_hex}"),
-                        initiator,
-                        target,
+                        initiator: initiator.clone(),
+                        target: target.clone(),
                         rel_port_id: grant.rel_port_id,
                     };
-                    self.session = Some(shard.open_session(now, nexus, luns, true));
+                    self.session = Some(shard.open_session(now, nexus, luns.clone(), true));
+                    self.nexus = Some((target, initiator, luns));
                 }
             }
             ConnEvent::Command(req) => match self.session.and_then(|s| shard.session(s)) {

@@ -1,0 +1,507 @@
+//! The daemon's side of the management seam: carries out what the
+//! management tree asks ([`Runtime`]) by rebuilding the read-mostly snapshot
+//! and sending it to every core. Runs on the management thread; nothing here
+//! is on the data path, so a mutex is the right tool.
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, TcpListener};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ferrite_core::device::{AccessGroup, Device, DeviceId, LunEntry, LunMap, Target};
+use ferrite_mgmt::config::{DeviceConfig, IscsiParamsConfig, IscsiTargetConfig, LunConfig};
+use ferrite_mgmt::runtime::{DeviceAttr, Runtime, RuntimeError, SessionInfo, Stats, TargetAttr};
+use ferrite_reactor::mailbox::MailboxTx;
+use ferrite_scsi::Lun;
+
+use crate::portal::Registry;
+use crate::system::{Snapshot, iscsi_config_from, open_backend};
+use crate::worker::Msg;
+
+/// A target as the runtime keeps it: its settings and its built maps. Maps
+/// are kept as `Arc`s and replaced only when they change, so cores can tell
+/// an unchanged map by pointer and raise unit attentions only where needed.
+#[derive(Clone, Debug)]
+struct TargetState {
+    cfg: IscsiTargetConfig,
+    luns: Arc<LunMap>,
+    groups: Vec<AccessGroup>,
+}
+
+struct State {
+    devices: BTreeMap<String, (DeviceConfig, Arc<Device>)>,
+    next_device: u32,
+    targets: BTreeMap<String, TargetState>,
+    params: IscsiParamsConfig,
+    /// Listening portals and how many targets use each.
+    portals: BTreeMap<SocketAddr, usize>,
+}
+
+/// The running system, as the management tree sees it.
+pub struct DaemonRuntime {
+    state: Mutex<State>,
+    cores: Vec<MailboxTx<Msg>>,
+    registry: Arc<Registry>,
+}
+
+fn failed(e: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Failed(e.to_string())
+}
+
+impl DaemonRuntime {
+    /// Takes over the system built at start-up.
+    pub fn new(
+        system: &crate::system::System,
+        cfg: &ferrite_mgmt::Config,
+        cores: Vec<MailboxTx<Msg>>,
+        registry: Arc<Registry>,
+    ) -> DaemonRuntime {
+        let mut devices = BTreeMap::new();
+        for d in &cfg.devices {
+            if let Some(dev) = system.devices.get(&d.name) {
+                devices.insert(d.name.clone(), (d.clone(), dev.clone()));
+            }
+        }
+        let mut targets = BTreeMap::new();
+        let mut portals = BTreeMap::new();
+        for t in &cfg.targets.iscsi {
+            if let Some(built) = system.snapshot.iscsi_targets.get(&t.name) {
+                targets.insert(
+                    t.name.clone(),
+                    TargetState {
+                        cfg: t.clone(),
+                        luns: built.luns.clone(),
+                        groups: built.groups.clone(),
+                    },
+                );
+            }
+            for p in t.portal_addrs() {
+                *portals.entry(p).or_insert(0) += 1;
+            }
+        }
+        DaemonRuntime {
+            state: Mutex::new(State {
+                next_device: devices.len() as u32,
+                devices,
+                targets,
+                params: cfg.iscsi.clone(),
+                portals,
+            }),
+            cores,
+            registry,
+        }
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, State>, RuntimeError> {
+        self.state
+            .lock()
+            .map_err(|_| RuntimeError::Failed("runtime state poisoned".into()))
+    }
+
+    /// Builds the snapshot from the state and sends it to every core.
+    fn publish(&self, st: &State) {
+        let mut iscsi_targets = BTreeMap::new();
+        let mut rel = 1u16;
+        for (name, t) in &st.targets {
+            iscsi_targets.insert(
+                name.clone(),
+                Arc::new(Target {
+                    name: name.clone(),
+                    rel_port_id: t.cfg.tpgt.max(rel),
+                    enabled: t.cfg.enabled,
+                    luns: t.luns.clone(),
+                    groups: t.groups.clone(),
+                }),
+            );
+            rel = rel.saturating_add(1);
+        }
+        let cfgs: Vec<IscsiTargetConfig> = st.targets.values().map(|t| t.cfg.clone()).collect();
+        let iscsi = Arc::new(iscsi_config_from(&st.params, &cfgs, &iscsi_targets));
+        let snap = Arc::new(Snapshot {
+            iscsi_targets,
+            iscsi,
+        });
+        for c in &self.cores {
+            let _ = c.send(Msg::Snapshot(snap.clone()));
+        }
+    }
+
+    fn build_map(st: &State, luns: &[LunConfig]) -> Result<Arc<LunMap>, RuntimeError> {
+        let mut map = LunMap::default();
+        for l in luns {
+            let (_, dev) = st
+                .devices
+                .get(&l.device)
+                .ok_or_else(|| RuntimeError::NotFound(format!("device {}", l.device)))?;
+            map.luns.insert(
+                Lun(l.lun),
+                LunEntry {
+                    device: dev.clone(),
+                    read_only: l.read_only,
+                },
+            );
+        }
+        Ok(Arc::new(map))
+    }
+
+    /// Replaces `old` by `new` in every map that holds it.
+    fn swap_device(st: &mut State, old: &Arc<Device>, new: &Arc<Device>) {
+        let swap = |m: &Arc<LunMap>| -> Option<Arc<LunMap>> {
+            if !m.luns.values().any(|e| Arc::ptr_eq(&e.device, old)) {
+                return None;
+            }
+            let mut nm = (**m).clone();
+            for e in nm.luns.values_mut() {
+                if Arc::ptr_eq(&e.device, old) {
+                    e.device = new.clone();
+                }
+            }
+            Some(Arc::new(nm))
+        };
+        for t in st.targets.values_mut() {
+            if let Some(m) = swap(&t.luns) {
+                t.luns = m;
+            }
+            for g in &mut t.groups {
+                if let Some(m) = swap(&g.luns) {
+                    g.luns = m;
+                }
+            }
+        }
+    }
+
+    fn listen(&self, st: &mut State, addrs: &[SocketAddr]) -> Result<(), RuntimeError> {
+        for a in addrs {
+            if st.portals.contains_key(a) {
+                continue;
+            }
+            let l = TcpListener::bind(a).map_err(|e| failed(format!("listening on {a}: {e}")))?;
+            tracing::info!(portal = %a, "iSCSI portal listening");
+            if let Some(c) = self.cores.first() {
+                c.send(Msg::Listen(l)).map_err(failed)?;
+            }
+            st.portals.insert(*a, 0);
+        }
+        for a in addrs {
+            if let Some(n) = st.portals.get_mut(a) {
+                *n += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn unlisten(&self, st: &mut State, addrs: &[SocketAddr]) {
+        for a in addrs {
+            if let Some(n) = st.portals.get_mut(a) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    st.portals.remove(a);
+                    tracing::info!(portal = %a, "iSCSI portal closed");
+                    if let Some(c) = self.cores.first() {
+                        let _ = c.send(Msg::Unlisten(*a));
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Runtime for DaemonRuntime {
+    fn add_device(&self, dev: &DeviceConfig) -> Result<(), RuntimeError> {
+        let mut st = self.lock()?;
+        if st.devices.contains_key(&dev.name) {
+            return Err(failed(format!("device {} exists", dev.name)));
+        }
+        let backend = open_backend(dev).map_err(|e| failed(format!("{e:#}")))?;
+        let id = DeviceId(st.next_device);
+        st.next_device += 1;
+        let d = Arc::new(Device::new(
+            id,
+            dev.name.clone(),
+            backend,
+            dev.identity(),
+            dev.flags(),
+        ));
+        tracing::info!(device = %dev.name, handler = dev.handler.name(), "device added");
+        st.devices.insert(dev.name.clone(), (dev.clone(), d));
+        Ok(())
+    }
+
+    fn del_device(&self, name: &str) -> Result<(), RuntimeError> {
+        let mut st = self.lock()?;
+        let (_, dev) = st
+            .devices
+            .get(name)
+            .ok_or_else(|| RuntimeError::NotFound(format!("device {name}")))?;
+        let used = st.targets.values().any(|t| {
+            t.luns.luns.values().any(|e| Arc::ptr_eq(&e.device, dev))
+                || t.groups
+                    .iter()
+                    .any(|g| g.luns.luns.values().any(|e| Arc::ptr_eq(&e.device, dev)))
+        });
+        if used {
+            return Err(failed(format!("device {name} is still mapped")));
+        }
+        st.devices.remove(name);
+        tracing::info!(device = %name, "device removed");
+        Ok(())
+    }
+
+    fn set_device_attr(&self, name: &str, attr: &DeviceAttr) -> Result<(), RuntimeError> {
+        let mut st = self.lock()?;
+        let (cfg, dev) = st
+            .devices
+            .get(name)
+            .cloned()
+            .ok_or_else(|| RuntimeError::NotFound(format!("device {name}")))?;
+        let mut cfg = cfg;
+        match attr {
+            DeviceAttr::Size(bytes) => {
+                let path = cfg.filename.clone().ok_or_else(|| {
+                    RuntimeError::Unsupported(format!(
+                        "device {name} has no backing file to resize"
+                    ))
+                })?;
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(|e| failed(format!("{}: {e}", path.display())))?;
+                f.set_len(*bytes)
+                    .map_err(|e| failed(format!("{}: {e}", path.display())))?;
+                let g = dev.backend.resync().map_err(failed)?;
+                dev.set_num_blocks(g.num_blocks);
+                cfg.size = Some(*bytes);
+                tracing::info!(device = %name, blocks = g.num_blocks, "device resized");
+                st.devices.insert(name.to_string(), (cfg, dev));
+                return Ok(());
+            }
+            DeviceAttr::ReadOnly(v) => cfg.read_only = *v,
+            DeviceAttr::WriteThrough(v) => cfg.write_through = *v,
+            DeviceAttr::NvCache(v) => cfg.nv_cache = *v,
+            DeviceAttr::Rotational(v) => cfg.rotational = *v,
+            DeviceAttr::Serial(v) => cfg.serial = Some(v.clone()),
+            DeviceAttr::T10Vendor(v) => cfg.t10_vendor = Some(v.clone()),
+            DeviceAttr::T10Product(v) => cfg.t10_product = Some(v.clone()),
+            DeviceAttr::T10Revision(v) => cfg.t10_revision = Some(v.clone()),
+            DeviceAttr::Naa(v) => cfg.naa = Some(format!("{v:016x}")),
+            DeviceAttr::Eui64(v) => cfg.eui64 = Some(format!("{v:016x}")),
+        }
+        let new = Arc::new(Device::new(
+            dev.id,
+            dev.name.clone(),
+            dev.backend.clone(),
+            cfg.identity(),
+            cfg.flags(),
+        ));
+        new.set_num_blocks(dev.geometry().num_blocks);
+        Self::swap_device(&mut st, &dev, &new);
+        st.devices.insert(name.to_string(), (cfg, new));
+        self.publish(&st);
+        Ok(())
+    }
+
+    fn resync_size(&self, name: &str) -> Result<u64, RuntimeError> {
+        let st = self.lock()?;
+        let (_, dev) = st
+            .devices
+            .get(name)
+            .ok_or_else(|| RuntimeError::NotFound(format!("device {name}")))?;
+        let g = dev.backend.resync().map_err(failed)?;
+        if g.num_blocks != dev.geometry().num_blocks {
+            dev.set_num_blocks(g.num_blocks);
+            tracing::info!(device = %name, blocks = g.num_blocks, "device capacity changed");
+        }
+        Ok(g.bytes())
+    }
+
+    fn device_size(&self, name: &str) -> Result<u64, RuntimeError> {
+        let st = self.lock()?;
+        let (_, dev) = st
+            .devices
+            .get(name)
+            .ok_or_else(|| RuntimeError::NotFound(format!("device {name}")))?;
+        Ok(dev.geometry().bytes())
+    }
+
+    fn add_target(&self, target: &IscsiTargetConfig) -> Result<(), RuntimeError> {
+        let mut st = self.lock()?;
+        if st.targets.contains_key(&target.name) {
+            return Err(failed(format!("target {} exists", target.name)));
+        }
+        let mut cfg = target.clone();
+        cfg.enabled = false;
+        cfg.luns.clear();
+        cfg.ini_groups.clear();
+        self.listen(&mut st, &cfg.portal_addrs())?;
+        st.targets.insert(
+            cfg.name.clone(),
+            TargetState {
+                cfg,
+                luns: Arc::new(LunMap::default()),
+                groups: Vec::new(),
+            },
+        );
+        self.publish(&st);
+        Ok(())
+    }
+
+    fn del_target(&self, name: &str) -> Result<(), RuntimeError> {
+        let mut st = self.lock()?;
+        let t = st
+            .targets
+            .remove(name)
+            .ok_or_else(|| RuntimeError::NotFound(format!("target {name}")))?;
+        self.unlisten(&mut st, &t.cfg.portal_addrs());
+        // Cores close the sessions of a target missing from the snapshot.
+        self.publish(&st);
+        Ok(())
+    }
+
+    fn set_target_enabled(&self, name: &str, enabled: bool) -> Result<(), RuntimeError> {
+        let mut st = self.lock()?;
+        let t = st
+            .targets
+            .get_mut(name)
+            .ok_or_else(|| RuntimeError::NotFound(format!("target {name}")))?;
+        t.cfg.enabled = enabled;
+        self.publish(&st);
+        Ok(())
+    }
+
+    fn set_target_attr(&self, name: &str, attr: &TargetAttr) -> Result<(), RuntimeError> {
+        let mut st = self.lock()?;
+        let old = st
+            .targets
+            .get(name)
+            .cloned()
+            .ok_or_else(|| RuntimeError::NotFound(format!("target {name}")))?;
+        let mut cfg = old.cfg.clone();
+        match attr {
+            TargetAttr::Portals(p) => {
+                cfg.portals = p.clone();
+                let new_addrs = cfg.portal_addrs();
+                self.listen(&mut st, &new_addrs)?;
+                self.unlisten(&mut st, &old.cfg.portal_addrs());
+            }
+            TargetAttr::Tpgt(t) => cfg.tpgt = *t,
+            TargetAttr::Alias(a) => cfg.alias = a.clone(),
+            TargetAttr::IncomingUsers(u) => cfg.incoming_users = u.clone(),
+            TargetAttr::OutgoingUser(u) => cfg.outgoing_user = u.clone(),
+        }
+        if let Some(t) = st.targets.get_mut(name) {
+            t.cfg = cfg;
+        }
+        self.publish(&st);
+        Ok(())
+    }
+
+    fn add_group(&self, target: &str, group: &str) -> Result<(), RuntimeError> {
+        let mut st = self.lock()?;
+        let t = st
+            .targets
+            .get_mut(target)
+            .ok_or_else(|| RuntimeError::NotFound(format!("target {target}")))?;
+        if t.groups.iter().any(|g| g.name == group) {
+            return Err(failed(format!("group {group} exists")));
+        }
+        t.groups.push(AccessGroup {
+            name: group.to_string(),
+            initiators: Vec::new(),
+            luns: Arc::new(LunMap::default()),
+        });
+        self.publish(&st);
+        Ok(())
+    }
+
+    fn del_group(&self, target: &str, group: &str) -> Result<(), RuntimeError> {
+        let mut st = self.lock()?;
+        let t = st
+            .targets
+            .get_mut(target)
+            .ok_or_else(|| RuntimeError::NotFound(format!("target {target}")))?;
+        let before = t.groups.len();
+        t.groups.retain(|g| g.name != group);
+        if t.groups.len() == before {
+            return Err(RuntimeError::NotFound(format!("group {group}")));
+        }
+        self.publish(&st);
+        Ok(())
+    }
+
+    fn set_group_initiators(
+        &self,
+        target: &str,
+        group: &str,
+        initiators: &[String],
+    ) -> Result<(), RuntimeError> {
+        let mut st = self.lock()?;
+        let t = st
+            .targets
+            .get_mut(target)
+            .ok_or_else(|| RuntimeError::NotFound(format!("target {target}")))?;
+        let g = t
+            .groups
+            .iter_mut()
+            .find(|g| g.name == group)
+            .ok_or_else(|| RuntimeError::NotFound(format!("group {group}")))?;
+        g.initiators = initiators.to_vec();
+        self.publish(&st);
+        Ok(())
+    }
+
+    fn set_lun_map(
+        &self,
+        target: &str,
+        group: Option<&str>,
+        luns: &[LunConfig],
+    ) -> Result<(), RuntimeError> {
+        let mut st = self.lock()?;
+        let map = Self::build_map(&st, luns)?;
+        let t = st
+            .targets
+            .get_mut(target)
+            .ok_or_else(|| RuntimeError::NotFound(format!("target {target}")))?;
+        match group {
+            None => {
+                t.luns = map;
+                t.cfg.luns = luns.to_vec();
+            }
+            Some(g) => {
+                let grp = t
+                    .groups
+                    .iter_mut()
+                    .find(|x| x.name == g)
+                    .ok_or_else(|| RuntimeError::NotFound(format!("group {g}")))?;
+                grp.luns = map;
+            }
+        }
+        self.publish(&st);
+        Ok(())
+    }
+
+    fn set_iscsi_params(&self, params: &IscsiParamsConfig) -> Result<(), RuntimeError> {
+        let mut st = self.lock()?;
+        st.params = params.clone();
+        self.publish(&st);
+        Ok(())
+    }
+
+    fn sessions(&self) -> Vec<SessionInfo> {
+        self.registry.sessions()
+    }
+
+    fn close_session(&self, target: &str, initiator: &str, isid: u64) -> Result<(), RuntimeError> {
+        let Some(tsih) = self.registry.find(target, initiator, isid) else {
+            return Err(RuntimeError::NotFound(format!(
+                "session of {initiator} (isid {isid:#014x}) on {target}"
+            )));
+        };
+        for c in &self.cores {
+            let _ = c.send(Msg::CloseSession(tsih));
+        }
+        Ok(())
+    }
+
+    fn stats(&self) -> Stats {
+        self.registry.stats()
+    }
+}
