@@ -184,6 +184,9 @@ enum OpKind {
     Control,
 }
 
+/// Most descriptors one data buffer may have (a 64 KiB table).
+pub const MAX_TABLE_DESCS: usize = 4096;
+
 /// Tags of target-initiated IUs carry this prefix so they never collide in
 /// logs with initiator tags.
 const TARGET_TAG_BASE: u64 = 0x5250_0000_0000_0000;
@@ -512,6 +515,18 @@ impl Channel {
             expected_len,
             expected_read_len,
         };
+        // A table larger than any this target accepts would make it
+        // allocate whatever the initiator asks for.
+        for (buf, reason) in [
+            (&cmd.data_out, TLogoutReason::INVALID_DATA_OUT_COUNT),
+            (&cmd.data_in, TLogoutReason::INVALID_DATA_IN_COUNT),
+        ] {
+            if let DataBuf::Table { table, .. } = buf
+                && table.len as usize > MAX_TABLE_DESCS * iu::DIRECT_DESC_LEN
+            {
+                return self.logout(reason);
+            }
+        }
         // §5.2.3: descriptor tables that are not all in the IU are fetched
         // from the initiator by RDMA READ before the command can run.
         let mut pending = 0u8;

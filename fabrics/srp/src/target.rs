@@ -110,6 +110,8 @@ pub struct TargetConn {
     /// Transmits waiting for a send buffer (back-pressure, not an error).
     waiting: VecDeque<Transmit>,
     failed: bool,
+    /// Disconnect once every SEND has completed.
+    linger: bool,
 }
 
 impl std::fmt::Debug for TargetConn {
@@ -158,6 +160,7 @@ impl TargetConn {
             pending: HashMap::new(),
             waiting: VecDeque::new(),
             failed: false,
+            linger: false,
         })
     }
 
@@ -216,6 +219,7 @@ impl TargetConn {
             Some(Pending::Send { op, slot }) => {
                 self.free_send.push(slot);
                 self.channel.send_done(op, ok);
+                self.disconnect_when_sent();
             }
             Some(Pending::Rdma {
                 op,
@@ -277,6 +281,17 @@ impl TargetConn {
         }
     }
 
+    fn disconnect_when_sent(&mut self) {
+        let sending = self
+            .pending
+            .values()
+            .any(|p| matches!(p, Pending::Send { .. }));
+        if self.linger && !sending {
+            self.linger = false;
+            self.qp.disconnect();
+        }
+    }
+
     fn wr_id(&mut self) -> u64 {
         let id = self.next_wr;
         self.next_wr = (self.next_wr + 1) & !RECV_BIT;
@@ -316,7 +331,12 @@ impl TargetConn {
             }
             Transmit::RdmaRead { op, buf, xfers } => self.rdma(op, buf, &xfers, false),
             Transmit::RdmaWrite { op, buf, xfers } => self.rdma(op, buf, &xfers, true),
-            Transmit::Disconnect => self.qp.disconnect(),
+            // A disconnect flushes what is not yet sent: let the SENDs before
+            // it (SRP_T_LOGOUT) complete first.
+            Transmit::Disconnect => {
+                self.linger = true;
+                self.disconnect_when_sent();
+            }
         }
         Ok(())
     }
@@ -405,5 +425,159 @@ impl TargetConn {
     /// True once the channel is closed and nothing is in flight.
     pub fn finished(&self) -> bool {
         self.channel.state() == crate::channel::ChannelState::Closed && self.pending.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channel::{Login, login};
+    use crate::iu;
+    use ferrite_rdma::soft::SoftDevice;
+    use ferrite_rdma::{ConnEvent, QpState, WcOpcode};
+    use std::sync::{Arc, Mutex};
+
+    /// Records what the driver does to its queue pair.
+    #[derive(Clone, Default)]
+    struct MockQp {
+        log: Arc<Mutex<Vec<String>>>,
+        sends: Arc<Mutex<Vec<SendWr>>>,
+    }
+
+    impl QueuePair for MockQp {
+        fn qp_num(&self) -> u32 {
+            7
+        }
+        fn state(&self) -> QpState {
+            QpState::Rts
+        }
+        fn post_send(&self, wr: &SendWr) -> Result<(), PostError> {
+            self.log.lock().unwrap().push(format!("send {:?}", wr.op));
+            self.sends.lock().unwrap().push(wr.clone());
+            Ok(())
+        }
+        fn post_recv(&self, _wr: &RecvWr) -> Result<(), PostError> {
+            self.log.lock().unwrap().push("recv".into());
+            Ok(())
+        }
+        fn disconnect(&self) {
+            self.log.lock().unwrap().push("disconnect".into());
+        }
+        fn poll_event(&self) -> Option<ConnEvent> {
+            None
+        }
+    }
+
+    fn conn(qp: &MockQp, max_sge: usize) -> TargetConn {
+        let dev = SoftDevice::new("t");
+        let pd = dev.alloc_pd();
+        let cfg = ChannelConfig::default();
+        let req = iu::LoginReq {
+            tag: 1,
+            req_it_iu_len: 1024,
+            req_buf_fmt: iu::BUF_FORMAT_DIRECT,
+            req_flags: 0,
+            initiator_port_id: [1; 16],
+            target_port_id: cfg.target_port_id,
+        };
+        let Login::Accept { channel, .. } = login(cfg.clone(), &req.encode()) else {
+            panic!("login rejected")
+        };
+        let ring = RecvRing::for_config(&pd, &cfg).unwrap();
+        ring.post_all(qp).unwrap();
+        TargetConn::new(channel, Box::new(qp.clone()), Box::new(pd), ring, max_sge).unwrap()
+    }
+
+    fn wc(wr_id: u64, opcode: WcOpcode) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            status: WcStatus::Success,
+            opcode,
+            byte_len: 0,
+            qp_num: 7,
+        }
+    }
+
+    #[test]
+    fn target_logout_is_sent_before_the_disconnect() {
+        let qp = MockQp::default();
+        let mut c = conn(&qp, 4);
+        qp.log.lock().unwrap().clear();
+        c.handle_action(Action::Close);
+        c.pump();
+        assert_eq!(
+            qp.log.lock().unwrap().as_slice(),
+            &["send Send".to_string()]
+        );
+        let wr_id = qp.sends.lock().unwrap()[0].wr_id;
+        c.handle_completion(&wc(wr_id, WcOpcode::Send));
+        assert_eq!(
+            qp.log.lock().unwrap().last().map(String::as_str),
+            Some("disconnect")
+        );
+        assert!(c.finished());
+    }
+
+    #[test]
+    fn rdma_transfers_are_split_to_the_sge_limit() {
+        let qp = MockQp::default();
+        let mut c = conn(&qp, 2);
+        // A READ command whose data-in buffer is one remote segment while the
+        // local list has five segments: three WRITEs of at most two sges.
+        let cmd = iu::CmdBuilder {
+            tag: 9,
+            lun: [0; 8],
+            task_attr: 0,
+            cdb: &[0x28, 0, 0, 0, 0, 0, 0, 0, 5, 0],
+            data_out: &[],
+            data_in: &[ferrite_rdma::RemoteSeg {
+                addr: 0x10_0000,
+                rkey: 0x8000_0001,
+                len: 5 * 512,
+            }],
+            out_table: None,
+            in_table: None,
+            inline_max: 4,
+        }
+        .encode();
+        let mr = &mut c.recv.slots[0];
+        mr.write_at(0, &cmd);
+        let mut w = wc(RECV_BIT, WcOpcode::Recv);
+        w.byte_len = cmd.len() as u32;
+        c.handle_completion(&w);
+        let Some(Event::Submit(req)) = c.poll_event() else {
+            panic!("no submit")
+        };
+        let mut data = SgList::new();
+        for _ in 0..5 {
+            data.push(IoBuf::new(512));
+        }
+        c.handle_action(Action::Respond {
+            id: ferrite_core::CmdId(1),
+            tag: req.tag,
+            rsp: ferrite_core::Response {
+                data: Some(data),
+                data_len: 5 * 512,
+                ..ferrite_core::Response::good()
+            },
+        });
+        c.pump();
+        let sends = qp.sends.lock().unwrap().clone();
+        let writes: Vec<&SendWr> = sends
+            .iter()
+            .filter(|w| matches!(w.op, SendOp::RdmaWrite { .. }))
+            .collect();
+        assert_eq!(writes.len(), 3);
+        assert!(writes.iter().all(|w| w.sges.len() <= 2));
+        let addrs: Vec<u64> = writes
+            .iter()
+            .map(|w| match w.op {
+                SendOp::RdmaWrite { remote_addr, .. } => remote_addr,
+                _ => 0,
+            })
+            .collect();
+        assert_eq!(addrs, vec![0x10_0000, 0x10_0000 + 1024, 0x10_0000 + 2048]);
+        // The SRP_RSP follows the data on the same send queue.
+        assert!(matches!(sends.last().map(|w| w.op), Some(SendOp::Send)));
     }
 }

@@ -166,6 +166,7 @@ struct TargetReport {
 
 enum Ctl {
     Aen(Lun, Sense),
+    Close,
 }
 
 fn addr(name: &str) -> SoftAddr {
@@ -226,8 +227,11 @@ fn serve(listener: SoftListener, cfg: ChannelConfig, ctl: mpsc::Receiver<Ctl>) -
             conn.handle_completion(wc);
         }
         conn.poll_conn_events();
-        while let Ok(Ctl::Aen(lun, sense)) = ctl.try_recv() {
-            core.actions.push_back(Action::Aen { lun, sense });
+        while let Ok(c) = ctl.try_recv() {
+            core.actions.push_back(match c {
+                Ctl::Aen(lun, sense) => Action::Aen { lun, sense },
+                Ctl::Close => Action::Close,
+            });
         }
         loop {
             let mut busy = false;
@@ -593,4 +597,29 @@ fn initiator_disconnect_ends_the_target_channel() {
     let rep = r.target.join().unwrap();
     // The parked command is still the core's to abort; the channel ended.
     assert_eq!(rep.core.held.len(), 1);
+}
+
+#[test]
+fn target_logout_reaches_the_initiator_before_the_disconnect() {
+    let mut r = rig("tlo", target_cfg());
+    let d = r
+        .ini
+        .command(Lun(0), &[0, 0, 0, 0, 0, 0], None, 0, Layout::default())
+        .unwrap();
+    assert_eq!(d.rsp.status, 0);
+    r.ctl.send(Ctl::Close).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while r.ini.closed().is_none() {
+        assert!(std::time::Instant::now() < deadline, "channel never closed");
+        let _ = r
+            .ini
+            .progress(std::time::Instant::now() + Duration::from_millis(20));
+    }
+    // SRP_T_LOGOUT with NO REASON arrived (not just a dropped connection).
+    assert_eq!(r.ini.closed(), Some(Some(iu::TLogoutReason::NO_REASON.0)));
+    assert!(matches!(
+        r.ini.command(Lun(0), &[0; 6], None, 0, Layout::default()),
+        Err(InitError::Closed(_))
+    ));
+    r.target.join().unwrap();
 }

@@ -633,3 +633,80 @@ fn map_range_edges() {
     assert!(map_range(&segs, 15, 6).is_none());
     assert!(map_range(&segs, u64::MAX, 2).is_none());
 }
+
+#[test]
+fn oversized_descriptor_table_logs_out_without_allocating() {
+    let mut ch = channel();
+    let b = CmdBuilder {
+        tag: 5,
+        lun: Lun(0).encode(),
+        task_attr: 0,
+        cdb: &read10(0, 2),
+        data_out: &[],
+        data_in: &[seg(0x1000, 512), seg(0x3000, 512)],
+        out_table: None,
+        in_table: Some(seg(0xa000, 0xffff_fff0)),
+        inline_max: 1,
+    }
+    .encode();
+    recv(&mut ch, &b);
+    let tx = transmits(&mut ch);
+    assert_eq!(
+        iu::t_logout_reason(sent_iu(&tx[0]).1),
+        Ok(TLogoutReason::INVALID_DATA_IN_COUNT)
+    );
+}
+
+/// Arbitrary bytes behind every IU type: the channel answers or logs out,
+/// and never panics (the invariant a fuzz target would check).
+#[test]
+fn garbage_ius_never_panic() {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let types = [0x00u8, 0x01, 0x02, 0x03, 0x41, 0x42, 0xc1, 0x77];
+    for round in 0..3000 {
+        let mut ch = channel();
+        for _ in 0..4 {
+            let len = (next() % 160) as usize;
+            let mut b: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            if let Some(first) = b.first_mut() {
+                *first = types[(next() % types.len() as u64) as usize];
+            }
+            if round % 2 == 0 && b.len() > 7 {
+                // Mostly-valid SRP_CMDs: plausible formats and counts.
+                b[0] = 0x02;
+                b[5] = (((next() % 3) << 4) | (next() % 3)) as u8;
+                b[6] = (next() % 3) as u8;
+                b[7] = (next() % 3) as u8;
+            }
+            recv(&mut ch, &b);
+            while let Some(t) = ch.poll_transmit() {
+                match t {
+                    Transmit::Send { op, .. } => ch.send_done(op, true),
+                    Transmit::RdmaRead { op, buf, .. } | Transmit::RdmaWrite { op, buf, .. } => {
+                        ch.rdma_done(op, buf, next() % 4 != 0)
+                    }
+                    Transmit::Disconnect => {}
+                }
+            }
+            while let Some(ev) = ch.poll_event() {
+                if let Event::Submit(req) = ev {
+                    ch.handle_action(Action::Respond {
+                        id: CmdId(1),
+                        tag: req.tag,
+                        rsp: Response {
+                            data: Some(SgList::zeroed(64)),
+                            data_len: 64,
+                            ..Response::good()
+                        },
+                    });
+                }
+            }
+        }
+    }
+}
