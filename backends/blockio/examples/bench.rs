@@ -1,5 +1,6 @@
 //! 4 KiB random reads at a fixed queue depth through one backend queue, on
-//! one thread, busy-polling (as a reactor core does). Prints IOPS for the
+//! one thread, either busy-polling or sleeping on the queue eventfd when idle
+//! (the two ends of a reactor's poll window). Prints IOPS for the
 //! blockio (O_DIRECT) and fileio (page cache) backends on the same file.
 //!
 //! Usage: `cargo run --release -p ferrite-blockio --example bench --
@@ -18,9 +19,12 @@ use ferrite_blockio::{BlockBackend, BlockOptions};
 use ferrite_core::backend::{Backend, BackendQueue, BlockDone, BlockOp};
 use ferrite_fileio::{FileBackend, FileOptions};
 use ferrite_nullio::integrity::Rng;
+use ferrite_reactor::blockring;
 use ferrite_reactor::buf::BufPool;
 
-fn bench(name: &str, q: &mut dyn BackendQueue, blocks: u64, secs: u64, qd: usize) {
+/// Runs one measurement. With `sleep`, a poll that finds nothing blocks on
+/// the queue's eventfd (a reactor with no poll window); otherwise it spins.
+fn bench(name: &str, q: &mut dyn BackendQueue, blocks: u64, secs: u64, qd: usize, sleep: bool) {
     let pool = BufPool::new(4096, qd * 2);
     let mut rng = Rng::new(42);
     let mut done: Vec<BlockDone> = Vec::with_capacity(qd);
@@ -56,6 +60,12 @@ fn bench(name: &str, q: &mut dyn BackendQueue, blocks: u64, secs: u64, qd: usize
         done.clear();
         q.poll(&mut done);
         polls += 1;
+        if sleep
+            && done.is_empty()
+            && let Some(fd) = q.notify_fd()
+        {
+            let _ = blockring::wait_readable(fd, Duration::from_millis(100));
+        }
         for d in &done {
             if d.result.is_ok() {
                 completed += 1;
@@ -66,7 +76,7 @@ fn bench(name: &str, q: &mut dyn BackendQueue, blocks: u64, secs: u64, qd: usize
     }
     let el = start.elapsed().as_secs_f64();
     println!(
-        "{name:16} 4KiB randread QD{qd}: {:>9.0} IOPS  ({completed} reads in {el:.2}s, {errors} errors)",
+        "{name:22} 4KiB randread QD{qd}: {:>9.0} IOPS  ({completed} reads in {el:.2}s, {errors} errors)",
         completed as f64 / el
     );
 }
@@ -100,7 +110,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
-        "file {path} ({mib} MiB), {secs}s per run, one thread, busy-polling; kernel {}, {cpus} CPUs",
+        "file {path} ({mib} MiB), {secs}s per run, one thread; kernel {}, {cpus} CPUs",
         kernel.trim()
     );
 
@@ -112,11 +122,15 @@ fn main() -> Result<(), Box<dyn Error>> {
         },
     )?;
     let blocks = b.geometry().num_blocks;
-    for batch in [true, false] {
-        let mode = if batch { "batched" } else { "eager" };
+    for (batch, sleep) in [(true, false), (true, true), (false, false)] {
+        let mode = match (batch, sleep) {
+            (true, false) => "batched spin",
+            (true, true) => "batched sleep",
+            _ => "eager spin",
+        };
         let mut q = b.open_uring_queue(qd as u32)?;
         q.set_batch_submit(batch);
-        bench(&format!("blockio {mode}"), &mut q, blocks, secs, qd);
+        bench(&format!("blockio {mode}"), &mut q, blocks, secs, qd, sleep);
     }
 
     let f = FileBackend::open(
@@ -126,11 +140,15 @@ fn main() -> Result<(), Box<dyn Error>> {
             ..FileOptions::default()
         },
     )?;
-    for batch in [true, false] {
-        let mode = if batch { "batched" } else { "eager" };
+    for (batch, sleep) in [(true, false), (true, true), (false, false)] {
+        let mode = match (batch, sleep) {
+            (true, false) => "batched spin",
+            (true, true) => "batched sleep",
+            _ => "eager spin",
+        };
         let mut q = f.open_uring_queue(qd as u32)?;
         q.set_batch_submit(batch);
-        bench(&format!("fileio {mode}"), &mut q, blocks, secs, qd);
+        bench(&format!("fileio {mode}"), &mut q, blocks, secs, qd, sleep);
     }
     Ok(())
 }
