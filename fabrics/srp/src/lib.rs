@@ -1,5 +1,65 @@
-//! ferrite-srp: the SCSI RDMA Protocol target (T10 SRP r16a), what SCST's
-//! `ib_srpt` is.
+//! ferrite-srp: the SCSI RDMA Protocol target (T10 SRP r16a, the layouts of
+//! Linux `include/scsi/srp.h`), what SCST's `ib_srpt` is.
+//!
+//! Owns: the SRP information units ([`iu`]: views and builders), the
+//! sans-IO channel state machine ([`channel`]: login, credits, SRP_CMD with
+//! direct, indirect and fetched descriptor tables, SRP_TSK_MGMT, SRP_RSP with
+//! sense and residuals, SRP_CRED_REQ, SRP_AER_REQ, logouts), a
+//! provider-neutral driver that runs a channel on a queue pair ([`target`]),
+//! and an initiator library over the same RDMA surface ([`initiator`]) used
+//! by the end-to-end tests and tools.
+//!
+//! Does not own: SCSI semantics (the core answers every command; the channel
+//! turns IUs into `CmdRequest`/`TmfRequest` and core `Action`s into RDMA
+//! transfers and IUs), the RDMA providers (`ferrite-rdma`), the reactor, the
+//! target tree (`/targets/srp/<port>/...` in `mgmt`) or the daemon wiring.
+//!
+//! # Driver-facing API (for the daemon's SRP fabric)
+//!
+//! One target port per HCA port: a listener (`ferrite_rdma::verbs::
+//! VerbsListener`, or `soft::SoftListener` in tests) on the reactor that
+//! owns the port. Per connection request:
+//!
+//! 1. `let login = channel::login(cfg, req.private_data())` — the private
+//!    data is the SRP_LOGIN_REQ. [`channel::ChannelConfig`] carries the
+//!    target port id, the request limit (`credits`), IU sizes and the
+//!    receive reserve.
+//! 2. `Login::Reject(rej)`: `req.reject(&rej.encode())`. Multi-channel
+//!    policy (MULTI-CHANNEL ACTION: terminate the initiator port's other
+//!    channels) is the driver's: it knows the other channels.
+//! 3. `Login::Accept { channel, rsp }`: create the QP for the request, build
+//!    a [`target::RecvRing::for_config`] and `post_all` it, accept with
+//!    `rsp.encode()` as private data, and wrap everything in
+//!    [`target::TargetConn::new`]. Open the core session (the I_T nexus:
+//!    initiator port id from the login request, this target port) on the
+//!    same reactor.
+//!
+//! Then, from the reactor's poller, for each connection, until
+//! [`target::TargetConn::finished`]:
+//!
+//! - `cq.poll_cq(&mut wcs)` and [`target::TargetConn::handle_completion`]
+//!   for each completion of the connection's QP (the driver demultiplexes a
+//!   shared CQ by `qp_num`); [`target::TargetConn::poll_conn_events`] after
+//!   the CQ fd or the CM event fd woke the reactor.
+//! - Drain [`target::TargetConn::poll_event`] into the core session:
+//!   `Event::Submit(req)` -> `session.submit(now, req)`,
+//!   `Event::TaskMgmt(t)` -> `session.task_mgmt(now, t)`,
+//!   `Event::DataOut { id, result }` -> `session.data_out_done(id, result)`,
+//!   `Event::ResponseSent(id)` -> `session.response_sent(id)`,
+//!   `Event::Closed` -> end the session (the core aborts what it holds).
+//! - Drain `session.poll_action()` into
+//!   [`target::TargetConn::handle_action`] (every `Action` kind is handled:
+//!   `FetchData` becomes RDMA READs into the given `SgList`, `Respond` an
+//!   RDMA WRITE of the data and an SRP_RSP, `TmfDone` an SRP_RSP with
+//!   response data, `Aen` an SRP_AER_REQ, `Close` an SRP_T_LOGOUT and a
+//!   disconnect).
+//! - [`target::TargetConn::pump`] to post what the channel produced; repeat
+//!   the two drains until both are empty.
+//!
+//! The core must not send a response for a command it aborted on the same
+//! nexus (SAM-5 §7.2); the channel forgets such commands when the TMF
+//! completes. Nothing in this crate blocks, spawns or reads a clock except
+//! the initiator, which is a blocking client by design.
 #![forbid(unsafe_code)]
 
 pub mod channel;

@@ -21,7 +21,7 @@
 //!   [`WcStatus::RnrRetryExcErr`]; a QP in the error state (after an error
 //!   or a disconnect from either side) flushes every outstanding request
 //!   with [`WcStatus::WrFlushErr`] and tears the connection down, so the
-//!   peer sees [`ConnEvent::Disconnected`].
+//!   peer sees [`crate::ConnEvent::Disconnected`].
 //! - Connection management carries private data: [`SoftQp::connect`],
 //!   [`SoftListener`] with [`ConnRequest::reject`] and [`SoftQp::accept`].
 //!
