@@ -222,6 +222,23 @@ impl fmt::Display for Change {
                     write!(f, "set /targets/iscsi/{name}/portals {:?}", p.join(" "))
                 }
                 TargetAttr::Tpgt(n) => write!(f, "set /targets/iscsi/{name}/tpgt {n}"),
+                TargetAttr::IncomingUsers(u) => write!(
+                    f,
+                    "CHAP users of /targets/iscsi/{name}: {}",
+                    if u.is_empty() {
+                        "(none)".to_string()
+                    } else {
+                        u.iter()
+                            .map(|u| u.user.as_str())
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    }
+                ),
+                TargetAttr::OutgoingUser(u) => write!(
+                    f,
+                    "mutual CHAP user of /targets/iscsi/{name}: {}",
+                    u.as_ref().map_or("(none)", |u| u.user.as_str())
+                ),
                 TargetAttr::Alias(a) => write!(
                     f,
                     "set /targets/iscsi/{name}/alias {:?}",
@@ -275,11 +292,22 @@ impl fmt::Display for Change {
                 group,
                 luns,
             } => write!(f, "map of {}: {}", lun_prefix(target, group), fmt_map(luns)),
-            Change::SetIscsiParams(p) => write!(
-                f,
-                "iSCSI parameters: {}",
-                serde_json::to_string(p).unwrap_or_default()
-            ),
+            Change::SetIscsiParams(p) => {
+                // Secrets stay out of listings and logs.
+                let mut shown = p.clone();
+                for u in shown
+                    .discovery_incoming_users
+                    .iter_mut()
+                    .chain(shown.discovery_outgoing_user.iter_mut())
+                {
+                    u.secret = "***".into();
+                }
+                write!(
+                    f,
+                    "iSCSI parameters: {}",
+                    serde_json::to_string(&shown).unwrap_or_default()
+                )
+            }
             Change::SetReactor(r) => write!(
                 f,
                 "reactor (at next start): {}",
@@ -357,6 +385,8 @@ impl Change {
                     TargetAttr::Portals(p) => t.portals = p.clone(),
                     TargetAttr::Tpgt(n) => t.tpgt = *n,
                     TargetAttr::Alias(a) => t.alias = a.clone(),
+                    TargetAttr::IncomingUsers(u) => t.incoming_users = u.clone(),
+                    TargetAttr::OutgoingUser(u) => t.outgoing_user = u.clone(),
                 }
             }
             Change::SetEnabled { name, enabled } => target_mut(cfg, name)?.enabled = *enabled,
@@ -730,6 +760,35 @@ pub fn plan(old: &Config, new: &Config) -> Result<Vec<Change>, ModelError> {
                 Change::SetTarget {
                     name: t.name.clone(),
                     attr: TargetAttr::Alias(t.alias.clone()),
+                },
+            )?;
+        }
+        // The outgoing user first when both change: a new incoming list
+        // may take the old outgoing secret.
+        if cur.outgoing_user != t.outgoing_user {
+            step(
+                &mut sim,
+                Change::SetTarget {
+                    name: t.name.clone(),
+                    attr: TargetAttr::OutgoingUser(None),
+                },
+            )?;
+        }
+        if cur.incoming_users != t.incoming_users {
+            step(
+                &mut sim,
+                Change::SetTarget {
+                    name: t.name.clone(),
+                    attr: TargetAttr::IncomingUsers(t.incoming_users.clone()),
+                },
+            )?;
+        }
+        if t.outgoing_user.is_some() && cur.outgoing_user != t.outgoing_user {
+            step(
+                &mut sim,
+                Change::SetTarget {
+                    name: t.name.clone(),
+                    attr: TargetAttr::OutgoingUser(t.outgoing_user.clone()),
                 },
             )?;
         }

@@ -18,7 +18,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
+use sha2::{Digest as _, Sha256};
 
 /// Highest LUN number a map may use plus one (SAM-5 §4.7: flat space
 /// addressing carries 14 bits).
@@ -448,6 +448,90 @@ pub struct IscsiTargetConfig {
     pub ini_groups: Vec<GroupConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alias: Option<String>,
+    /// CHAP: initiators must authenticate as one of these (none: no
+    /// authentication required).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub incoming_users: Vec<ChapUser>,
+    /// Mutual CHAP: how the target authenticates to initiators that ask.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outgoing_user: Option<ChapUser>,
+}
+
+/// A CHAP name and secret (RFC 7143 §12.1.3). Debug output hides the secret.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChapUser {
+    pub user: String,
+    pub secret: String,
+}
+
+impl fmt::Debug for ChapUser {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChapUser")
+            .field("user", &self.user)
+            .field("secret", &"<hidden>")
+            .finish()
+    }
+}
+
+/// Shortest CHAP secret accepted: 12 bytes (96 bits); shorter ones fall to
+/// an offline dictionary attack on one captured exchange.
+pub const MIN_CHAP_SECRET: usize = 12;
+/// Longest CHAP secret accepted.
+pub const MAX_CHAP_SECRET: usize = 255;
+
+/// Checks CHAP credentials: `incoming` for initiators, `outgoing` for the
+/// target itself; `at` is the JSON path of the object holding them and
+/// `in_field`/`out_field` the field names.
+pub fn validate_chap(
+    incoming: &[ChapUser],
+    outgoing: Option<&ChapUser>,
+    at: &str,
+    in_field: &str,
+    out_field: &str,
+) -> Result<(), ConfigError> {
+    let check = |u: &ChapUser, here: String| -> Result<(), ConfigError> {
+        if u.user.is_empty() || u.user.len() > 255 || u.user.chars().any(|c| c.is_control()) {
+            return Err(ConfigError::invalid(
+                format!("{here}.user"),
+                "a CHAP name is 1 to 255 bytes of printable text",
+            ));
+        }
+        if u.secret.len() < MIN_CHAP_SECRET || u.secret.len() > MAX_CHAP_SECRET {
+            return Err(ConfigError::invalid(
+                format!("{here}.secret"),
+                format!(
+                    "a CHAP secret has {MIN_CHAP_SECRET} to {MAX_CHAP_SECRET} bytes; this one has {}",
+                    u.secret.len()
+                ),
+            ));
+        }
+        Ok(())
+    };
+    let mut seen = BTreeSet::new();
+    for (i, u) in incoming.iter().enumerate() {
+        let here = format!("{at}.{in_field}[{i}]");
+        check(u, here.clone())?;
+        if !seen.insert(u.user.as_str()) {
+            return Err(ConfigError::invalid(
+                format!("{here}.user"),
+                format!("CHAP user {:?} is listed twice", u.user),
+            ));
+        }
+    }
+    if let Some(o) = outgoing {
+        let here = format!("{at}.{out_field}");
+        check(o, here.clone())?;
+        // RFC 7143 §12.1.3: a secret used to authenticate initiators must
+        // not also authenticate the target.
+        if incoming.iter().any(|u| u.secret == o.secret) {
+            return Err(ConfigError::invalid(
+                format!("{here}.secret"),
+                "the target's secret equals an initiator's; mutual CHAP needs different secrets",
+            ));
+        }
+    }
+    Ok(())
 }
 
 impl IscsiTargetConfig {
@@ -461,6 +545,8 @@ impl IscsiTargetConfig {
             luns: Vec::new(),
             ini_groups: Vec::new(),
             alias: None,
+            incoming_users: Vec::new(),
+            outgoing_user: None,
         }
     }
 
@@ -519,6 +605,28 @@ pub struct IscsiParamsConfig {
     pub nop_in_timeout_s: u32,
     /// Seconds a connection may take to reach full feature phase.
     pub login_timeout_s: u32,
+    /// Commands a session may have outstanding (sets MaxCmdSN; SCST's
+    /// QueuedCommands), 1..4096.
+    pub queue_depth: u32,
+    /// Digests accepted for headers and data (RFC 7143 §13.1), in order of
+    /// preference.
+    pub digests: Vec<Digest>,
+    /// CHAP for discovery sessions: initiators must authenticate as one of
+    /// these (none: no authentication).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub discovery_incoming_users: Vec<ChapUser>,
+    /// Mutual CHAP for discovery sessions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub discovery_outgoing_user: Option<ChapUser>,
+}
+
+/// A digest of RFC 7143 §13.1 (HeaderDigest, DataDigest).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Digest {
+    #[serde(rename = "crc32c")]
+    Crc32c,
+    #[serde(rename = "none")]
+    Off,
 }
 
 impl Default for IscsiParamsConfig {
@@ -534,6 +642,10 @@ impl Default for IscsiParamsConfig {
             nop_in_interval_s: 30,
             nop_in_timeout_s: 30,
             login_timeout_s: 15,
+            queue_depth: 128,
+            digests: vec![Digest::Crc32c, Digest::Off],
+            discovery_incoming_users: Vec::new(),
+            discovery_outgoing_user: None,
         }
     }
 }
@@ -776,6 +888,13 @@ impl Config {
                 }
             }
             validate_lun_map(&t.luns, &devices, &format!("{at}.luns"))?;
+            validate_chap(
+                &t.incoming_users,
+                t.outgoing_user.as_ref(),
+                &at,
+                "incoming_users",
+                "outgoing_user",
+            )?;
             let mut groups = BTreeMap::new();
             let mut patterns: BTreeMap<&str, &str> = BTreeMap::new();
             for (j, g) in t.ini_groups.iter().enumerate() {
@@ -955,6 +1074,32 @@ impl IscsiParamsConfig {
                 "0 with NOP-In enabled; valid: at least 1 second",
             ));
         }
+        if !(1..=4096).contains(&self.queue_depth) {
+            return Err(ConfigError::invalid(
+                "iscsi.queue_depth",
+                format!("{} is out of range; valid: 1..4096", self.queue_depth),
+            ));
+        }
+        if self.digests.is_empty() {
+            return Err(ConfigError::invalid(
+                "iscsi.digests",
+                "empty; valid: a list of \"crc32c\" and/or \"none\"",
+            ));
+        }
+        if self.digests.len() > 2 || (self.digests.len() == 2 && self.digests[0] == self.digests[1])
+        {
+            return Err(ConfigError::invalid(
+                "iscsi.digests",
+                "a digest is listed twice; valid: a list of \"crc32c\" and/or \"none\"",
+            ));
+        }
+        validate_chap(
+            &self.discovery_incoming_users,
+            self.discovery_outgoing_user.as_ref(),
+            "iscsi",
+            "discovery_incoming_users",
+            "discovery_outgoing_user",
+        )?;
         if self.login_timeout_s == 0 {
             return Err(ConfigError::invalid(
                 "iscsi.login_timeout_s",
@@ -988,6 +1133,14 @@ mod tests {
         null.blocksize = 4096;
         cfg.devices.push(null);
         let t = &mut cfg.targets.iscsi[0];
+        t.incoming_users.push(ChapUser {
+            user: "ini".into(),
+            secret: "initiator-secret".into(),
+        });
+        t.outgoing_user = Some(ChapUser {
+            user: "tgt".into(),
+            secret: "target-secret!".into(),
+        });
         t.luns.push(LunConfig {
             lun: 1,
             device: "null0".into(),
@@ -1294,6 +1447,59 @@ mod tests {
                 "at least 1",
             ),
             ("reactor.cores", |c| c.reactor.cores = Some(0), "at least 1"),
+            ("iscsi.queue_depth", |c| c.iscsi.queue_depth = 0, "1..4096"),
+            ("iscsi.digests", |c| c.iscsi.digests.clear(), "empty"),
+            (
+                "iscsi.digests",
+                |c| c.iscsi.digests = vec![Digest::Off, Digest::Off],
+                "twice",
+            ),
+            (
+                "iscsi.discovery_incoming_users[0].secret",
+                |c| {
+                    c.iscsi.discovery_incoming_users = vec![ChapUser {
+                        user: "u".into(),
+                        secret: "short".into(),
+                    }]
+                },
+                "12 to 255",
+            ),
+            (
+                "targets.iscsi[0].incoming_users[1].user",
+                |c| {
+                    let u = ChapUser {
+                        user: "u".into(),
+                        secret: "0123456789ab".into(),
+                    };
+                    c.targets.iscsi[0].incoming_users = vec![u.clone(), u];
+                },
+                "listed twice",
+            ),
+            (
+                "targets.iscsi[0].incoming_users[0].user",
+                |c| {
+                    c.targets.iscsi[0].incoming_users = vec![ChapUser {
+                        user: String::new(),
+                        secret: "0123456789ab".into(),
+                    }]
+                },
+                "1 to 255",
+            ),
+            (
+                "targets.iscsi[0].outgoing_user.secret",
+                |c| {
+                    let u = ChapUser {
+                        user: "u".into(),
+                        secret: "0123456789ab".into(),
+                    };
+                    c.targets.iscsi[0].incoming_users = vec![u.clone()];
+                    c.targets.iscsi[0].outgoing_user = Some(ChapUser {
+                        user: "t".into(),
+                        ..u
+                    });
+                },
+                "different secrets",
+            ),
             (
                 "reactor.poll_us",
                 |c| c.reactor.poll_us = 2_000_000,

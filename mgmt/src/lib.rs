@@ -25,8 +25,8 @@ pub mod tree;
 
 pub use change::{Change, plan};
 pub use config::{
-    Config, ConfigError, DeviceConfig, GroupConfig, Handler, IscsiParamsConfig, IscsiTargetConfig,
-    LunConfig, ReactorConfig, TargetsConfig,
+    ChapUser, Config, ConfigError, DeviceConfig, Digest, GroupConfig, Handler, IscsiParamsConfig,
+    IscsiTargetConfig, LunConfig, ReactorConfig, TargetsConfig,
 };
 pub use runtime::{
     DeviceAttr, FakeRuntime, IoStats, Runtime, RuntimeError, SessionInfo, Stats, TargetAttr,

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{DeviceConfig, IscsiParamsConfig, IscsiTargetConfig, LunConfig};
+use crate::config::{ChapUser, DeviceConfig, IscsiParamsConfig, IscsiTargetConfig, LunConfig};
 
 /// Why the running system refused or failed a change.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -57,6 +57,11 @@ pub enum TargetAttr {
     Portals(Vec<String>),
     Tpgt(u16),
     Alias(Option<String>),
+    /// CHAP: the whole list of initiator credentials, replaced (empty: no
+    /// authentication).
+    IncomingUsers(Vec<ChapUser>),
+    /// Mutual CHAP: the target's credentials.
+    OutgoingUser(Option<ChapUser>),
 }
 
 /// Operation counters, monotonic since the object was created.
@@ -124,8 +129,9 @@ pub trait Runtime: Send + Sync {
     /// The device's current size in bytes.
     fn device_size(&self, name: &str) -> Result<u64, RuntimeError>;
 
-    /// Creates a disabled target with no LUN and no group; portals, tpgt
-    /// and alias are taken from `target`, maps and `enabled` are not.
+    /// Creates a disabled target with no LUN and no group; portals, tpgt,
+    /// alias and CHAP credentials are taken from `target`, maps and
+    /// `enabled` are not.
     fn add_target(&self, target: &IscsiTargetConfig) -> Result<(), RuntimeError>;
     /// Closes the target's sessions and removes it.
     fn del_target(&self, name: &str) -> Result<(), RuntimeError>;
@@ -154,7 +160,8 @@ pub trait Runtime: Send + Sync {
         luns: &[LunConfig],
     ) -> Result<(), RuntimeError>;
 
-    /// New portal-independent iSCSI settings, for logins from now on.
+    /// New portal-independent iSCSI settings (negotiation limits, timers,
+    /// digests, discovery CHAP), for logins from now on.
     fn set_iscsi_params(&self, params: &IscsiParamsConfig) -> Result<(), RuntimeError>;
 
     /// The sessions now logged in.

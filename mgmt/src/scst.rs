@@ -277,6 +277,8 @@ pub fn import_scst(text: &str) -> Result<Import, ImportError> {
                             cfg.targets.iscsi.push(tc);
                         }
                         "enabled" => {}
+                        "IncomingUser" => cfg.iscsi.discovery_incoming_users.push(chap_user(t)?),
+                        "OutgoingUser" => cfg.iscsi.discovery_outgoing_user = Some(chap_user(t)?),
                         other => warn.push(format!(
                             "line {}: iscsi driver attribute {other} ignored",
                             t.line
@@ -379,6 +381,22 @@ fn import_device(
 
 type ParamList = Vec<(String, String, usize)>;
 
+/// `IncomingUser "name secret"` or `IncomingUser name secret`.
+fn chap_user(s: &Stmt) -> Result<crate::config::ChapUser, ImportError> {
+    let joined = s.words[1..].join(" ");
+    let mut it = joined.split_whitespace();
+    match (it.next(), it.next(), it.next()) {
+        (Some(user), Some(secret), None) => Ok(crate::config::ChapUser {
+            user: user.into(),
+            secret: secret.into(),
+        }),
+        _ => Err(syntax(
+            s.line,
+            format!("{} takes a name and a secret", s.words[0]),
+        )),
+    }
+}
+
 fn import_lun(s: &Stmt) -> Result<LunConfig, ImportError> {
     let lun: u16 = arg(s, 1, "a LUN number")?
         .parse()
@@ -458,6 +476,14 @@ fn import_target(
             | "NopInInterval"
             | "NopInTimeout") => {
                 params.push((k.to_string(), arg(a, 1, "a value")?.to_string(), a.line));
+            }
+            k @ ("IncomingUser" | "OutgoingUser") => {
+                let u = chap_user(a)?;
+                if k == "IncomingUser" {
+                    t.incoming_users.push(u);
+                } else {
+                    t.outgoing_user = Some(u);
+                }
             }
             other => warn.push(format!("line {}: target attribute {other} ignored", a.line)),
         }
@@ -540,6 +566,7 @@ HANDLER vcdrom {
 
 TARGET_DRIVER iscsi {
 	enabled 1
+	IncomingUser "disc discsecret1234"
 
 	TARGET iqn.2006-10.net.vlnb:tgt {
 		enabled 1
@@ -548,6 +575,8 @@ TARGET_DRIVER iscsi {
 		MaxBurstLength 524288
 		ImmediateData No
 		HeaderDigest CRC32C
+		IncomingUser "joe joesecret1234"
+		OutgoingUser tgt tgtsecret12345
 
 		LUN 0 disk01
 		LUN 1 disk02
@@ -617,6 +646,10 @@ TARGET_DRIVER ib_srpt {
             ["iqn.1996-04.de.suse:01:abc", "iqn.1991-05.com.microsoft:*"]
         );
         assert_eq!(t.ini_groups[0].luns[0].device, "null1");
+        assert_eq!(t.incoming_users[0].user, "joe");
+        assert_eq!(t.incoming_users[0].secret, "joesecret1234");
+        assert_eq!(t.outgoing_user.as_ref().unwrap().secret, "tgtsecret12345");
+        assert_eq!(c.iscsi.discovery_incoming_users[0].user, "disc");
         let off = c.iscsi_target("iqn.2006-10.net.vlnb:off").unwrap();
         assert!(!off.enabled);
         assert_eq!(off.portals, ["0.0.0.0:3260"]);

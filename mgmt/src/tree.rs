@@ -30,8 +30,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::change::{Change, device_attr_changes, plan};
 use crate::config::{
-    Config, ConfigError, DeviceConfig, Handler, IscsiParamsConfig, IscsiTargetConfig, LunConfig,
-    MAX_LUNS, validate_initiator_pattern, validate_iscsi_name, validate_object_name,
+    ChapUser, Config, ConfigError, DeviceConfig, Handler, IscsiParamsConfig, IscsiTargetConfig,
+    LunConfig, MAX_LUNS, validate_initiator_pattern, validate_iscsi_name, validate_object_name,
 };
 use crate::runtime::{IoStats, Runtime, RuntimeError, SessionInfo, TargetAttr};
 
@@ -208,7 +208,31 @@ const TARGET_ATTRS: &[AttrDef] = &[
         name: "alias",
         desc: "TargetAlias sent at login; empty for none",
     },
+    AttrDef {
+        name: "incoming_users",
+        desc: "CHAP users initiators log in as (read-only; IncomingUser commands in /targets/iscsi/mgmt)",
+    },
+    AttrDef {
+        name: "outgoing_user",
+        desc: "mutual CHAP user of the target (read-only; OutgoingUser commands in /targets/iscsi/mgmt)",
+    },
 ];
+
+/// Target and discovery attributes changed by commands, not by `set`.
+fn read_only_attr(name: &str) -> bool {
+    matches!(
+        name,
+        "incoming_users" | "outgoing_user" | "discovery_incoming_users" | "discovery_outgoing_user"
+    )
+}
+
+fn chap_names(users: &[ChapUser]) -> String {
+    users
+        .iter()
+        .map(|u| u.user.as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
 
 const LUN_ATTRS: &[AttrDef] = &[
     AttrDef {
@@ -257,6 +281,22 @@ const SESSION_ATTRS: &[AttrDef] = &[
 ];
 
 const ISCSI_PARAMS: &[AttrDef] = &[
+    AttrDef {
+        name: "queue_depth",
+        desc: "commands a session may have outstanding (MaxCmdSN window), 1..4096",
+    },
+    AttrDef {
+        name: "digests",
+        desc: "digests accepted, in order of preference: crc32c and/or none (RFC 7143 §13.1)",
+    },
+    AttrDef {
+        name: "discovery_incoming_users",
+        desc: "CHAP users for discovery sessions (read-only; add_attribute IncomingUser)",
+    },
+    AttrDef {
+        name: "discovery_outgoing_user",
+        desc: "mutual CHAP user for discovery sessions (read-only; add_attribute OutgoingUser)",
+    },
     AttrDef {
         name: "max_recv_data_segment_length",
         desc: "MaxRecvDataSegmentLength offered, 512..16777215 (RFC 7143 §13.12)",
@@ -309,7 +349,12 @@ del_device NAME";
 /// Usage of `/targets/iscsi/mgmt`.
 pub const TARGETS_USAGE: &str = "\
 add_target IQN [portals=ADDR:PORT[,ADDR:PORT...];] [tpgt=N;] [alias=TEXT]   (created disabled)
-del_target IQN";
+del_target IQN
+add_target_attribute IQN IncomingUser USER SECRET    (CHAP; SECRET 12 to 255 bytes)
+add_target_attribute IQN OutgoingUser USER SECRET    (mutual CHAP)
+del_target_attribute IQN IncomingUser|OutgoingUser USER
+add_attribute IncomingUser|OutgoingUser USER SECRET  (discovery sessions)
+del_attribute IncomingUser|OutgoingUser USER";
 /// Usage of a `luns/mgmt`.
 pub const LUNS_USAGE: &str = "\
 add DEVICE LUN [read_only=0|1]
@@ -559,7 +604,7 @@ fn usage_err(msg: String, usage: &str) -> MgmtError {
 impl Cmd {
     /// Checks the word count (command word included) and that only `allowed`
     /// parameters appear.
-    fn expect(&self, words: usize, allowed: &[&str], usage: &str) -> Result<(), MgmtError> {
+    fn arity(&self, words: usize, allowed: &[&str], usage: &str) -> Result<(), MgmtError> {
         let verb = &self.words[0];
         if self.words.len() < words {
             return Err(usage_err(format!("{verb}: missing argument"), usage));
@@ -955,7 +1000,11 @@ impl Tree {
                         .iter()
                         .map(|t| dir(&t.name, "iSCSI target")),
                 )
-                .chain(ISCSI_PARAMS.iter().map(|a| attr(a, true)))
+                .chain(
+                    ISCSI_PARAMS
+                        .iter()
+                        .map(|a| attr(a, !read_only_attr(a.name))),
+                )
                 .collect(),
             Node::Target(_) => vec![
                 dir("luns", "default LUN map"),
@@ -963,7 +1012,11 @@ impl Tree {
                 dir("sessions", "logged-in sessions"),
             ]
             .into_iter()
-            .chain(TARGET_ATTRS.iter().map(|a| attr(a, true)))
+            .chain(
+                TARGET_ATTRS
+                    .iter()
+                    .map(|a| attr(a, !read_only_attr(a.name))),
+            )
             .collect(),
             Node::Luns(t, g) => std::iter::once(mgmt("add, del, replace, clear"))
                 .chain(
@@ -1082,12 +1135,27 @@ impl Tree {
                 let d = serde_json::to_value(IscsiParamsConfig::default()).unwrap_or_default();
                 let fmt = |v: &serde_json::Value| match v {
                     serde_json::Value::Bool(b) => b01(*b),
+                    serde_json::Value::Array(items) => items
+                        .iter()
+                        .map(|i| i.as_str().map_or_else(|| i.to_string(), str::to_string))
+                        .collect::<Vec<_>>()
+                        .join(" "),
                     other => other.to_string(),
                 };
+                let value = match a.name {
+                    "discovery_incoming_users" => chap_names(&cfg.iscsi.discovery_incoming_users),
+                    "discovery_outgoing_user" => cfg
+                        .iscsi
+                        .discovery_outgoing_user
+                        .as_ref()
+                        .map(|u| u.user.clone())
+                        .unwrap_or_default(),
+                    _ => fmt(&v[a.name]),
+                };
                 AttrValue {
-                    value: fmt(&v[a.name]),
-                    key: v[a.name] != d[a.name],
-                    writable: true,
+                    value,
+                    key: v.get(a.name) != d.get(a.name),
+                    writable: !read_only_attr(a.name),
                     description: a.desc.into(),
                 }
             }
@@ -1099,12 +1167,22 @@ impl Tree {
                     "enabled" => (b01(t.enabled), !t.enabled),
                     "portals" => (t.portals.join(" "), !t.portals.is_empty()),
                     "tpgt" => (t.tpgt.to_string(), t.tpgt != 1),
+                    "incoming_users" => {
+                        (chap_names(&t.incoming_users), !t.incoming_users.is_empty())
+                    }
+                    "outgoing_user" => (
+                        t.outgoing_user
+                            .as_ref()
+                            .map(|u| u.user.clone())
+                            .unwrap_or_default(),
+                        t.outgoing_user.is_some(),
+                    ),
                     _ => (t.alias.clone().unwrap_or_default(), t.alias.is_some()),
                 };
                 AttrValue {
                     value,
                     key,
-                    writable: true,
+                    writable: !read_only_attr(a.name),
                     description: a.desc.into(),
                 }
             }
@@ -1259,9 +1337,21 @@ impl Tree {
                     _ => cs.remove(0),
                 }
             }
+            Node::IscsiParam(a) if read_only_attr(a.name) => {
+                return Err(not_writable(
+                    "changed by commands: do /targets/iscsi/mgmt \"add_attribute IncomingUser USER SECRET\"",
+                ));
+            }
             Node::IscsiParam(a) => {
                 let mut v = serde_json::to_value(&self.cfg.iscsi).unwrap_or_default();
                 let newv = match &v[a.name] {
+                    serde_json::Value::Array(_) => serde_json::Value::Array(
+                        value
+                            .split(|c: char| c == ',' || c.is_whitespace())
+                            .filter(|s| !s.is_empty())
+                            .map(|s| serde_json::Value::String(s.to_ascii_lowercase()))
+                            .collect(),
+                    ),
                     serde_json::Value::Bool(_) => {
                         serde_json::Value::Bool(parse_bool(value).map_err(bad)?)
                     }
@@ -1276,6 +1366,11 @@ impl Tree {
                 let p: IscsiParamsConfig = serde_json::from_value(v)
                     .map_err(|_| bad(format!("{value:?} is out of range; {}", a.desc)))?;
                 Change::SetIscsiParams(p)
+            }
+            Node::TargetAttr(_, a) if read_only_attr(a.name) => {
+                return Err(not_writable(
+                    "changed by commands: do /targets/iscsi/mgmt \"add_target_attribute IQN IncomingUser USER SECRET\"",
+                ));
             }
             Node::TargetAttr(t, a) => {
                 match a.name {
@@ -1384,7 +1479,7 @@ impl Tree {
                     "eui64",
                     "eui64_id",
                 ];
-                cmd.expect(2, ALLOWED, u)?;
+                cmd.arity(2, ALLOWED, u)?;
                 let name = &cmd.words[1];
                 validate_object_name(name).map_err(|m| usage_err(m, u))?;
                 if let Some(d) = self.cfg.device(name) {
@@ -1438,7 +1533,7 @@ impl Tree {
                 Ok(Change::AddDevice(Box::new(d)))
             }
             "del_device" => {
-                cmd.expect(2, &[], u)?;
+                cmd.arity(2, &[], u)?;
                 let name = &cmd.words[1];
                 match self.cfg.device(name) {
                     None => Err(MgmtError::Refused(format!(
@@ -1477,10 +1572,130 @@ impl Tree {
 
     fn targets_cmd(&self, command: &str) -> Result<Change, MgmtError> {
         let u = TARGETS_USAGE;
-        let cmd = parse_cmd(command, u)?;
+        // CHAP secrets may hold '=' and ';': those commands split on spaces only.
+        let cmd = match command.split_whitespace().next() {
+            Some(
+                "add_target_attribute" | "del_target_attribute" | "add_attribute" | "del_attribute",
+            ) => Cmd {
+                words: command.split_whitespace().map(str::to_string).collect(),
+                params: Vec::new(),
+            },
+            _ => parse_cmd(command, u)?,
+        };
+        let kind = |w: &str| -> Result<bool, MgmtError> {
+            match w {
+                "IncomingUser" => Ok(true),
+                "OutgoingUser" => Ok(false),
+                other => Err(usage_err(
+                    format!("unknown attribute {other:?}; valid: IncomingUser, OutgoingUser"),
+                    u,
+                )),
+            }
+        };
+        // Edits a pair of credential lists; returns None if USER is absent
+        // for a del.
+        let edit = |incoming: &mut Vec<ChapUser>,
+                    outgoing: &mut Option<ChapUser>,
+                    is_in: bool,
+                    add: bool,
+                    user: &str,
+                    secret: Option<&str>|
+         -> Result<(), MgmtError> {
+            let cred = || ChapUser {
+                user: user.to_string(),
+                secret: secret.unwrap_or_default().to_string(),
+            };
+            match (is_in, add) {
+                (true, true) => {
+                    if incoming.iter().any(|x| x.user == user) {
+                        return Err(MgmtError::Refused(format!(
+                            "CHAP user {user:?} already exists; del it first"
+                        )));
+                    }
+                    incoming.push(cred());
+                }
+                (false, true) => *outgoing = Some(cred()),
+                (true, false) => {
+                    let before = incoming.len();
+                    incoming.retain(|x| x.user != user);
+                    if incoming.len() == before {
+                        return Err(MgmtError::Refused(format!("no CHAP user {user:?}")));
+                    }
+                }
+                (false, false) => {
+                    if outgoing.as_ref().is_none_or(|o| o.user != user) {
+                        return Err(MgmtError::Refused(format!(
+                            "no outgoing CHAP user {user:?}"
+                        )));
+                    }
+                    *outgoing = None;
+                }
+            }
+            Ok(())
+        };
         match cmd.words[0].as_str() {
+            verb @ ("add_target_attribute" | "del_target_attribute") => {
+                let add = verb == "add_target_attribute";
+                cmd.arity(if add { 5 } else { 4 }, &[], u)?;
+                let name = &cmd.words[1];
+                let is_in = kind(&cmd.words[2])?;
+                let Some(t) = self.cfg.iscsi_target(name) else {
+                    return Err(MgmtError::Refused(format!(
+                        "no target {name:?}; {}",
+                        names_hint("targets", self.cfg.targets.iscsi.iter().map(|t| &t.name))
+                    )));
+                };
+                let (mut inc, mut out) = (t.incoming_users.clone(), t.outgoing_user.clone());
+                edit(
+                    &mut inc,
+                    &mut out,
+                    is_in,
+                    add,
+                    &cmd.words[3],
+                    cmd.words.get(4).map(String::as_str),
+                )?;
+                crate::config::validate_chap(
+                    &inc,
+                    out.as_ref(),
+                    "target",
+                    "IncomingUser",
+                    "OutgoingUser",
+                )
+                .map_err(|e| MgmtError::Refused(e.to_string()))?;
+                Ok(Change::SetTarget {
+                    name: name.clone(),
+                    attr: if is_in {
+                        TargetAttr::IncomingUsers(inc)
+                    } else {
+                        TargetAttr::OutgoingUser(out)
+                    },
+                })
+            }
+            verb @ ("add_attribute" | "del_attribute") => {
+                let add = verb == "add_attribute";
+                cmd.arity(if add { 4 } else { 3 }, &[], u)?;
+                let is_in = kind(&cmd.words[1])?;
+                let mut p = self.cfg.iscsi.clone();
+                edit(
+                    &mut p.discovery_incoming_users,
+                    &mut p.discovery_outgoing_user,
+                    is_in,
+                    add,
+                    &cmd.words[2],
+                    cmd.words.get(3).map(String::as_str),
+                )?;
+                crate::config::validate_chap(
+                    &p.discovery_incoming_users,
+                    p.discovery_outgoing_user.as_ref(),
+                    "discovery",
+                    "IncomingUser",
+                    "OutgoingUser",
+                )
+                .map_err(|e| MgmtError::Refused(e.to_string()))?;
+                Ok(Change::SetIscsiParams(p))
+            }
             "add_target" => {
-                cmd.expect(2, &["portals", "tpgt", "alias"], u)?;
+                cmd.arity(2, &["portals", "tpgt", "alias"], u)?;
                 let name = &cmd.words[1];
                 validate_iscsi_name(name).map_err(|m| usage_err(m, u))?;
                 if self.cfg.iscsi_target(name).is_some() {
@@ -1522,7 +1737,7 @@ impl Tree {
                 Ok(Change::AddTarget(Box::new(t)))
             }
             "del_target" => {
-                cmd.expect(2, &[], u)?;
+                cmd.arity(2, &[], u)?;
                 let name = &cmd.words[1];
                 if self.cfg.iscsi_target(name).is_none() {
                     return Err(MgmtError::Refused(format!(
@@ -1564,7 +1779,7 @@ impl Tree {
         };
         match cmd.words[0].as_str() {
             verb @ ("add" | "replace") => {
-                cmd.expect(3, &["read_only"], u)?;
+                cmd.arity(3, &["read_only"], u)?;
                 let dev = &cmd.words[1];
                 let lun = parse_lun(&cmd.words[2], u)?;
                 let read_only = ro(&cmd)?;
@@ -1592,7 +1807,7 @@ impl Tree {
                 }
             }
             "del" => {
-                cmd.expect(2, &[], u)?;
+                cmd.arity(2, &[], u)?;
                 let lun = parse_lun(&cmd.words[1], u)?;
                 let before = luns.len();
                 luns.retain(|l| l.lun != lun);
@@ -1604,7 +1819,7 @@ impl Tree {
                 }
             }
             "clear" => {
-                cmd.expect(1, &[], u)?;
+                cmd.arity(1, &[], u)?;
                 luns.clear();
             }
             other => return Err(usage_err(format!("unknown command {other:?}"), u)),
@@ -1626,7 +1841,7 @@ impl Tree {
             .unwrap_or_default();
         match cmd.words[0].as_str() {
             "create" => {
-                cmd.expect(2, &[], u)?;
+                cmd.arity(2, &[], u)?;
                 let g = &cmd.words[1];
                 validate_object_name(g).map_err(|m| usage_err(m, u))?;
                 if groups.iter().any(|x| &x.name == g) {
@@ -1638,7 +1853,7 @@ impl Tree {
                 })
             }
             "del" => {
-                cmd.expect(2, &[], u)?;
+                cmd.arity(2, &[], u)?;
                 let g = &cmd.words[1];
                 if !groups.iter().any(|x| &x.name == g) {
                     return Err(MgmtError::Refused(format!(
@@ -1679,7 +1894,7 @@ impl Tree {
         };
         match cmd.words[0].as_str() {
             "add" => {
-                cmd.expect(2, &[], u)?;
+                cmd.arity(2, &[], u)?;
                 let p = &cmd.words[1];
                 validate_initiator_pattern(p).map_err(|m| usage_err(m, u))?;
                 if let Some(g) = owner(p) {
@@ -1691,7 +1906,7 @@ impl Tree {
                 Ok(set(group, pats))
             }
             "del" => {
-                cmd.expect(2, &[], u)?;
+                cmd.arity(2, &[], u)?;
                 let p = &cmd.words[1];
                 let before = pats.len();
                 pats.retain(|x| x != p);
@@ -1704,7 +1919,7 @@ impl Tree {
                 Ok(set(group, pats))
             }
             "move" => {
-                cmd.expect(3, &[], u)?;
+                cmd.arity(3, &[], u)?;
                 let (p, dest) = (&cmd.words[1], &cmd.words[2]);
                 if !pats.contains(p) {
                     return Err(MgmtError::Refused(format!(
@@ -1741,7 +1956,7 @@ impl Tree {
                 })
             }
             "clear" => {
-                cmd.expect(1, &[], u)?;
+                cmd.arity(1, &[], u)?;
                 Ok(set(group, Vec::new()))
             }
             other => Err(usage_err(format!("unknown command {other:?}"), u)),
@@ -1996,6 +2211,48 @@ mod tests {
                 "add x 0".into(),
                 "not a mgmt leaf",
             ),
+            // CHAP
+            (
+                tm,
+                format!("add_target_attribute {T} IncomingUser joe"),
+                "missing argument",
+            ),
+            (
+                tm,
+                format!("add_target_attribute {T} IncomingUser joe short"),
+                "12 to 255",
+            ),
+            (
+                tm,
+                format!("add_target_attribute {T} Password joe 0123456789abc"),
+                "valid: IncomingUser, OutgoingUser",
+            ),
+            (
+                tm,
+                "add_target_attribute iqn.2026-11.org.x:none IncomingUser joe 0123456789abc".into(),
+                "no target",
+            ),
+            (
+                tm,
+                format!("add_target_attribute {T} IncomingUser joe 0123456789abc extra"),
+                "unexpected argument",
+            ),
+            (
+                tm,
+                format!("del_target_attribute {T} IncomingUser nobody"),
+                "no CHAP user",
+            ),
+            (
+                tm,
+                format!("del_target_attribute {T} OutgoingUser nobody"),
+                "no outgoing CHAP user",
+            ),
+            (
+                tm,
+                "add_attribute IncomingUser joe tiny".into(),
+                "12 to 255",
+            ),
+            (tm, "del_attribute IncomingUser joe".into(), "no CHAP user"),
         ];
         for (path, cmd, want) in cases {
             let (mut t, rt) = tree();
@@ -2161,6 +2418,91 @@ mod tests {
             .unwrap();
         assert!(t.config().device("null0").is_none());
         t.config().validate().unwrap();
+    }
+
+    #[test]
+    fn chap_commands() {
+        let (mut t, rt) = tree();
+        let tm = "/targets/iscsi/mgmt";
+        t.run(
+            tm,
+            &format!("add_target_attribute {T} IncomingUser joe s3cret=with;semi"),
+        )
+        .unwrap();
+        t.run(
+            tm,
+            &format!("add_target_attribute {T} IncomingUser ann 0123456789abcdef"),
+        )
+        .unwrap();
+        let e = t
+            .run(
+                tm,
+                &format!("add_target_attribute {T} IncomingUser joe 0123456789abcdef"),
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("already exists"), "{e}");
+        // Mutual CHAP with an initiator's secret is refused.
+        let e = t
+            .run(
+                tm,
+                &format!("add_target_attribute {T} OutgoingUser tgt 0123456789abcdef"),
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("different secrets"), "{e}");
+        t.run(
+            tm,
+            &format!("add_target_attribute {T} OutgoingUser tgt target-secret-1"),
+        )
+        .unwrap();
+        let tc = t.config().iscsi_target(T).unwrap();
+        assert_eq!(tc.incoming_users[0].secret, "s3cret=with;semi");
+        assert_eq!(tc.outgoing_user.as_ref().unwrap().user, "tgt");
+        assert_eq!(
+            t.get(&format!("/targets/iscsi/{T}/incoming_users"))
+                .unwrap()
+                .value,
+            "joe\nann"
+        );
+        let e = t
+            .set(&format!("/targets/iscsi/{T}/incoming_users"), "x")
+            .unwrap_err();
+        assert!(e.to_string().contains("add_target_attribute"), "{e}");
+        t.run(tm, &format!("del_target_attribute {T} IncomingUser joe"))
+            .unwrap();
+        t.run(tm, "add_attribute IncomingUser disc discovery-secret")
+            .unwrap();
+        assert_eq!(
+            t.get("/targets/iscsi/discovery_incoming_users")
+                .unwrap()
+                .value,
+            "disc"
+        );
+        t.set("/targets/iscsi/digests", "none").unwrap();
+        assert_eq!(t.config().iscsi.digests, vec![crate::config::Digest::Off]);
+        assert_eq!(
+            t.get("/targets/iscsi/digests").unwrap().to_text(),
+            "none\n[key]"
+        );
+        assert!(t.set("/targets/iscsi/digests", "md5").is_err());
+        t.set("/targets/iscsi/queue_depth", "64").unwrap();
+        assert!(t.set("/targets/iscsi/queue_depth", "0").is_err());
+        // Secrets never reach the recorded calls or change descriptions.
+        let calls = rt.calls().join("\n");
+        assert!(
+            !calls.contains("s3cret") && !calls.contains("discovery-secret"),
+            "{calls}"
+        );
+        let saved = t.config().clone();
+        let (mut t2, _rt2) = tree();
+        let plan = t2.diff(&saved).unwrap();
+        let shown: String = plan.iter().map(ToString::to_string).collect();
+        assert!(
+            !shown.contains("target-secret-1") && !shown.contains("discovery-secret"),
+            "{shown}"
+        );
+        t2.apply(&saved).unwrap();
+        assert_eq!(t2.config(), &saved);
+        assert!(t2.diff(&saved).unwrap().is_empty());
     }
 
     #[test]
