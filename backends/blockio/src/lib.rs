@@ -488,6 +488,53 @@ mod tests {
     }
 
     #[test]
+    fn read_only_refuses_writes_and_has_no_thin_caps() {
+        let Some((_dir, p)) = direct_file(MIB) else {
+            return;
+        };
+        let b = BlockBackend::open(
+            &p,
+            BlockOptions {
+                read_only: true,
+                ..BlockOptions::default()
+            },
+        )
+        .unwrap();
+        let c = b.caps();
+        assert!(!c.unmap && !c.write_zeroes);
+        let mut q = b.open_queue(4).unwrap();
+        let d = run(
+            &mut *q,
+            BlockOp::Write {
+                offset: 0,
+                buf: IoBuf::new(512).into(),
+                fua: false,
+            },
+        );
+        assert_eq!(d.result, Err(BlockError::Os(libc::EROFS)));
+        assert_eq!(d.buf.map(|b| b.len()), Some(512));
+        let d = run(
+            &mut *q,
+            BlockOp::Unmap {
+                offset: 0,
+                len: 512,
+            },
+        );
+        assert_eq!(d.result, Err(BlockError::Os(libc::EROFS)));
+        assert_eq!(
+            run(
+                &mut *q,
+                BlockOp::Read {
+                    offset: 0,
+                    buf: IoBuf::new(512).into()
+                }
+            )
+            .result,
+            Ok(())
+        );
+    }
+
+    #[test]
     fn not_a_file_or_device() {
         let dir = tempfile::tempdir().unwrap();
         assert!(BlockBackend::open(dir.path(), BlockOptions::default()).is_err());

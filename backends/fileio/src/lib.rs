@@ -815,6 +815,34 @@ mod tests {
     }
 
     #[test]
+    fn mapping_rounds_to_blocks_and_clips() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = create(&dir, MIB, 512);
+        let mut q = b.open_queue(4).unwrap();
+        // One 512-byte write dirties a whole filesystem block (4 KiB on
+        // ext4 and tmpfs): mapped from 0 to the end of that block.
+        run(
+            &mut *q,
+            BlockOp::Write {
+                offset: 0,
+                buf: pattern(512, 1),
+                fua: false,
+            },
+        );
+        let (mapped, n) = b.mapping(512, MIB).unwrap();
+        assert!(mapped);
+        assert!(n >= 512 && n % 512 == 0, "{n}");
+        let (mapped, n) = b.mapping(65536, 4096).unwrap();
+        assert_eq!((mapped, n), (false, 4096), "clipped to the asked length");
+        assert_eq!(b.mapping(MIB, 512), None, "past the end");
+        assert_eq!(
+            b.mapping(MIB - 512, 4096),
+            Some((false, 512)),
+            "clipped to the capacity"
+        );
+    }
+
+    #[test]
     fn phys_exp_from_fs_block() {
         assert_eq!(phys_exp(4096, 512), 3);
         assert_eq!(phys_exp(4096, 4096), 0);
