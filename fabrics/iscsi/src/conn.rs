@@ -1104,7 +1104,9 @@ impl Conn {
         let writes = matches!(dir, DataDir::Write | DataDir::Bidi);
         let unsol_expected = if !writes {
             0
-        } else if p.initial_r2t {
+        } else if p.initial_r2t || f & flags::F != 0 {
+            // RFC 7143 §11.3.1: F set on the command means no unsolicited
+            // Data-Out follows.
             imm
         } else {
             // RFC 7143 §13.10/§13.14: with InitialR2T=No the initiator sends
@@ -1186,7 +1188,23 @@ impl Conn {
                 if fin {
                     t.unsol_done = true;
                 }
-                None
+                if fin && t.unsol_announced < t.unsol_expected {
+                    // The unsolicited burst ended early: solicit from here,
+                    // unless R2Ts past this point already went out.
+                    let end = t.unsol_announced;
+                    let issued = t.next_r2t_offset > t.unsol_expected || !t.r2ts.is_empty();
+                    t.unsol_expected = end;
+                    match &t.fetch {
+                        Some(_) if issued => Some(RejectReason::ProtocolError),
+                        Some(f) => {
+                            t.next_r2t_offset = f.offset.max(end);
+                            None
+                        }
+                        None => None,
+                    }
+                } else {
+                    None
+                }
             }
         } else {
             match t.r2ts.iter_mut().find(|r| r.ttt == ttt) {
@@ -1252,6 +1270,7 @@ impl Conn {
         if let Some(f) = t.fetch.as_mut() {
             copy_overlap(f, &t.unsol_buf, off, len);
         }
+        self.issue_r2ts(itt);
         self.check_fetch(itt);
     }
 
@@ -1331,7 +1350,11 @@ impl Conn {
             let Some(t) = self.tasks.get_mut(&itt) else {
                 return;
             };
+            // Solicit only once the unsolicited burst is complete, so that its
+            // end is known and sequences go in order (DataSequenceInOrder=Yes).
+            let unsol_open = !t.unsol_done && t.unsol_announced < t.unsol_expected;
             if t.failed
+                || unsol_open
                 || t.fetch.is_none()
                 || t.r2ts.len() >= max_out
                 || t.next_r2t_offset >= t.r2t_end

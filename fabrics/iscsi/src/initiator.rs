@@ -406,6 +406,11 @@ impl<T: Transport> Initiator<T> {
         } else {
             0
         };
+        // RFC 7143 §11.3.1: F stays clear when unsolicited Data-Out follows.
+        let unsol = c.write.len().min(self.first_burst as usize);
+        if !self.initial_r2t && unsol > imm {
+            b.0[1] &= !flags::F;
+        }
         let mut p = Pdu::with_data(b, c.write[..imm].to_vec());
         p.ahs = ahs;
         (p, imm)

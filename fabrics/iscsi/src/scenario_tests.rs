@@ -1068,3 +1068,48 @@ fn oversized_data_out_fails_the_write() {
     assert_eq!(i.t.core.data_errors, vec![Abort::TransportError]);
     assert_eq!(i.nop(b"after", true).unwrap(), b"after");
 }
+
+#[test]
+fn unsolicited_burst_may_end_early() {
+    let mut c = cfg();
+    c.initial_r2t = false;
+    let ic = InitiatorConfig {
+        initial_r2t: false,
+        ..ini_cfg()
+    };
+    let mut i = logged_in(c, ic);
+    assert!(!i.initial_r2t);
+    // F on the command: only the immediate data is unsolicited, R2Ts ask for
+    // the rest from its end.
+    i.initial_r2t = true;
+    let data = pattern(48 * 1024, 6);
+    let (w, _) = write_then_read(&mut i, 0, &data);
+    assert_eq!((w.status, w.r2ts), (0, 1));
+    assert_eq!(&i.t.core.disk[..data.len()], &data[..]);
+    // An unsolicited Data-Out with F before FirstBurstLength (32 KiB) ends
+    // the unsolicited burst there.
+    let data = pattern(40 * 1024, 8);
+    let c = Command {
+        cdb: &write10(200, 80),
+        write: &data,
+        attr: 1,
+        ..Command::default()
+    };
+    let itt = i.new_itt();
+    let (mut p, imm) = i.command_pdu(itt, &c);
+    assert_eq!(imm, 16 * 1024);
+    p.bhs.0[1] &= !flags::F;
+    i.send_pdu(&p).unwrap();
+    for d in i.data_out_pdus(0, itt, RESERVED_TAG, &data, imm, 4096) {
+        i.send_pdu(&d).unwrap();
+    }
+    let r2t = i.wait_for(Opcode::R2T, itt).unwrap();
+    assert_eq!(r2t.bhs().buffer_offset(), 20 * 1024);
+    assert_eq!(r2t.bhs().word(44), 20 * 1024);
+    for d in i.data_out_pdus(0, itt, r2t.bhs().ttt(), &data, 20 * 1024, 20 * 1024) {
+        i.send_pdu(&d).unwrap();
+    }
+    let rsp = i.wait_for(Opcode::SCSI_RSP, itt).unwrap();
+    assert_eq!(rsp.bhs().0[3], 0);
+    assert_eq!(&i.t.core.disk[200 * BS..200 * BS + data.len()], &data[..]);
+}
