@@ -14,7 +14,8 @@ use ferrite_scsi::cdb::{
 };
 use ferrite_scsi::inquiry::{self, vpd};
 use ferrite_scsi::mode::{self, ModeState};
-use ferrite_scsi::opcode::service_action_in_16;
+use ferrite_scsi::opcode::{maintenance_in, service_action_in_16};
+use ferrite_scsi::opcodes::{self, ReportOpcodesCdb, Supported};
 use ferrite_scsi::{Opcode, Sense};
 
 use crate::cmd::{DataDir, Residual};
@@ -195,6 +196,16 @@ fn plan_lu(
             Ok(_) => fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(4))),
             Err(s) => fail(s),
         },
+        // SPC-4 §6.35; other MAINTENANCE IN service actions are reported as
+        // unsupported operation codes, which initiators take as "skip".
+        Opcode::MAINTENANCE_IN
+            if cdb[1] & 0x1f == maintenance_in::REPORT_SUPPORTED_OPERATION_CODES =>
+        {
+            match ReportOpcodesCdb::decode(cdb) {
+                Ok(_) => Plan::DataIn,
+                Err(s) => fail(s),
+            }
+        }
         Opcode::START_STOP_UNIT => match StartStopCdb::decode(cdb) {
             // SBC-4 §5.25: accepted; this device has no medium to load or
             // eject and no power conditions.
@@ -554,6 +565,139 @@ pub fn unmap_ranges(
     Ok(())
 }
 
+const fn cmd(opcode: u8, usage: &'static [u8]) -> Supported {
+    Supported {
+        opcode,
+        sa: None,
+        usage,
+    }
+}
+
+/// The commands this device server supports, with their CDB usage data
+/// (SPC-4 §6.35.3), for REPORT SUPPORTED OPERATION CODES. UNMAP is listed
+/// only on devices that report logical block provisioning.
+const SUPPORTED: &[Supported] = &[
+    cmd(0x00, &[0x00, 0, 0, 0, 0, 0x04]),
+    cmd(0x03, &[0x03, 0x01, 0, 0, 0xff, 0x04]),
+    cmd(0x08, &[0x08, 0x1f, 0xff, 0xff, 0xff, 0x04]),
+    cmd(0x0a, &[0x0a, 0x1f, 0xff, 0xff, 0xff, 0x04]),
+    cmd(0x12, &[0x12, 0x03, 0xff, 0xff, 0xff, 0x04]),
+    cmd(0x1a, &[0x1a, 0x08, 0xff, 0xff, 0xff, 0x04]),
+    cmd(0x1b, &[0x1b, 0x01, 0, 0, 0xf3, 0x04]),
+    cmd(0x1e, &[0x1e, 0, 0, 0, 0x03, 0x04]),
+    cmd(0x25, &[0x25, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0x01, 0x04]),
+    cmd(
+        0x28,
+        &[0x28, 0xfa, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0x04],
+    ),
+    cmd(
+        0x2a,
+        &[0x2a, 0xfa, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0x04],
+    ),
+    cmd(
+        0x2e,
+        &[0x2e, 0xf2, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0x04],
+    ),
+    cmd(
+        0x2f,
+        &[0x2f, 0xf6, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0x04],
+    ),
+    cmd(
+        0x35,
+        &[0x35, 0, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0x04],
+    ),
+    cmd(
+        0x41,
+        &[0x41, 0xfe, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0x04],
+    ),
+    cmd(0x42, &[0x42, 0x01, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04]),
+    cmd(0x5a, &[0x5a, 0x18, 0xff, 0xff, 0, 0, 0, 0xff, 0xff, 0x04]),
+    cmd(
+        0x88,
+        &[
+            0x88, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0,
+            0x04,
+        ],
+    ),
+    cmd(
+        0x8a,
+        &[
+            0x8a, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0,
+            0x04,
+        ],
+    ),
+    cmd(
+        0x8e,
+        &[
+            0x8e, 0xf2, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0,
+            0x04,
+        ],
+    ),
+    cmd(
+        0x8f,
+        &[
+            0x8f, 0xf6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0,
+            0x04,
+        ],
+    ),
+    cmd(
+        0x91,
+        &[
+            0x91, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0,
+            0x04,
+        ],
+    ),
+    cmd(
+        0x93,
+        &[
+            0x93, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0,
+            0x04,
+        ],
+    ),
+    Supported {
+        opcode: 0x9e,
+        sa: Some(service_action_in_16::READ_CAPACITY_16),
+        usage: &[
+            0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x04,
+        ],
+    },
+    cmd(
+        0xa0,
+        &[0xa0, 0, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x04],
+    ),
+    Supported {
+        opcode: 0xa3,
+        sa: Some(maintenance_in::REPORT_SUPPORTED_OPERATION_CODES),
+        usage: &[
+            0xa3, 0x0c, 0x87, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0x04,
+        ],
+    },
+    cmd(
+        0xa8,
+        &[
+            0xa8, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0x04,
+        ],
+    ),
+    cmd(
+        0xaa,
+        &[
+            0xaa, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0x04,
+        ],
+    ),
+    cmd(
+        0xae,
+        &[
+            0xae, 0xf2, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0x04,
+        ],
+    ),
+    cmd(
+        0xaf,
+        &[
+            0xaf, 0xf6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0x04,
+        ],
+    ),
+];
+
 /// What [`data_in`] needs besides the CDB.
 #[derive(Clone, Copy, Debug)]
 pub struct DataCtx<'a> {
@@ -629,6 +773,18 @@ pub fn data_in(cdb: &[u8], ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<u32, 
             let e = ctx.entry.ok_or(Sense::LOGICAL_UNIT_NOT_SUPPORTED)?;
             let c = ServiceActionIn16Cdb::decode(cdb)?;
             out.extend_from_slice(&capacity(e).read_capacity_16());
+            Ok(c.alloc_len)
+        }
+        Opcode::MAINTENANCE_IN => {
+            let e = ctx.entry.ok_or(Sense::LOGICAL_UNIT_NOT_SUPPORTED)?;
+            let c = ReportOpcodesCdb::decode(cdb)?;
+            let thin = lbpme(e);
+            let table: Vec<Supported> = SUPPORTED
+                .iter()
+                .filter(|s| thin || s.opcode != Opcode::UNMAP.0)
+                .copied()
+                .collect();
+            opcodes::report_supported_opcodes(&c, &table, out)?;
             Ok(c.alloc_len)
         }
         _ => Err(Sense::INVALID_COMMAND_OPERATION_CODE),
@@ -810,6 +966,20 @@ mod tests {
         assert_eq!(first_miscompare(&[1, 2, 3, 4], &[1, 2, 9, 4]), Some(2));
         assert_eq!(first_miscompare(&[1, 2], &[1, 2, 1, 2, 1, 0]), Some(5));
         assert_eq!(first_miscompare(&[], &[1]), None);
+    }
+
+    #[test]
+    fn supported_table_is_consistent() {
+        // Sorted, usage data as long as the CDB and starting with the opcode
+        // (and the service action where there is one).
+        assert!(SUPPORTED.windows(2).all(|w| w[0].opcode < w[1].opcode));
+        for s in SUPPORTED {
+            assert_eq!(Opcode(s.opcode).cdb_len(), Some(s.usage.len()), "{s:?}");
+            assert_eq!(s.usage[0], s.opcode);
+            if let Some(sa) = s.sa {
+                assert_eq!(s.usage[1], sa);
+            }
+        }
     }
 
     #[test]

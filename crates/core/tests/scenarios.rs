@@ -1480,3 +1480,73 @@ fn write_same_unmap_ignores_the_pattern_and_checks_data_out_size() {
     // Only the first write, the unmap and the read reached the backend.
     assert_eq!(h.ctl.lock().unwrap().log.len(), 3);
 }
+
+#[test]
+fn report_supported_operation_codes() {
+    let rsoc = |rctd: bool, options: u8, opcode: u8, sa: u16| -> [u8; 12] {
+        let s = sa.to_be_bytes();
+        [
+            0xa3,
+            0x0c,
+            (rctd as u8) << 7 | options,
+            opcode,
+            s[0],
+            s[1],
+            0,
+            0,
+            0x10,
+            0,
+            0,
+            0,
+        ]
+    };
+    let mut h = H::ready();
+    let d = data_of(&h.run(&rsoc(false, 0, 0, 0), DataDir::Read, 4096, &[]));
+    let n = u32::from_be_bytes([d[0], d[1], d[2], d[3]]) as usize;
+    assert_eq!(n + 4, d.len());
+    let ops: Vec<u8> = d[4..].chunks(8).map(|c| c[0]).collect();
+    assert!(ops.contains(&0x28) && ops.contains(&0x9e) && !ops.contains(&0x42));
+    // Every reported command answers option 001b/010b with its usage data.
+    for c in d[4..].chunks(8) {
+        let servactv = c[5] & 1 != 0;
+        let sa = u16::from_be_bytes([c[2], c[3]]);
+        let r = h.run(
+            &rsoc(false, if servactv { 2 } else { 1 }, c[0], sa),
+            DataDir::Read,
+            4096,
+            &[],
+        );
+        let one = data_of(&r);
+        assert_eq!(one[1] & 7, 3);
+        assert_eq!(
+            u16::from_be_bytes([one[2], one[3]]),
+            u16::from_be_bytes([c[6], c[7]])
+        );
+        assert_eq!(one[4], c[0]);
+    }
+    // READ (10): DPO and FUA are evaluated, as MODE SENSE's DPOFUA says.
+    let one = data_of(&h.run(&rsoc(false, 1, 0x28, 0), DataDir::Read, 4096, &[]));
+    assert_ne!(one[5] & 0x18, 0);
+    // Option 001b on READ CAPACITY (16)'s opcode, which has service actions.
+    let r = h.run(&rsoc(false, 1, 0x9e, 0), DataDir::Read, 4096, &[]);
+    assert_eq!(sense_of(&r), (0x05, 0x24, 0x00));
+    // Timeouts descriptors with RCTD.
+    let d = data_of(&h.run(&rsoc(true, 0, 0, 0), DataDir::Read, 4096, &[]));
+    assert!(
+        d[4..]
+            .chunks(20)
+            .all(|c| c[5] & 2 != 0 && c[8..10] == [0, 0x0a])
+    );
+    // Other MAINTENANCE IN service actions are not supported.
+    let r = h.run(
+        &[0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0],
+        DataDir::Read,
+        4096,
+        &[],
+    );
+    assert_eq!(sense_of(&r), (0x05, 0x20, 0x00));
+    // A thin device lists UNMAP.
+    let mut h = thin(BLOCKS, THIN_CAPS);
+    let d = data_of(&h.run(&rsoc(false, 0, 0, 0), DataDir::Read, 4096, &[]));
+    assert!(d[4..].chunks(8).any(|c| c[0] == 0x42));
+}

@@ -13,6 +13,7 @@ pub mod inquiry;
 pub mod lun;
 pub mod mode;
 pub mod opcode;
+pub mod opcodes;
 pub mod sense;
 pub mod status;
 
