@@ -192,3 +192,133 @@ fn non_root_peer_is_refused() {
     assert!(!out.status.success());
     assert!(err.contains("permission denied: uid 65534"), "{err}");
 }
+
+/// The largest char boundary of `s` at or below `i`.
+fn floor(s: &str, mut i: usize) -> usize {
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// Deterministic xorshift: arbitrary bytes without a dependency.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn pick<'a>(&mut self, v: &[&'a str]) -> &'a str {
+        v[(self.next() % v.len() as u64) as usize]
+    }
+}
+
+/// Garbage and near-miss input on every entry point that reads from the
+/// socket or a file: answers are errors, never panics.
+#[test]
+fn arbitrary_input_never_panics() {
+    use std::sync::Mutex;
+    let rt = Arc::new(FakeRuntime::new());
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Config::embedded_default(dir.path(), "127.0.0.1:3260".parse().unwrap());
+    let tree = Mutex::new(ferrite_mgmt::Tree::new(cfg, rt, None));
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let words = [
+        "add",
+        "del",
+        "replace",
+        "clear",
+        "create",
+        "move",
+        "add_device",
+        "del_device",
+        "add_target",
+        "del_target",
+        "add_target_attribute",
+        "IncomingUser",
+        "OutgoingUser",
+        "disk0",
+        T,
+        "0",
+        "16383",
+        "16384",
+        "-1",
+        "size=1M",
+        "filename=/x",
+        "blocksize=4096",
+        "read_only=1",
+        ";",
+        "=",
+        "==",
+        "\"",
+        "{",
+        "}",
+        "*",
+        "?",
+        "\u{0}",
+        "é",
+        "",
+        "/",
+        "mgmt",
+        "luns",
+        "ini_groups",
+        "g1",
+        "iqn.1994-05.com.redhat:x",
+        "0123456789abcdef",
+    ];
+    let paths = [
+        "/",
+        "/handlers/vdisk_nullio/mgmt",
+        "/handlers/vdisk_fileio/mgmt",
+        "/targets/iscsi/mgmt",
+        "/devices/disk0",
+        "/devices/disk0/size",
+        "/devices/disk0/read_only",
+        "/targets/iscsi",
+        "/targets/iscsi/digests",
+        "//",
+        "/../..",
+        "/devices/disk0/size/x",
+    ];
+    let tl = format!("/targets/iscsi/{T}/luns/mgmt");
+    let gm = format!("/targets/iscsi/{T}/ini_groups/mgmt");
+    for i in 0..3000 {
+        let n = (rng.next() % 6) as usize;
+        let cmd: Vec<&str> = (0..n).map(|_| rng.pick(&words)).collect();
+        let cmd = cmd.join(if i % 2 == 0 { " " } else { ";" });
+        let path = match i % 4 {
+            0 => tl.as_str(),
+            1 => gm.as_str(),
+            _ => rng.pick(&paths),
+        };
+        let reqs = [
+            serde_json::json!({"op": "do", "path": path, "command": cmd}).to_string(),
+            serde_json::json!({"op": "set", "path": path, "value": cmd}).to_string(),
+            serde_json::json!({"op": "get", "path": path}).to_string(),
+            serde_json::json!({"op": "ls", "path": path}).to_string(),
+        ];
+        for r in &reqs {
+            let _ = ferrite_mgmt::server::handle_line(&tree, r);
+            // Truncations of valid requests.
+            let cut = (rng.next() as usize) % (r.len() + 1);
+            let rsp = ferrite_mgmt::server::handle_line(&tree, &r[..floor(r, cut)]);
+            if cut < r.len() {
+                assert!(!rsp.ok || r[..floor(r, cut)].ends_with('}'));
+            }
+        }
+        // Raw bytes.
+        let bytes: Vec<u8> = (0..(rng.next() % 64)).map(|_| rng.next() as u8).collect();
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(
+            !ferrite_mgmt::server::handle_line(&tree, &text).ok
+                || text.trim_start().starts_with('{')
+        );
+        let _ = ferrite_mgmt::scst::import_scst(&text);
+        let _ = ferrite_mgmt::scst::import_scst(&cmd.replace(';', "\n"));
+    }
+    // Whatever was accepted left a valid model.
+    let t = tree.lock().unwrap();
+    t.config().validate().unwrap();
+}
