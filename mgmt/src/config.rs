@@ -994,7 +994,10 @@ impl Config {
     /// first start.
     pub fn embedded_default(state_dir: &Path, listen: SocketAddr) -> Config {
         let mut disk = DeviceConfig::new("disk0", Handler::VdiskFileio);
-        disk.filename = Some(state_dir.join("disk0.img"));
+        // Filenames are absolute (validate): a relative state directory is
+        // taken from the current directory.
+        let dir = std::path::absolute(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
+        disk.filename = Some(dir.join("disk0.img"));
         disk.size = Some(DEFAULT_IMAGE_SIZE);
         disk.thin_provisioned = true;
         let mut target = IscsiTargetConfig::new(DEFAULT_TARGET_IQN);
@@ -1591,6 +1594,14 @@ mod tests {
                 device: "disk0".into(),
                 read_only: false
             }]
+        );
+        let rel = Config::embedded_default(Path::new("state"), "127.0.0.1:3260".parse().unwrap());
+        rel.validate().unwrap();
+        let f = rel.devices[0].filename.clone().unwrap();
+        assert!(
+            f.is_absolute() && f.ends_with("state/disk0.img"),
+            "{}",
+            f.display()
         );
         let v6 = Config::embedded_default(dir, "[::1]:3260".parse().unwrap());
         v6.validate().unwrap();
