@@ -1113,3 +1113,85 @@ fn unsolicited_burst_may_end_early() {
     assert_eq!(rsp.bhs().0[3], 0);
     assert_eq!(&i.t.core.disk[200 * BS..200 * BS + data.len()], &data[..]);
 }
+
+/// The initiator over a real socket against a running target: set
+/// `FERRITE_ISCSI_PORTAL=127.0.0.1:3260` (and `FERRITE_ISCSI_TARGET`, default
+/// the embedded default target) to run it; skipped otherwise.
+#[test]
+fn tcp_initiator_against_a_running_target() {
+    let Ok(portal) = std::env::var("FERRITE_ISCSI_PORTAL") else {
+        eprintln!("skipped: FERRITE_ISCSI_PORTAL is not set");
+        return;
+    };
+    let addr: SocketAddr = portal.parse().expect("FERRITE_ISCSI_PORTAL is ADDR:PORT");
+    let target = std::env::var("FERRITE_ISCSI_TARGET")
+        .unwrap_or_else(|_| "iqn.2026-11.org.ferrite:default".into());
+    // Discovery.
+    let mut d = crate::initiator::connect(
+        addr,
+        InitiatorConfig {
+            target_name: None,
+            ..InitiatorConfig::default()
+        },
+    )
+    .expect("discovery login");
+    let keys = d.text(&[("SendTargets", "All")]).expect("SendTargets");
+    assert!(
+        keys.contains(&("TargetName".to_string(), target.clone())),
+        "{keys:?}"
+    );
+    assert_eq!(d.logout(0).unwrap(), 0);
+    // Normal session with digests: write, read back, ping, log out.
+    for (hd, dd, r2t) in [(false, false, true), (true, true, false)] {
+        let mut s = crate::initiator::connect(
+            addr,
+            InitiatorConfig {
+                target_name: Some(target.clone()),
+                header_digest: hd,
+                data_digest: dd,
+                initial_r2t: r2t,
+                ..InitiatorConfig::default()
+            },
+        )
+        .expect("login");
+        assert_eq!((s.hd, s.dd), (hd, dd));
+        // A new nexus starts with a unit attention (SAM-5 §5.14): clear it.
+        let tur = Command {
+            cdb: &[0; 6],
+            attr: 1,
+            ..Command::default()
+        };
+        let mut st = s.command(&tur).expect("TEST UNIT READY");
+        for _ in 0..4 {
+            if st.status == 0 {
+                break;
+            }
+            assert_eq!(st.sense.get(2).map(|k| k & 0xf), Some(6), "{st:?}");
+            st = s.command(&tur).expect("TEST UNIT READY");
+        }
+        assert_eq!(st.status, 0);
+        let data = pattern(300 * 1024, 13);
+        let lba = 4096;
+        let w = s
+            .command(&Command {
+                cdb: &write10(lba, (data.len() / BS) as u16),
+                write: &data,
+                attr: 1,
+                ..Command::default()
+            })
+            .expect("write");
+        assert_eq!(w.status, 0, "{w:?}");
+        let r = s
+            .command(&Command {
+                cdb: &read10(lba, (data.len() / BS) as u16),
+                read_len: data.len() as u32,
+                attr: 1,
+                ..Command::default()
+            })
+            .expect("read");
+        assert_eq!(r.status, 0);
+        assert!(r.data == data, "read back differs");
+        assert_eq!(s.nop(b"over tcp", true).unwrap(), b"over tcp");
+        assert_eq!(s.logout(0).unwrap(), 0);
+    }
+}
