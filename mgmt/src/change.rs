@@ -187,14 +187,12 @@ impl fmt::Display for Change {
     /// The change as the tree operation that makes it.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Change::AddDevice(d) => {
-                let p = device_params(d);
-                write!(
-                    f,
-                    "do /handlers/{}/mgmt \"add_device {} {p}\"",
-                    d.handler, d.name
-                )
-            }
+            Change::AddDevice(d) => write!(
+                f,
+                "do /handlers/{}/mgmt \"{}\"",
+                d.handler,
+                with_params(&format!("add_device {}", d.name), &device_params(d))
+            ),
             Change::DelDevice { handler, name } => {
                 write!(f, "do /handlers/{handler}/mgmt \"del_device {name}\"")
             }
@@ -211,10 +209,13 @@ impl fmt::Display for Change {
             Change::AddTarget(t) => {
                 write!(
                     f,
-                    "do /targets/iscsi/mgmt \"add_target {} {}\"",
-                    t.name,
-                    target_params(t)
-                )
+                    "do /targets/iscsi/mgmt \"{}\"",
+                    with_params(&format!("add_target {}", t.name), &target_params(t))
+                )?;
+                if !t.incoming_users.is_empty() || t.outgoing_user.is_some() {
+                    write!(f, " (with its CHAP users)")?;
+                }
+                Ok(())
             }
             Change::DelTarget { name } => write!(f, "do /targets/iscsi/mgmt \"del_target {name}\""),
             Change::SetTarget { name, attr } => match attr {
@@ -314,6 +315,14 @@ impl fmt::Display for Change {
                 serde_json::to_string(r).unwrap_or_default()
             ),
         }
+    }
+}
+
+fn with_params(cmd: &str, params: &str) -> String {
+    if params.is_empty() {
+        cmd.to_string()
+    } else {
+        format!("{cmd} {params}")
     }
 }
 
