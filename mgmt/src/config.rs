@@ -1634,6 +1634,18 @@ mod tests {
     }
 
     #[test]
+    fn shipped_example_is_valid() {
+        let cfg = Config::from_json(include_str!("../examples/ferrite.json"), "example").unwrap();
+        cfg.validate().unwrap();
+        assert_eq!(cfg.devices.len(), 3);
+        assert_eq!(cfg.iscsi.nop_in_interval_s, 15);
+        assert_eq!(
+            cfg.iscsi.max_burst_length,
+            IscsiParamsConfig::default().max_burst_length
+        );
+    }
+
+    #[test]
     fn load_validates() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.json");

@@ -112,6 +112,9 @@ pub struct SessionInfo {
 /// What the management tree needs from the running system. Object-safe and
 /// synchronous: the daemon runs it on the management thread.
 ///
+/// The tree holds its lock while it calls these methods: an implementation
+/// must not call back into the tree (or the control socket) from them.
+///
 /// Every method is called only after the tree validated the change against
 /// the whole configuration, so an implementation may assume names exist,
 /// LUN numbers are in range and unique and devices referenced by a map
