@@ -969,10 +969,12 @@ impl Conn {
             // RFC 7143 §4.2.2.1: outside [ExpCmdSN, MaxCmdSN] a non-immediate
             // command is silently ignored.
             tracing::debug!(peer = %self.peer, cmd_sn = sn.0, exp = self.seq.exp_cmd_sn.0, "CmdSN outside the window, dropped");
+            self.drop_held(held);
             return;
         }
         if sn != self.seq.exp_cmd_sn {
             if self.held.len() >= MAX_HELD || self.held.contains_key(&sn.0) {
+                self.drop_held(held);
                 return;
             }
             self.held.insert(sn.0, held);
@@ -986,6 +988,13 @@ impl Conn {
             if self.phase != Phase::FullFeature {
                 return;
             }
+        }
+    }
+
+    /// A request that will never run: a command's task is forgotten.
+    fn drop_held(&mut self, h: Held) {
+        if let Held::Scsi(itt, _) = h {
+            self.tasks.remove(&itt);
         }
     }
 

@@ -708,6 +708,13 @@ fn cmd_sn_window() {
     i.send_pdu(&p).unwrap();
     assert!(matches!(i.recv_pdu(), Err(InitiatorError::Io(_))));
     assert!(i.t.core.commands.is_empty());
+    // The dropped command left nothing behind: its ITT is free again.
+    i.cmd_sn = good;
+    let (p, _) = i.command_pdu(itt, &c);
+    i.send_pdu(&p).unwrap();
+    i.wait_for(Opcode::SCSI_RSP, itt).unwrap();
+    i.t.core.commands.clear();
+    let good = good.next();
     // Out of order within the window: held until the gap fills.
     i.cmd_sn = good.next();
     let itt2 = i.new_itt();
