@@ -515,8 +515,11 @@ impl Shard {
             self.respond(key, check(sense, residual));
             return cid;
         }
-        // Enter the task set of this nexus and LU.
-        if let Some(st) = self.lu_mut(key) {
+        // Enter the task set of this nexus and LU (a LUN with no logical unit
+        // has none: INQUIRY, REPORT LUNS and REQUEST SENSE there just run).
+        if self.cmds[key].entry.is_some()
+            && let Some(st) = self.lu_mut(key)
+        {
             st.tasks.push_back(key);
             if req.attr == TaskAttr::Ordered {
                 st.ordered += 1;
@@ -761,11 +764,12 @@ impl Shard {
             return;
         };
         // REQUEST SENSE reports (and so clears) a pending unit attention.
-        let pending = if c.cdb.first() == Some(&ferrite_scsi::Opcode::REQUEST_SENSE.0) {
-            s.lus.get_mut(&c.lun).and_then(|st| st.ua.pop_front())
-        } else {
-            None
-        };
+        let pending =
+            if c.entry.is_some() && c.cdb.first() == Some(&ferrite_scsi::Opcode::REQUEST_SENSE.0) {
+                s.lus.get_mut(&c.lun).and_then(|st| st.ua.pop_front())
+            } else {
+                None
+            };
         let ctx = DataCtx {
             entry: c.entry.as_ref(),
             luns: &s.luns,

@@ -1600,3 +1600,27 @@ fn random_cdbs_always_answered() {
         assert!(c.log.iter().any(|e| e.0 == kind), "no {kind} op");
     }
 }
+
+#[test]
+fn undecodable_lun_leaves_lun_0_alone() {
+    let mut h = H::new();
+    let mut r = h.req(
+        0,
+        &[0x03, 0, 0, 0, 18, 0],
+        DataDir::Read,
+        18,
+        TaskAttr::Simple,
+    );
+    r.lun_raw = [0xc0, 1, 0, 0, 0, 0, 0, 0];
+    let mut s = h.shard.session(h.sid).unwrap();
+    s.submit(h.now, r);
+    let Some(Action::Respond { id, rsp, .. }) = s.poll_action() else {
+        panic!()
+    };
+    s.response_sent(id);
+    let d = data_of(&rsp);
+    assert_eq!((d[2], d[12]), (0x05, 0x25));
+    // LUN 0 still has its POWER ON unit attention.
+    let r = h.run(&[0; 6], DataDir::None, 0, &[]);
+    assert_eq!(sense_of(&r), (0x06, 0x29, 0x00));
+}
