@@ -1419,6 +1419,7 @@ impl Conn {
         }
         let dir = task.as_ref().map_or(DataDir::Read, |t| t.dir);
         let read_len = task.as_ref().map_or(0, |t| t.read_len) as usize;
+        let r2ts_sent = task.as_ref().map_or(0, |t| t.r2t_sn.0);
         let Response {
             status,
             sense,
@@ -1467,7 +1468,10 @@ impl Conn {
         }
         if !collapsed {
             let sns = self.take_sns();
-            let b = pdu::scsi_response(itt, status.0, residual, bidi_residual, data_sn, sns);
+            // RFC 7143 §11.4.8: ExpDataSN counts the R2T and Data-In PDUs
+            // sent for the command.
+            let exp_data_sn = data_sn.plus(r2ts_sent);
+            let b = pdu::scsi_response(itt, status.0, residual, bidi_residual, exp_data_sn, sns);
             match sense {
                 Some(s) => {
                     let seg = pdu::sense_segment(&s);

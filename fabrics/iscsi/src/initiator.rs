@@ -104,6 +104,8 @@ pub struct ScsiResult {
     pub r2ts: u32,
     /// The status arrived in the last Data-In (S bit).
     pub status_in_data_in: bool,
+    /// ExpDataSN of the SCSI Response (R2Ts and Data-Ins the target counted).
+    pub exp_data_sn: u32,
 }
 
 /// A SCSI command to send.
@@ -481,6 +483,7 @@ impl<T: Transport> Initiator<T> {
             data_in_pdus: 0,
             r2ts: 0,
             status_in_data_in: false,
+            exp_data_sn: 0,
         };
         let mut max_read = 0usize;
         loop {
@@ -513,6 +516,7 @@ impl<T: Transport> Initiator<T> {
                 }
                 Opcode::SCSI_RSP if b.itt() == itt => {
                     res.status = b.0[3];
+                    res.exp_data_sn = b.data_sn().0;
                     res.residual = b.word(44);
                     res.flags = b.flags();
                     if p.data.len() >= 2 {

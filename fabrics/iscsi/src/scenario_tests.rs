@@ -333,6 +333,7 @@ fn login_write_read_nop_logout() {
     let (w, r) = write_then_read(&mut i, 100, &data);
     assert_eq!(w.status, 0);
     assert_eq!(w.r2ts, 3); // 184 KiB = 64 + 64 + 56
+    assert_eq!(w.exp_data_sn, 3);
     assert_eq!(&i.t.core.disk[100 * BS..100 * BS + data.len()], &data[..]);
     let cmd = &i.t.core.commands[0];
     assert_eq!(cmd.dir, DataDir::Write);
