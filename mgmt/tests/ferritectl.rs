@@ -64,6 +64,11 @@ fn ferritectl_round_trips() {
     let (ok, _, err) = ctl(&sock, &["set", "/devices/n0/rotational", "sometimes"]);
     assert!(!ok);
     assert!(err.contains("not a boolean"), "{err}");
+    let alias = format!("/targets/iscsi/{T}/alias");
+    let (ok, _, err) = ctl(&sock, &["set", &alias, "-dash-"]);
+    assert!(ok, "{err}");
+    let (_, out, _) = ctl(&sock, &["get", &alias]);
+    assert_eq!(out, "-dash-\n[key]\n");
     let (ok, out, _) = ctl(&sock, &["--json", "get", "/devices/n0/mem"]);
     assert!(ok);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();

@@ -41,7 +41,11 @@ enum Cmd {
     /// Read an attribute; on a mgmt leaf, print its commands.
     Get { path: String },
     /// Write an attribute.
-    Set { path: String, value: String },
+    Set {
+        path: String,
+        #[arg(allow_hyphen_values = true)]
+        value: String,
+    },
     /// Run an SCST command on a mgmt leaf, e.g.
     /// `ferritectl do /targets/iscsi/IQN/luns/mgmt add disk1 1 read_only=1`.
     Do {
