@@ -303,8 +303,9 @@ fn local_protection_error_on_bad_lkey() {
 #[test]
 fn rnr_retries_then_succeeds_when_a_receive_arrives() {
     let attrs = QpAttrs {
-        rnr_retry: 50,
-        rnr_delay: Duration::from_millis(5),
+        // Up to two seconds of retries: far longer than the pause below.
+        rnr_retry: 200,
+        rnr_delay: Duration::from_millis(10),
         ..QpAttrs::default()
     };
     let (i, iqp, t, tqp, _bufs) = pair(unix_addr("rnr1"), attrs, 0);
