@@ -322,6 +322,10 @@ impl Shard {
             .filter(|(_, c)| c.session == id)
             .map(|(k, _)| k)
             .collect();
+        // Mark them all first, so that freeing one starts none of the others.
+        for &k in &keys {
+            self.cmds[k].aborted = true;
+        }
         for k in keys {
             // The fabric will not call back for this session: a command
             // waiting for data or for response_sent is gone now.

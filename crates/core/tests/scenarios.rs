@@ -1624,3 +1624,21 @@ fn undecodable_lun_leaves_lun_0_alone() {
     let r = h.run(&[0; 6], DataDir::None, 0, &[]);
     assert_eq!(sense_of(&r), (0x06, 0x29, 0x00));
 }
+
+#[test]
+fn close_session_starts_nothing_it_unblocks() {
+    let mut h = H::ready();
+    h.ctl.lock().unwrap().hold = true;
+    // A runs; B (ORDERED) waits for A; C waits for B. Freeing B must not
+    // start C.
+    h.submit(&rw10(0x28, 0, 1, 0), DataDir::Read, BS, TaskAttr::Simple);
+    h.submit(&rw10(0x28, 1, 1, 0), DataDir::Read, BS, TaskAttr::Ordered);
+    h.submit(&rw10(0x28, 2, 1, 0), DataDir::Read, BS, TaskAttr::Simple);
+    assert_eq!(h.ctl.lock().unwrap().log.len(), 1);
+    h.shard.close_session(h.now, h.sid);
+    assert_eq!(h.ctl.lock().unwrap().log.len(), 1);
+    h.ctl.lock().unwrap().hold = false;
+    h.poll();
+    assert_eq!(h.ctl.lock().unwrap().log.len(), 1);
+    assert!(!h.shard.wants_spin());
+}
