@@ -650,6 +650,7 @@ pub struct Tree {
     cfg: Config,
     rt: Arc<dyn Runtime>,
     save_path: Option<PathBuf>,
+    autosave: bool,
 }
 
 impl std::fmt::Debug for Tree {
@@ -664,7 +665,34 @@ impl Tree {
     /// A tree whose model is `cfg`, which the runtime already runs.
     /// `save_path` is where `save` writes when given no file.
     pub fn new(cfg: Config, rt: Arc<dyn Runtime>, save_path: Option<PathBuf>) -> Tree {
-        Tree { cfg, rt, save_path }
+        Tree {
+            cfg,
+            rt,
+            save_path,
+            autosave: false,
+        }
+    }
+
+    /// With `on`, every change that succeeds is also saved to the save
+    /// path (SCST needs an explicit `scstadmin -write_config`; this makes
+    /// changes survive a restart without one).
+    pub fn set_autosave(&mut self, on: bool) {
+        self.autosave = on;
+    }
+
+    /// Saves after a change if autosave is on; a failure does not undo the
+    /// change, it is reported with it.
+    fn after_change(&self, msg: String) -> String {
+        if !self.autosave {
+            return msg;
+        }
+        match self.save(None) {
+            Ok(_) => msg,
+            Err(e) => {
+                tracing::warn!("configuration not saved: {e}");
+                format!("{msg}\nwarning: the change is live but was not saved: {e}")
+            }
+        }
     }
 
     /// The model.
@@ -1254,14 +1282,23 @@ impl Tree {
 
     /// Executes one change: model copy, validation, runtime, adoption.
     pub fn execute(&mut self, c: Change) -> Result<String, MgmtError> {
+        let msg = self.execute_unsaved(c)?;
+        Ok(self.after_change(msg))
+    }
+
+    fn execute_unsaved(&mut self, c: Change) -> Result<String, MgmtError> {
         let mut cand = self.cfg.clone();
         c.apply_to(&mut cand).map_err(|e| MgmtError::Refused(e.0))?;
         cand.validate()?;
         let what = c.to_string();
-        let r = c.run(&*self.rt).map_err(|source| MgmtError::Runtime {
-            what: what.clone(),
-            source,
+        let r = c.run(&*self.rt).map_err(|source| {
+            tracing::warn!(change = %what, "refused by the running system: {source}");
+            MgmtError::Runtime {
+                what: what.clone(),
+                source,
+            }
         })?;
+        tracing::info!(change = %what, "configuration changed");
         if let (Change::ResyncSize { name }, Some(size)) = (&c, r) {
             if let Some(d) = cand.devices.iter_mut().find(|d| &d.name == name)
                 && d.size.is_some()
@@ -1976,7 +2013,10 @@ impl Tree {
         let total = changes.len();
         for (done, c) in changes.iter().enumerate() {
             let failed = c.to_string();
-            if let Err(e) = self.execute(c.clone()) {
+            if let Err(e) = self.execute_unsaved(c.clone()) {
+                if done > 0 {
+                    let _ = self.after_change(String::new());
+                }
                 return Err(MgmtError::Apply {
                     done,
                     total,
@@ -1987,6 +2027,9 @@ impl Tree {
         }
         // Same content; adopt the file's order of objects.
         self.cfg = new.clone();
+        if !changes.is_empty() {
+            let _ = self.after_change(String::new());
+        }
         Ok(changes)
     }
 
@@ -2737,6 +2780,29 @@ mod tests {
         rt.fail_on(None);
         t.apply(&target_new()).unwrap();
         assert_eq!(t.config(), &target_new());
+    }
+
+    #[test]
+    fn autosave() {
+        let (mut t, _rt) = tree();
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("auto.json");
+        t.save_path = Some(p.clone());
+        t.set("/devices/disk0/nv_cache", "1").unwrap();
+        assert!(!p.exists(), "no autosave unless asked");
+        t.set_autosave(true);
+        t.set("/devices/disk0/rotational", "1").unwrap();
+        assert_eq!(&Config::load(&p).unwrap(), t.config());
+        let mut next = t.config().clone();
+        next.devices[0].rotational = false;
+        t.apply(&next).unwrap();
+        assert_eq!(Config::load(&p).unwrap(), next);
+        // A refused change saves nothing new; a failed save is reported
+        // with the change, which stays.
+        t.save_path = Some(dir.path().join("missing/x.json"));
+        let msg = t.set("/devices/disk0/rotational", "1").unwrap();
+        assert!(msg.contains("not saved"), "{msg}");
+        assert!(t.config().devices[0].rotational);
     }
 
     #[test]
