@@ -120,4 +120,35 @@ mod tests {
         let p = Pdu::with_data(BhsBuf::new(Opcode::NOP_OUT, flags::F), b"abc".to_vec());
         pdu_parse(&p.encode(false, false));
     }
+
+    /// A longer random run with structured prefixes (opt-in: `cargo test -p
+    /// ferrite-iscsi -- --ignored`).
+    #[test]
+    #[ignore = "long-running random input"]
+    fn long_random_run() {
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let ops = [0x00u8, 0x01, 0x02, 0x04, 0x05, 0x06, 0x10, 0x43];
+        for _ in 0..200_000 {
+            let n = (next() % 600) as usize;
+            let mut d: Vec<u8> = (0..n).map(|_| next() as u8).collect();
+            let mut at = 0;
+            while at + 48 <= d.len() {
+                d[at] = ops[(next() % ops.len() as u64) as usize];
+                d[at + 4] = (next() % 2) as u8;
+                d[at + 5] = 0;
+                d[at + 6] = 0;
+                d[at + 7] = (next() % 64) as u8;
+                at += 48 + (d[at + 4] as usize) * 4 + d[at + 7] as usize + (next() % 8) as usize;
+            }
+            pdu_parse(&d);
+            text(&d);
+            conn_input(&d);
+        }
+    }
 }
