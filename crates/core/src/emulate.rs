@@ -853,7 +853,13 @@ fn inquiry_data(c: &InquiryCdb, ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<
         vpd::DEVICE_IDENTIFICATION => inquiry::device_identification(
             pq,
             &inquiry::DeviceIds {
-                naa: id.naa,
+                // SPC-4 §7.8.6.6.1: an 8-byte NAA designator is NAA 2, 3 or
+                // 5; anything else configured is not reported as NAA.
+                naa: if matches!(id.naa >> 60, 2 | 3 | 5) {
+                    id.naa
+                } else {
+                    0
+                },
                 eui64: id.eui64,
                 vendor: &id.vendor,
                 vendor_specific: if id.serial.is_empty() {

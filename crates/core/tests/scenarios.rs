@@ -155,7 +155,7 @@ fn device(ctl: &Arc<Mutex<Ctl>>, flags: DeviceFlags) -> Arc<Device> {
             product: "mem disk".into(),
             revision: "0.1".into(),
             serial: "SN0001".into(),
-            naa: 0x6001_4050_0000_0001,
+            naa: 0x5001_4050_0000_0001,
             eui64: 0,
         },
         flags,
@@ -781,7 +781,7 @@ fn vpd_pages_sorted_and_readable() {
     assert_eq!(bl[3], 0x3c);
     assert_eq!(&bl[20..28], &[0; 8]); // no UNMAP claimed
     let di = data_of(&h.run(&inquiry(true, 0x83, 255), DataDir::Read, 255, &[]));
-    assert_eq!(&di[8..16], &0x6001_4050_0000_0001u64.to_be_bytes());
+    assert_eq!(&di[8..16], &0x5001_4050_0000_0001u64.to_be_bytes());
     let sn = data_of(&h.run(&inquiry(true, 0x80, 255), DataDir::Read, 255, &[]));
     assert_eq!(&sn[4..], b"SN0001");
 }
