@@ -1,6 +1,8 @@
 //! The foundation end to end: libiscsi's tools and qemu-img against a
 //! ferrited started on a free loopback port.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
+
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;

@@ -2,6 +2,8 @@
 //! prescribes (Reject, a login status, or a closed connection with a log
 //! line), while a second session keeps reading and writing, and nothing panics.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
@@ -149,7 +151,7 @@ fn malformed_input_gets_the_prescribed_answer_and_harms_no_one() {
     // 4. A login with garbage keys: a Login Response with an initiator-error
     //    status class, then the connection closes.
     {
-        let mut s = TcpStream::connect(f.addr).unwrap();
+        let s = TcpStream::connect(f.addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         let mut a = Initiator::new(s, cfg("garbage", 5));
         let mut p = a.login_pdu(true, 1, 3, &[]);

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use ferrite_core::backend::Backend;
 use ferrite_core::device::{AccessGroup, Device, DeviceId, LunEntry, LunMap, Target};
+use ferrite_blockio::{BlockBackend, BlockOptions};
 use ferrite_fileio::{FileBackend, FileOptions};
 use ferrite_iscsi::conn::{IscsiConfig, IscsiTarget};
 use ferrite_mgmt::config::{
@@ -35,7 +36,24 @@ pub struct System {
 /// Opens the backend a device configuration names.
 pub fn open_backend(d: &DeviceConfig) -> Result<Arc<dyn Backend>> {
     Ok(match d.handler {
-        Handler::VdiskFileio | Handler::VdiskBlockio => {
+        Handler::VdiskBlockio => {
+            let path = d
+                .filename
+                .as_ref()
+                .with_context(|| format!("device {}: filename is required", d.name))?;
+            let opts = BlockOptions {
+                block_size: Some(d.blocksize),
+                read_only: d.read_only,
+                write_through: d.write_through,
+                nv_cache: d.nv_cache,
+                create_size: d.size,
+            };
+            Arc::new(
+                BlockBackend::open(path, opts)
+                    .with_context(|| format!("device {}: opening {}", d.name, path.display()))?,
+            )
+        }
+        Handler::VdiskFileio => {
             let path = d
                 .filename
                 .as_ref()

@@ -6,7 +6,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use crossbeam_channel::{Receiver, Sender};
 
 struct Wake {
     fd: OwnedFd,
@@ -99,10 +99,7 @@ impl<M> MailboxTx<M> {
 impl<M> MailboxRx<M> {
     /// Next message, if any.
     pub fn try_recv(&self) -> Option<M> {
-        match self.rx.try_recv() {
-            Ok(m) => Some(m),
-            Err(TryRecvError::Empty | TryRecvError::Disconnected) => None,
-        }
+        self.rx.try_recv().ok()
     }
 
     /// True when messages wait.

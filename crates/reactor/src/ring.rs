@@ -499,7 +499,8 @@ mod tests {
 
     /// An echo server worker on one accepted socket, driven by the reactor.
     struct Echo {
-        listener: TcpListener,
+        /// Kept open while the reactor accepts on it.
+        _listener: TcpListener,
         conn: Option<OwnedFd>,
         done: bool,
         echoed: usize,
@@ -558,7 +559,7 @@ mod tests {
         let t = std::thread::spawn(move || {
             let lfd = listener.as_raw_fd();
             let w = Echo {
-                listener,
+                _listener: listener,
                 conn: None,
                 done: false,
                 echoed: 0,
