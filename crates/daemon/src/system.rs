@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use ferrite_blockio::{BlockBackend, BlockOptions};
 use ferrite_core::backend::Backend;
 use ferrite_core::device::{AccessGroup, Device, DeviceId, LunEntry, LunMap, Target};
-use ferrite_blockio::{BlockBackend, BlockOptions};
 use ferrite_fileio::{FileBackend, FileOptions};
 use ferrite_iscsi::conn::{IscsiConfig, IscsiTarget};
 use ferrite_mgmt::config::{
