@@ -1,8 +1,10 @@
 //! ferrite-scsi: what the SCSI standards (SAM-5, SPC-4, SBC-4) say about bytes.
 //!
 //! Owns: LUN encoding, status codes, sense data (one table of named sense
-//! constants), opcodes, CDB decoding and the builders of parameter data
-//! (INQUIRY and VPD pages, mode pages, READ CAPACITY, REPORT LUNS).
+//! constants; fixed and descriptor formats), opcodes, CDB decoding (errors are
+//! `Sense` values with the field pointer set) and the builders of parameter
+//! data (INQUIRY and VPD pages, mode pages, READ CAPACITY, REPORT LUNS,
+//! REPORT SUPPORTED OPERATION CODES).
 //! Does not own: any state. Every function here is pure; what a command does to
 //! a device lives in `ferrite-core`.
 #![forbid(unsafe_code)]
