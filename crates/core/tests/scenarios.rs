@@ -1642,3 +1642,63 @@ fn close_session_starts_nothing_it_unblocks() {
     assert_eq!(h.ctl.lock().unwrap().log.len(), 1);
     assert!(!h.shard.wants_spin());
 }
+
+#[test]
+fn target_reset_aborts_every_session_of_the_target() {
+    let mut h = H::ready();
+    let other = h.shard.open_session(h.now, nexus(2), h.map.clone(), false);
+    {
+        let r = h.req(0, &[0; 6], DataDir::None, 0, TaskAttr::Simple);
+        let mut s = h.shard.session(other).unwrap();
+        s.submit(h.now, r);
+        let Some(Action::Respond { id, rsp, .. }) = s.poll_action() else {
+            panic!()
+        };
+        assert_eq!(sense_of(&rsp), (0x06, 0x29, 0x00));
+        s.response_sent(id);
+    }
+    h.ctl.lock().unwrap().hold = true;
+    // A read in flight on the other session, one on this one.
+    let r = h.req(0, &rw10(0x28, 0, 1, 0), DataDir::Read, BS, TaskAttr::Simple);
+    h.shard.session(other).unwrap().submit(h.now, r);
+    h.submit(&rw10(0x28, 1, 1, 0), DataDir::Read, BS, TaskAttr::Simple);
+    h.shard.session(h.sid).unwrap().task_mgmt(
+        h.now,
+        TmfRequest {
+            func: TmfFunction::TargetReset,
+            lun: Lun(0),
+            tag: TaskTag(3),
+        },
+    );
+    assert!(h.actions().is_empty());
+    h.ctl.lock().unwrap().hold = false;
+    h.poll();
+    let a = h.actions();
+    assert!(
+        matches!(
+            a[..],
+            [Action::TmfDone {
+                rsp: TmfResponse::Complete,
+                ..
+            }]
+        ),
+        "{a:?}"
+    );
+    // The aborted read of the other session never answers; its next command
+    // gets the reset unit attention.
+    let mut s = h.shard.session(other).unwrap();
+    assert!(s.poll_action().is_none());
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let r = h.req(0, &[0; 6], DataDir::None, 0, TaskAttr::Simple);
+        let mut s = h.shard.session(other).unwrap();
+        s.submit(h.now, r);
+        let Some(Action::Respond { id, rsp, .. }) = s.poll_action() else {
+            panic!()
+        };
+        s.response_sent(id);
+        seen.push(rsp.status);
+    }
+    assert_eq!(seen, [Status::CHECK_CONDITION, Status::GOOD, Status::GOOD]);
+    good(&h.run(&[0; 6], DataDir::None, 0, &[]));
+}
