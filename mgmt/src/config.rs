@@ -204,6 +204,119 @@ pub struct DeviceConfig {
     /// EUI-64 identifier, 16 hex digits; derived from the name when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eui64: Option<String>,
+    /// Fault injection, for tests: see [`FaultConfig`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault: Option<FaultConfig>,
+}
+
+/// Fault injection on one device (SCST-style debug fault injection): the
+/// backend is wrapped so chosen operations fail with a given error or are
+/// delayed. A test instrument; never set on a production device.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultConfig {
+    /// Rules in order; the first firing rule with an error decides the error.
+    pub rules: Vec<FaultRuleConfig>,
+}
+
+/// Which block operations a fault rule applies to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FaultOp {
+    Read,
+    /// Writes, unmaps and write-zeroes.
+    Write,
+    Flush,
+    #[default]
+    Any,
+}
+
+/// The error a fault rule injects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FaultError {
+    /// EIO: MEDIUM ERROR (UNRECOVERED READ ERROR or WRITE ERROR).
+    Eio,
+    /// ENOSPC: DATA PROTECT, SPACE ALLOCATION FAILED WRITE PROTECT.
+    Enospc,
+    /// The backing store vanished: NOT READY.
+    Offline,
+}
+
+/// One fault rule: operations of kind `op` touching `[lba, lba+blocks)`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultRuleConfig {
+    #[serde(default)]
+    pub op: FaultOp,
+    #[serde(default)]
+    pub lba: u64,
+    /// Blocks in the range; absent: to the end of the device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocks: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<FaultError>,
+    /// Delay before the operation runs (or fails), in milliseconds.
+    #[serde(default)]
+    pub delay_ms: u64,
+    /// Matching operations let through before the rule fires.
+    #[serde(default)]
+    pub after: u64,
+    /// Times the rule fires; absent: every time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+}
+
+/// Longest injectable delay: 60 s.
+pub const MAX_FAULT_DELAY_MS: u64 = 60_000;
+
+impl FaultConfig {
+    fn validate(&self, at: &str) -> Result<(), ConfigError> {
+        if self.rules.is_empty() {
+            return Err(ConfigError::invalid(
+                format!("{at}.rules"),
+                "a fault section needs at least one rule",
+            ));
+        }
+        for (i, r) in self.rules.iter().enumerate() {
+            let here = format!("{at}.rules[{i}]");
+            if r.error.is_none() && r.delay_ms == 0 {
+                return Err(ConfigError::invalid(
+                    here,
+                    "a rule needs an error (eio, enospc, offline) or a delay_ms",
+                ));
+            }
+            if r.delay_ms > MAX_FAULT_DELAY_MS {
+                return Err(ConfigError::invalid(
+                    format!("{here}.delay_ms"),
+                    format!(
+                        "{} is too long; valid: 0 to {MAX_FAULT_DELAY_MS}",
+                        r.delay_ms
+                    ),
+                ));
+            }
+            if r.blocks == Some(0) {
+                return Err(ConfigError::invalid(
+                    format!("{here}.blocks"),
+                    "0 blocks; give a positive count or leave it out (to the end)",
+                ));
+            }
+            if r.error == Some(FaultError::Enospc) && matches!(r.op, FaultOp::Read | FaultOp::Flush)
+            {
+                return Err(ConfigError::invalid(
+                    format!("{here}.error"),
+                    "enospc applies to writes; use op write or any",
+                ));
+            }
+            if r.count == Some(0) {
+                return Err(ConfigError::invalid(
+                    format!("{here}.count"),
+                    "a rule that fires 0 times does nothing; leave count out for always",
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl DeviceConfig {
@@ -227,6 +340,7 @@ impl DeviceConfig {
             t10_revision: None,
             naa: None,
             eui64: None,
+            fault: None,
         }
     }
 
@@ -402,6 +516,9 @@ impl DeviceConfig {
                 format!("{at}.eui64"),
                 format!("{e:?}: valid is 16 hex digits"),
             ));
+        }
+        if let Some(f) = &self.fault {
+            f.validate(&format!("{at}.fault"))?;
         }
         Ok(())
     }

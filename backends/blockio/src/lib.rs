@@ -200,10 +200,11 @@ impl BlockBackend {
         if opts.nv_cache {
             tracing::info!(path = %shown, "nv_cache: flushes and FUA skip the device sync");
         }
+        let shared = Arc::new(Shared::new(file, capacity, &path));
         Ok(BlockBackend {
             path,
             opts,
-            shared: Arc::new(Shared::new(file, capacity)),
+            shared,
             block_size,
             align: logical.max(512),
             phys_exp: phys_exp(physical as u64, block_size),
@@ -283,6 +284,9 @@ impl Backend for BlockBackend {
         self.shared
             .capacity
             .store(size / bs * bs, Ordering::Release);
+        self.shared
+            .recheck_after_resync()
+            .map_err(|why| BackendError::Invalid(format!("{}: {why}", self.path.display())))?;
         Ok(self.geometry())
     }
 

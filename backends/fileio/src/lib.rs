@@ -146,11 +146,12 @@ impl FileBackend {
             tracing::info!(path = %shown, "nv_cache: flushes and FUA skip fdatasync");
         }
         let capacity = size / opts.block_size as u64 * opts.block_size as u64;
+        let shared = Arc::new(Shared::new(file, capacity, &path));
         Ok(FileBackend {
             phys_exp: phys_exp(md.blksize(), opts.block_size),
             path,
             opts,
-            shared: Arc::new(Shared::new(file, capacity)),
+            shared,
             punch_hole,
         })
     }
@@ -274,6 +275,9 @@ impl Backend for FileBackend {
         self.shared
             .capacity
             .store(md.len() / bs * bs, Ordering::Release);
+        self.shared
+            .recheck_after_resync()
+            .map_err(|why| BackendError::Invalid(format!("{}: {why}", self.path.display())))?;
         Ok(self.geometry())
     }
 
@@ -778,15 +782,15 @@ mod tests {
     }
 
     #[test]
-    fn resync_and_short_read_after_shrink() {
+    fn truncation_takes_the_device_offline_until_resync() {
         let dir = shm_dir();
         let b = create(&dir, MIB, 512);
         let mut q = b.open_queue(4).unwrap();
         run(
             &mut *q,
             BlockOp::Write {
-                offset: MIB - 4096,
-                buf: pattern(4096, 5),
+                offset: MIB - 8192,
+                buf: pattern(8192, 5),
                 fua: false,
             },
         );
@@ -795,23 +799,101 @@ mod tests {
             .open(dir.path().join("lun"))
             .unwrap();
         f.set_len(MIB - 2048).unwrap();
-        // Not resynced yet: the read is in range but hits end of file.
-        let mut buf = SgList::zeroed(4096);
-        buf.copy_in(0, &[0xee; 4096]);
+        // Not resynced yet: the read is in range but hits end of file. The
+        // device goes offline instead of inventing zeroes.
         let d = run(
             &mut *q,
             BlockOp::Read {
                 offset: MIB - 4096,
-                buf,
+                buf: SgList::zeroed(4096),
+            },
+        );
+        assert_eq!(d.result, Err(BlockError::Offline));
+        assert_eq!(d.buf.map(|b| b.len()), Some(4096));
+        // Sticky: even a read the file still holds fails now.
+        let d = run(
+            &mut *q,
+            BlockOp::Read {
+                offset: 0,
+                buf: SgList::zeroed(512),
+            },
+        );
+        assert_eq!(d.result, Err(BlockError::Offline));
+        // A resync adopts the smaller size and the device is whole again.
+        assert_eq!(b.resync().unwrap().num_blocks, (MIB - 2048) / 512);
+        let d = run(
+            &mut *q,
+            BlockOp::Read {
+                offset: MIB - 8192,
+                buf: SgList::zeroed(4096),
             },
         );
         assert_eq!(d.result, Ok(()));
-        let v = d.buf.unwrap().to_vec();
-        assert_eq!(v[..2048], pattern(4096, 5).to_vec()[..2048]);
-        assert!(v[2048..].iter().all(|&x| x == 0));
+        assert_eq!(d.buf.unwrap().to_vec(), pattern(8192, 5).to_vec()[..4096]);
         f.set_len(3 * MIB).unwrap();
         assert_eq!(b.resync().unwrap().num_blocks, 3 * MIB / 512);
         assert_eq!(b.geometry().num_blocks, 3 * MIB / 512);
+    }
+
+    #[test]
+    fn deleted_file_goes_offline_at_the_next_flush() {
+        let dir = shm_dir();
+        let b = create(&dir, MIB, 512);
+        let mut q = b.open_queue(4).unwrap();
+        assert_eq!(run(&mut *q, BlockOp::Flush).result, Ok(()));
+        std::fs::remove_file(dir.path().join("lun")).unwrap();
+        // SYNCHRONIZE CACHE cannot make data durable in a deleted file.
+        assert_eq!(
+            run(&mut *q, BlockOp::Flush).result,
+            Err(BlockError::Offline)
+        );
+        let d = run(
+            &mut *q,
+            BlockOp::Write {
+                offset: 0,
+                buf: pattern(512, 1),
+                fua: false,
+            },
+        );
+        assert_eq!(d.result, Err(BlockError::Offline));
+        assert_eq!(d.buf.map(|b| b.len()), Some(512));
+        // Other queues of the backend see it too.
+        let mut q2 = b.open_queue(4).unwrap();
+        let d = run(
+            &mut *q2,
+            BlockOp::Read {
+                offset: 0,
+                buf: SgList::zeroed(512),
+            },
+        );
+        assert_eq!(d.result, Err(BlockError::Offline));
+        let e = b.resync().unwrap_err();
+        assert!(e.to_string().contains("deleted"), "{e}");
+    }
+
+    #[test]
+    fn deleted_file_is_noticed_without_a_flush_within_a_bounded_count() {
+        let dir = shm_dir();
+        let b = create(&dir, MIB, 512);
+        let mut q = b.open_queue(4).unwrap();
+        std::fs::remove_file(dir.path().join("lun")).unwrap();
+        let mut first_offline = None;
+        for i in 0..2 * queue::VANISH_CHECK_EVERY {
+            let d = run(
+                &mut *q,
+                BlockOp::Read {
+                    offset: 0,
+                    buf: SgList::zeroed(512),
+                },
+            );
+            if d.result == Err(BlockError::Offline) {
+                first_offline = Some(i);
+                break;
+            }
+            assert_eq!(d.result, Ok(()));
+        }
+        let i = first_offline.expect("a deleted file was never noticed");
+        assert!(i < queue::VANISH_CHECK_EVERY, "noticed after {i} reads");
     }
 
     #[test]

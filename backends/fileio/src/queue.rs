@@ -14,6 +14,14 @@
 //! [`UringQueue::set_batch_submit`] turns this off (one `io_uring_enter` per
 //! operation). An explicit "end of batch" call in `BackendQueue` would let
 //! the core decide instead.
+//!
+//! A backing file that vanishes under a live LUN (deleted, or truncated below
+//! the capacity) takes the device offline with one error log line: every
+//! operation of every queue then fails with `BlockError::Offline` (NOT READY
+//! in the core) until a resync finds the file whole again. It is noticed by
+//! one `fstat` before each flush and every [`VANISH_CHECK_EVERY`]
+//! submissions, by a short read, and by the kernel's own ENOENT/ESTALE/
+//! ENODEV/EBADF/ENXIO.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -72,14 +80,94 @@ pub struct Shared {
     pub capacity: AtomicU64,
     /// Set once `ZERO_RANGE` was refused: punch holes from then on.
     zero_range_refused: AtomicBool,
+    /// The backing store vanished (deleted, truncated below the capacity,
+    /// or the kernel said so): every operation fails with
+    /// `BlockError::Offline` until a resync finds it whole again.
+    offline: AtomicBool,
+    /// A regular file (deletion and truncation can be detected by `fstat`).
+    is_file: bool,
+    /// For log lines.
+    path: String,
 }
 
+/// Submissions between two checks that a regular file is still there.
+pub const VANISH_CHECK_EVERY: u32 = 1024;
+
 impl Shared {
-    pub fn new(file: File, capacity: u64) -> Shared {
+    pub fn new(file: File, capacity: u64, path: &std::path::Path) -> Shared {
+        let is_file = file.metadata().is_ok_and(|m| m.file_type().is_file());
         Shared {
             file,
             capacity: AtomicU64::new(capacity),
             zero_range_refused: AtomicBool::new(false),
+            offline: AtomicBool::new(false),
+            is_file,
+            path: path.display().to_string(),
+        }
+    }
+
+    /// Whether the backing store has been found gone.
+    pub fn is_offline(&self) -> bool {
+        self.offline.load(Ordering::Acquire)
+    }
+
+    /// Takes the LUN offline (once, with a log line saying why).
+    pub fn set_offline(&self, why: &str) {
+        if !self.offline.swap(true, Ordering::AcqRel) {
+            tracing::error!(path = %self.path, reason = why, "backing store vanished: device offline");
+        }
+    }
+
+    /// Why the backing file is no longer usable, if it is not: unlinked, or
+    /// shorter than the published capacity. Block devices and files whose
+    /// `fstat` fails for another reason are given the benefit of the doubt
+    /// (their I/O errors speak for them).
+    pub fn vanished(&self) -> Option<String> {
+        use std::os::unix::fs::MetadataExt;
+        if !self.is_file {
+            return None;
+        }
+        let md = match self.file.metadata() {
+            Ok(md) => md,
+            Err(e) => return Some(format!("fstat failed: {e}")),
+        };
+        let cap = self.capacity.load(Ordering::Acquire);
+        if md.nlink() == 0 {
+            Some("the backing file was deleted".into())
+        } else if md.len() < cap {
+            Some(format!(
+                "the backing file was truncated to {} bytes, below the capacity of {cap} bytes",
+                md.len()
+            ))
+        } else {
+            None
+        }
+    }
+
+    /// Checks the backing file; goes offline if it vanished. Returns
+    /// whether the store is usable.
+    pub fn check(&self) -> bool {
+        if let Some(why) = self.vanished() {
+            self.set_offline(&why);
+        }
+        !self.is_offline()
+    }
+
+    /// After a resync: back online if the file is whole again (a file
+    /// truncated then resynced has a smaller capacity and is whole).
+    /// Fails if it is still gone.
+    pub fn recheck_after_resync(&self) -> Result<(), String> {
+        match self.vanished() {
+            Some(why) => {
+                self.set_offline(&why);
+                Err(why)
+            }
+            None => {
+                if self.offline.swap(false, Ordering::AcqRel) {
+                    tracing::info!(path = %self.path, "backing store whole again after resync: device online");
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -134,6 +222,8 @@ pub struct UringQueue {
     batch: bool,
     /// Scratch space for one poll's completions (kept to avoid allocating).
     reaped: Vec<(u64, blockring::OpResult, Option<SgList>)>,
+    /// Submissions since the backing file was last checked.
+    since_check: u32,
 }
 
 impl std::fmt::Debug for UringQueue {
@@ -179,6 +269,7 @@ impl UringQueue {
             in_flight: 0,
             reaped: Vec::with_capacity(depth),
             batch: true,
+            since_check: 0,
         })
     }
 
@@ -334,6 +425,24 @@ impl BackendQueue for UringQueue {
         if self.in_flight >= self.depth || !self.ring.has_room() {
             return Err(Busy(op));
         }
+        // A vanished backing store fails everything (NOT READY in the core)
+        // instead of reading a deleted file's ghost or zeroes past a
+        // truncation. Checked with one fstat every VANISH_CHECK_EVERY
+        // submissions and before every flush (SYNCHRONIZE CACHE promises
+        // durability, which a deleted file cannot give).
+        self.since_check += 1;
+        let due = self.since_check >= VANISH_CHECK_EVERY || matches!(op, BlockOp::Flush);
+        if due {
+            self.since_check = 0;
+        }
+        if self.shared.is_offline() || (due && !self.shared.check()) {
+            let buf = match op {
+                BlockOp::Read { buf, .. } | BlockOp::Write { buf, .. } => Some(buf),
+                _ => None,
+            };
+            self.finish_now(tag, Err(BlockError::Offline), buf);
+            return Ok(());
+        }
         let range_err = Err(BlockError::Os(libc::EINVAL));
         let rofs = Err(BlockError::Os(libc::EROFS));
         let (shape, p, rop) = match op {
@@ -486,12 +595,20 @@ impl BackendQueue for UringQueue {
             let (result, buf) = match (p.kind, r) {
                 (Kind::Read, Ok(n)) => {
                     let mut buf = buf;
-                    if let Some(b) = buf.as_mut() {
-                        // Short read at end of file (the file shrank under
-                        // us): the rest reads as zeroes.
-                        zero_from(b, n as usize);
+                    let want = buf.as_ref().map_or(0, |b| b.len() as u64);
+                    if n < want && !self.shared.check() {
+                        // Short read: the file was truncated below the
+                        // capacity under us. The LUN goes offline rather
+                        // than inventing zeroes.
+                        (Err(BlockError::Offline), buf)
+                    } else {
+                        if let Some(b) = buf.as_mut() {
+                            // Short read of a file that is whole again (or
+                            // that is not a regular file): zero the rest.
+                            zero_from(b, n as usize);
+                        }
+                        (Ok(()), buf)
                     }
-                    (Ok(()), buf)
                 }
                 (Kind::Write, Ok(n)) => {
                     let want = buf.as_ref().map_or(0, |b| b.len() as u64);
@@ -541,7 +658,20 @@ impl BackendQueue for UringQueue {
                     }
                 }
                 (_, Ok(_)) => (Ok(()), buf),
-                (_, Err(e)) => (Err(map_errno(e)), buf),
+                (_, Err(e)) => {
+                    let err = map_errno(e);
+                    if err == BlockError::Offline {
+                        self.shared.set_offline(&format!(
+                            "the kernel answered {}",
+                            std::io::Error::from_raw_os_error(e)
+                        ));
+                    } else {
+                        // An I/O error may be the first sign of a vanished
+                        // file; the error itself is reported either way.
+                        self.shared.check();
+                    }
+                    (Err(err), buf)
+                }
             };
             out.push(BlockDone { tag, result, buf });
         }

@@ -2,7 +2,9 @@
 //! vanish), the measure of the target's own cost; and a `mem` mode that keeps
 //! written data in RAM (sparse), for tests and scenarios.
 //!
-//! Owns: [`NullBackend`] (both modes) and its per-core queue. Does not own:
+//! Owns: [`NullBackend`] (both modes) and its per-core queue; [`fault`], the
+//! fault-injection wrapper any backend can be put in (EIO, ENOSPC, offline,
+//! delays per LBA range); [`integrity`], the data-integrity check. Does not own:
 //! anything SCSI (the core turns [`BlockError`]s into sense data), nor any
 //! real I/O.
 //!
@@ -21,6 +23,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod fault;
 pub mod integrity;
 
 use std::collections::{HashMap, VecDeque};

@@ -35,7 +35,7 @@ pub struct System {
 
 /// Opens the backend a device configuration names.
 pub fn open_backend(d: &DeviceConfig) -> Result<Arc<dyn Backend>> {
-    Ok(match d.handler {
+    let backend: Arc<dyn Backend> = match d.handler {
         Handler::VdiskBlockio => {
             let path = d
                 .filename
@@ -86,7 +86,42 @@ pub fn open_backend(d: &DeviceConfig) -> Result<Arc<dyn Backend>> {
             };
             Arc::new(b.with_context(|| format!("device {}", d.name))?)
         }
+    };
+    Ok(match &d.fault {
+        Some(f) => {
+            tracing::warn!(device = %d.name, rules = f.rules.len(), "fault injection configured");
+            Arc::new(ferrite_nullio::fault::FaultBackend::new(
+                backend,
+                f.rules.iter().map(fault_rule).collect(),
+            ))
+        }
+        None => backend,
     })
+}
+
+/// A configured fault rule as the fault-injection wrapper takes it.
+fn fault_rule(r: &ferrite_mgmt::config::FaultRuleConfig) -> ferrite_nullio::fault::FaultRule {
+    use ferrite_core::backend::BlockError;
+    use ferrite_mgmt::config::{FaultError, FaultOp};
+    use ferrite_nullio::fault::{FaultOps, FaultRule};
+    FaultRule {
+        ops: match r.op {
+            FaultOp::Read => FaultOps::READ,
+            FaultOp::Write => FaultOps::WRITE,
+            FaultOp::Flush => FaultOps::FLUSH,
+            FaultOp::Any => FaultOps::ANY,
+        },
+        lba: r.lba,
+        blocks: r.blocks,
+        error: r.error.map(|e| match e {
+            FaultError::Eio => BlockError::Io,
+            FaultError::Enospc => BlockError::NoSpace,
+            FaultError::Offline => BlockError::Offline,
+        }),
+        delay: Duration::from_millis(r.delay_ms),
+        after: r.after,
+        count: r.count,
+    }
 }
 
 fn lun_map(
