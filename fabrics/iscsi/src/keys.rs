@@ -247,6 +247,9 @@ pub struct Negotiator {
     pub limits: Limits,
     pub params: Params,
     seen: Vec<String>,
+    /// Keys the target offered; the initiator's values for them are answers
+    /// and get no response.
+    offered: Vec<String>,
     /// Whether our MaxRecvDataSegmentLength was declared.
     pub declared_mrdsl: bool,
 }
@@ -289,6 +292,7 @@ impl Negotiator {
             limits,
             params,
             seen: Vec::new(),
+            offered: Vec::new(),
             declared_mrdsl: false,
         }
     }
@@ -518,7 +522,10 @@ impl Negotiator {
     ) -> Result<Vec<(String, String)>, LoginStatus> {
         let mut out = Vec::new();
         for (k, v) in pairs {
-            if let Some(r) = self.apply(k, v, phase)? {
+            let answer = self.offered.iter().any(|o| o == k);
+            if let Some(r) = self.apply(k, v, phase)?
+                && !answer
+            {
                 out.push((k.to_string(), r));
             }
         }
@@ -541,6 +548,41 @@ impl Negotiator {
                 }
             }
         }
+    }
+
+    /// RFC 7143 §6.2: keys the initiator left at their defaults where the
+    /// target needs less (a normal session's MaxBurstLength,
+    /// FirstBurstLength, ImmediateData): the target offers its own values.
+    /// Each is offered once; the initiator answers before leaving the stage.
+    pub fn take_offers(&mut self) -> Vec<(String, String)> {
+        if self.discovery() {
+            return Vec::new();
+        }
+        let d = Params::default();
+        let l = &self.limits;
+        let mut want: Vec<(&str, String)> = Vec::new();
+        if l.max_burst_length < d.max_burst_length {
+            want.push(("MaxBurstLength", l.max_burst_length.to_string()));
+        }
+        if l.first_burst_length < d.first_burst_length {
+            want.push(("FirstBurstLength", l.first_burst_length.to_string()));
+        }
+        if !l.immediate_data {
+            want.push(("ImmediateData", "No".into()));
+        }
+        let mut out = Vec::new();
+        for (k, v) in want {
+            if !self.seen(k) && !self.offered.iter().any(|o| o == k) {
+                self.offered.push(k.to_string());
+                out.push((k.to_string(), v));
+            }
+        }
+        out
+    }
+
+    /// Whether [`Negotiator::take_offers`] would offer anything.
+    pub fn has_offers(&self) -> bool {
+        !self.clone().take_offers().is_empty()
     }
 
     /// Whether `key` was already negotiated.

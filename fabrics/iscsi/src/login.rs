@@ -253,6 +253,21 @@ impl Login {
             self.neg.params.max_recv_data_segment_length = n;
             rsp.push(("MaxRecvDataSegmentLength".into(), n.to_string()));
         }
+        let (mut transit, mut nsg) = (transit, nsg);
+        if transit && nsg == STAGE_FULL_FEATURE && normal {
+            if csg == STAGE_SECURITY && self.neg.has_offers() {
+                // Operational keys wait for the operational stage: go there.
+                nsg = STAGE_OPERATIONAL;
+            } else if csg == STAGE_OPERATIONAL {
+                let offers = self.neg.take_offers();
+                if !offers.is_empty() {
+                    // RFC 7143 §6.2: the target offers; the initiator answers
+                    // before the stage ends, so no transit yet.
+                    rsp.extend(offers);
+                    transit = false;
+                }
+            }
+        }
         let reply = LoginReply {
             transit,
             cont: false,
@@ -418,6 +433,49 @@ mod tests {
         assert!(keys.contains(&("MaxRecvDataSegmentLength", "262144")));
         assert!(l.is_done());
         assert_eq!(l.params().max_burst_length, 65536);
+    }
+
+    #[test]
+    fn target_offers_keys_the_initiator_left_at_defaults() {
+        let limits = Limits {
+            max_burst_length: 65536,
+            immediate_data: false,
+            ..Limits::default()
+        };
+        let mut l = Login::new(limits, vec![target()]);
+        // Straight from security to full feature: the target stops in the
+        // operational stage first.
+        let r = reply(l.handle(
+            req(true, false, 0, 3).view(),
+            &text(&[
+                ("InitiatorName", "iqn.i"),
+                ("TargetName", "iqn.2026-01.test:disk"),
+            ]),
+        ));
+        assert!(r.transit);
+        assert_eq!((r.csg, r.nsg), (0, 1));
+        // The initiator proposes nothing: the target offers and does not transit.
+        let r = reply(l.handle(req(true, false, 1, 3).view(), &[]));
+        assert!(!r.transit);
+        let keys = parse_text(&r.data).unwrap();
+        assert!(keys.contains(&("MaxBurstLength", "65536")));
+        assert!(keys.contains(&("ImmediateData", "No")));
+        assert!(!keys.iter().any(|(k, _)| *k == "FirstBurstLength"));
+        // The answers get no response; now the stage ends.
+        let s = l.handle(
+            req(true, false, 1, 3).view(),
+            &text(&[("MaxBurstLength", "65536"), ("ImmediateData", "No")]),
+        );
+        assert!(matches!(s, LoginStep::SessionRequest { .. }), "{s:?}");
+        let r = l.accept(1).unwrap();
+        let keys = parse_text(&r.data).unwrap();
+        assert!(
+            !keys
+                .iter()
+                .any(|(k, _)| *k == "MaxBurstLength" || *k == "ImmediateData")
+        );
+        assert_eq!(l.params().max_burst_length, 65536);
+        assert!(!l.params().immediate_data);
     }
 
     #[test]
