@@ -26,4 +26,4 @@ pub use cmd::{
     Abort, Action, Cdb, CmdId, CmdRequest, DataDir, Residual, Response, TaskAttr, TaskTag,
     TmfFunction, TmfId, TmfRequest, TmfResponse,
 };
-pub use shard::{Nexus, Session, SessionId, Shard};
+pub use shard::{Nexus, RemoteResetId, ResetScope, Session, SessionId, Shard};

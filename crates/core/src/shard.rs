@@ -7,9 +7,13 @@
 //! actions each session queues. Commands live in one slab; their life is the
 //! [`CmdState`] enum advanced in [`Shard::advance`].
 //!
-//! Does not own: the transport (fabrics), storage (backends), or resets that
-//! span cores (a reset's scope here is this shard's sessions; the daemon
-//! forwards a TARGET RESET to other cores by message).
+//! Resets that span cores: a TMF acts on this shard's sessions; the daemon
+//! carries LOGICAL UNIT RESET and TARGET RESET to the other cores by message,
+//! where [`Shard::remote_reset`] applies them and [`Shard::drained_resets`]
+//! reports when their aborted commands are gone.
+//!
+//! Does not own: the transport (fabrics), storage (backends), or the
+//! messages between cores.
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::RawFd;
@@ -147,14 +151,41 @@ struct SessionState {
     next_tmf: u32,
 }
 
+/// Who waits for a set of aborted commands to drain.
+enum Waiter {
+    /// A task management function of a session of this shard.
+    Tmf {
+        session: SessionId,
+        id: TmfId,
+        tag: TaskTag,
+        rsp: TmfResponse,
+    },
+    /// A reset another core started ([`Shard::remote_reset`]).
+    Remote(RemoteResetId),
+}
+
 struct PendingTmf {
-    session: SessionId,
-    id: TmfId,
-    tag: TaskTag,
-    rsp: TmfResponse,
+    waiter: Waiter,
     /// Commands (slab key, seq) still draining.
     waiting: SmallVec<[(usize, u32); 8]>,
 }
+
+/// What a reset started on another core covers on this one (the daemon
+/// carries it here by message, SAM-5 §6.3 resets spanning cores).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ResetScope {
+    /// LOGICAL UNIT RESET of this device: its commands on every nexus here
+    /// are aborted and BUS DEVICE RESET FUNCTION OCCURRED is raised.
+    LogicalUnit(DeviceId),
+    /// TARGET RESET of the target with this name: every command of its
+    /// nexuses here is aborted and POWER ON, RESET, OR BUS DEVICE RESET
+    /// OCCURRED is raised.
+    Target(String),
+}
+
+/// A remote reset's handle on this shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RemoteResetId(pub u32);
 
 struct DevQueue {
     q: Option<Box<dyn BackendQueue>>,
@@ -173,6 +204,9 @@ pub struct Shard {
     /// Commands in `QueueFull`, oldest first.
     retry: VecDeque<usize>,
     tmfs: Vec<PendingTmf>,
+    next_remote: u32,
+    /// Remote resets whose aborted commands have all drained.
+    remote_done: Vec<RemoteResetId>,
     ready: Vec<SessionId>,
     done: Vec<BlockDone>,
     scratch: Vec<u8>,
@@ -250,6 +284,8 @@ impl Shard {
             queues: HashMap::new(),
             retry: VecDeque::new(),
             tmfs: Vec::new(),
+            next_remote: 1,
+            remote_done: Vec::new(),
             ready: Vec::new(),
             done: Vec::with_capacity(QUEUE_DEPTH as usize),
             scratch: Vec::with_capacity(512),
@@ -315,7 +351,8 @@ impl Shard {
         };
         s.closing = true;
         s.actions.clear();
-        self.tmfs.retain(|t| t.session != id);
+        self.tmfs
+            .retain(|t| !matches!(t.waiter, Waiter::Tmf { session, .. } if session == id));
         let keys: Vec<usize> = self
             .cmds
             .iter()
@@ -1041,14 +1078,7 @@ impl Shard {
             }
             for i in finished.into_iter().rev() {
                 let t = self.tmfs.remove(i);
-                self.push_action(
-                    t.session,
-                    Action::TmfDone {
-                        id: t.id,
-                        tag: t.tag,
-                        rsp: t.rsp,
-                    },
-                );
+                self.finish_waiter(t.waiter);
             }
         }
         if let Some(s) = self.sessions.get_mut(&c.session) {
@@ -1263,25 +1293,80 @@ impl Shard {
                 (TmfResponse::Complete, w)
             }
         };
-        if wait.is_empty() {
-            self.push_action(
-                sid,
-                Action::TmfDone {
-                    id,
-                    tag: req.tag,
-                    rsp,
-                },
-            );
-        } else {
-            self.tmfs.push(PendingTmf {
+        self.wait_for(
+            Waiter::Tmf {
                 session: sid,
                 id,
                 tag: req.tag,
                 rsp,
+            },
+            wait,
+        );
+        id
+    }
+
+    /// Finishes `waiter` once `wait` has drained (at once if it is empty).
+    fn wait_for(&mut self, waiter: Waiter, wait: SmallVec<[(usize, u32); 8]>) {
+        if wait.is_empty() {
+            self.finish_waiter(waiter);
+        } else {
+            self.tmfs.push(PendingTmf {
+                waiter,
                 waiting: wait,
             });
         }
+    }
+
+    fn finish_waiter(&mut self, w: Waiter) {
+        match w {
+            Waiter::Tmf {
+                session,
+                id,
+                tag,
+                rsp,
+            } => self.push_action(session, Action::TmfDone { id, tag, rsp }),
+            Waiter::Remote(id) => self.remote_done.push(id),
+        }
+    }
+
+    /// Applies on this shard a reset that a session of another core received
+    /// (the originating core answers its TMF once every core reported the
+    /// reset drained). Aborted commands send no status; see
+    /// [`Shard::drained_resets`].
+    pub fn remote_reset(&mut self, _now: Instant, scope: ResetScope) -> RemoteResetId {
+        let id = RemoteResetId(self.next_remote);
+        self.next_remote = self.next_remote.wrapping_add(1);
+        let wait = match &scope {
+            ResetScope::LogicalUnit(dev) => {
+                let dev = *dev;
+                let w = self.abort_where(|c| c.entry.as_ref().is_some_and(|e| e.device.id == dev));
+                self.raise_where(|_, _| true, |e| e.device.id == dev, Sense::BUS_DEVICE_RESET);
+                w
+            }
+            ResetScope::Target(target) => {
+                let sessions: SmallVec<[SessionId; 8]> = self
+                    .sessions
+                    .iter()
+                    .filter(|(_, s)| &s.nexus.target == target)
+                    .map(|(k, _)| *k)
+                    .collect();
+                let w = self.abort_where(|c| sessions.contains(&c.session));
+                self.raise_where(
+                    |_, s| &s.nexus.target == target,
+                    |_| true,
+                    Sense::POWER_ON_RESET,
+                );
+                w
+            }
+        };
+        self.wait_for(Waiter::Remote(id), wait);
         id
+    }
+
+    /// Moves the remote resets whose aborted commands have all finished into
+    /// `out`.
+    pub fn drained_resets(&mut self, out: &mut Vec<RemoteResetId>) {
+        out.append(&mut self.remote_done);
     }
 
     /// Raises `sense` on every LU of every session `sess` accepts whose map

@@ -15,8 +15,8 @@ use ferrite_core::backend::{
 };
 use ferrite_core::device::{Device, DeviceFlags, DeviceId, Identity, LunEntry, LunMap};
 use ferrite_core::{
-    Action, Cdb, CmdId, CmdRequest, DataDir, Nexus, Residual, Response, SessionId, Shard, TaskAttr,
-    TaskTag, TmfFunction, TmfRequest, TmfResponse,
+    Action, Cdb, CmdId, CmdRequest, DataDir, Nexus, ResetScope, Residual, Response, SessionId,
+    Shard, TaskAttr, TaskTag, TmfFunction, TmfRequest, TmfResponse,
 };
 use ferrite_reactor::buf::BufPool;
 use ferrite_scsi::{Lun, Status};
@@ -1701,4 +1701,52 @@ fn target_reset_aborts_every_session_of_the_target() {
     }
     assert_eq!(seen, [Status::CHECK_CONDITION, Status::GOOD, Status::GOOD]);
     good(&h.run(&[0; 6], DataDir::None, 0, &[]));
+}
+
+#[test]
+fn remote_reset_on_another_shard() {
+    // Shard B (another core) has a session on the same device with a read in
+    // flight; the LU reset received on shard A reaches B by message.
+    let h = H::ready();
+    let mut b = Shard::new(1, BufPool::new(4096, 8));
+    let sb = b.open_session(h.now, nexus(9), h.map.clone(), false);
+    let req = |tag: u64, cdb: &[u8]| CmdRequest {
+        lun: Lun(0),
+        lun_raw: Lun(0).encode(),
+        tag: TaskTag(tag),
+        cdb: Cdb::from_slice(cdb),
+        attr: TaskAttr::Simple,
+        dir: DataDir::Read,
+        expected_len: BS,
+        expected_read_len: 0,
+    };
+    let mut s = b.session(sb).unwrap();
+    s.submit(h.now, req(1, &[0; 6]));
+    let Some(Action::Respond { id, .. }) = s.poll_action() else {
+        panic!()
+    };
+    s.response_sent(id);
+    h.ctl.lock().unwrap().hold = true;
+    b.session(sb)
+        .unwrap()
+        .submit(h.now, req(2, &rw10(0x28, 0, 1, 0)));
+    let r = b.remote_reset(h.now, ResetScope::LogicalUnit(h.dev.id));
+    let mut done = Vec::new();
+    b.drained_resets(&mut done);
+    assert!(done.is_empty(), "drained before the backend answered");
+    h.ctl.lock().unwrap().hold = false;
+    b.poll(h.now);
+    b.drained_resets(&mut done);
+    assert_eq!(done, vec![r]);
+    let mut s = b.session(sb).unwrap();
+    assert!(s.poll_action().is_none(), "the aborted read answered");
+    s.submit(h.now, req(3, &[0; 6]));
+    let Some(Action::Respond { rsp, .. }) = s.poll_action() else {
+        panic!()
+    };
+    assert_eq!(sense_of(&rsp), (0x06, 0x29, 0x03));
+    // Nothing to drain: done at once.
+    let r2 = b.remote_reset(h.now, ResetScope::Target("iqn.2026-01.test:other".into()));
+    b.drained_resets(&mut done);
+    assert_eq!(done, vec![r, r2]);
 }
