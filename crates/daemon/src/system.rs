@@ -12,6 +12,8 @@ use ferrite_core::backend::Backend;
 use ferrite_core::device::{AccessGroup, Device, DeviceId, LunEntry, LunMap, Target};
 use ferrite_fileio::{FileBackend, FileOptions};
 use ferrite_iscsi::conn::{IscsiConfig, IscsiTarget};
+use ferrite_iscsi::keys::Digest;
+use ferrite_mgmt::config::Digest as ConfigDigest;
 use ferrite_mgmt::config::{
     Config, DeviceConfig, Handler, IscsiParamsConfig, IscsiTargetConfig, LunConfig,
 };
@@ -168,6 +170,15 @@ pub fn iscsi_config_from(
             .then(|| Duration::from_secs(p.nop_in_interval_s as u64)),
         nop_in_timeout: Duration::from_secs(p.nop_in_timeout_s.max(1) as u64),
         login_timeout: Duration::from_secs(p.login_timeout_s.max(1) as u64),
+        queue_depth: p.queue_depth,
+        digests: p
+            .digests
+            .iter()
+            .map(|d| match d {
+                ConfigDigest::Crc32c => Digest::Crc32c,
+                ConfigDigest::Off => Digest::None,
+            })
+            .collect(),
         ..IscsiConfig::default()
     };
     ic.targets = target_cfgs
