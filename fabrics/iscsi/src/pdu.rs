@@ -954,4 +954,71 @@ mod tests {
         assert_eq!(v.0[3], 2);
         assert_eq!(sense_segment(&[0x70, 0, 5]), vec![0, 3, 0x70, 0, 5]);
     }
+
+    #[test]
+    fn target_pdu_layouts() {
+        let sns = Sns {
+            stat_sn: StatSn(0x11),
+            exp_cmd_sn: CmdSn(0x22),
+            max_cmd_sn: CmdSn(0x33),
+        };
+        let check_sns = |b: &BhsBuf| {
+            let v = b.view();
+            assert_eq!(
+                (v.stat_sn(), v.exp_cmd_sn(), v.max_cmd_sn()),
+                (sns.stat_sn, sns.exp_cmd_sn, sns.max_cmd_sn)
+            );
+        };
+        // RFC 7143 §11.13: Login Response.
+        let b = login_response(
+            true,
+            false,
+            1,
+            3,
+            [1, 2, 3, 4, 5, 6],
+            0x0102,
+            7,
+            sns,
+            LoginStatus::NOT_FOUND,
+        );
+        assert_eq!(b.0[0], 0x23);
+        assert_eq!(b.0[1], 0x80 | (1 << 2) | 3);
+        assert_eq!(&b.0[8..14], &[1, 2, 3, 4, 5, 6]);
+        assert_eq!(b.view().tsih(), 0x0102);
+        assert_eq!((b.0[36], b.0[37]), (2, 3));
+        check_sns(&b);
+        // §11.8: R2T.
+        let b = r2t([0, 1, 0, 0, 0, 0, 0, 0], 5, 6, R2tSn(2), 4096, 8192, sns);
+        assert_eq!((b.0[0], b.0[1]), (0x31, 0x80));
+        assert_eq!((b.view().itt(), b.view().ttt()), (5, 6));
+        assert_eq!(
+            (b.view().word(36), b.view().word(40), b.view().word(44)),
+            (2, 4096, 8192)
+        );
+        assert_eq!(b.view().lun()[1], 1);
+        check_sns(&b);
+        // §11.15: Logout Response.
+        let b = logout_response(9, 2, 3, 4, sns);
+        assert_eq!((b.0[0], b.0[2]), (0x26, 2));
+        assert_eq!((b.view().half(40), b.view().half(42)), (3, 4));
+        check_sns(&b);
+        // §11.17: Reject, ITT reserved.
+        let b = reject(RejectReason::CommandNotSupported, sns);
+        assert_eq!((b.0[0], b.0[2]), (0x3f, 0x05));
+        assert_eq!(b.view().itt(), RESERVED_TAG);
+        check_sns(&b);
+        // §11.6: TMF Response.
+        let b = tmf_response(8, tmf_rsp::REASSIGN_NOT_SUPPORTED, sns);
+        assert_eq!((b.0[0], b.0[2], b.view().itt()), (0x22, 4, 8));
+        // §11.9: Asynchronous Message.
+        let b = async_message([0, 2, 0, 0, 0, 0, 0, 0], 1, [0, 0, 5], sns);
+        assert_eq!((b.0[0], b.0[36], b.view().half(42)), (0x32, 1, 5));
+        assert_eq!(b.view().itt(), RESERVED_TAG);
+        check_sns(&b);
+        // §11.19: NOP-In; §11.11: Text Response.
+        let b = nop_in([0; 8], RESERVED_TAG, 0x77, sns);
+        assert_eq!((b.0[0], b.view().ttt()), (0x20, 0x77));
+        let b = text_response(false, true, [0; 8], 3, 0x99, sns);
+        assert_eq!((b.0[0], b.0[1], b.view().ttt()), (0x24, 0x40, 0x99));
+    }
 }
