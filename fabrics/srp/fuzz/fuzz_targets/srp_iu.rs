@@ -20,7 +20,10 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok(r) = iu::Rsp::parse(data) {
         let again = iu::Rsp::parse(&r.encode()).expect("re-encoded SRP_RSP parses");
-        assert_eq!((again.tag, again.status, again.sense, again.resp_data), (r.tag, r.status, r.sense, r.resp_data));
+        assert_eq!(
+            (again.tag, again.status, again.sense, again.resp_data),
+            (r.tag, r.status, r.sense, r.resp_data)
+        );
     }
     if let Ok(r) = iu::AerReq::parse(data) {
         assert_eq!(iu::AerReq::parse(&r.encode()), Ok(r));
