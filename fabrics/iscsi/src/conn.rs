@@ -390,7 +390,7 @@ impl Conn {
         seed: u64,
     ) -> Conn {
         let mut rng = seed ^ 0x9e37_79b9_7f4a_7c15;
-        let login = Login::new(cfg.limits(), cfg.targets.clone());
+        let login = Login::new(cfg.limits(), cfg.clone());
         let stat = StatSn(next_rand(&mut rng) as u32);
         let ttt = next_rand(&mut rng) as u32;
         Conn {

@@ -6,7 +6,9 @@
 //! header and data) and answers each with a [`LoginStep`]. It does not build
 //! PDUs or know sequence numbers: the connection does.
 
-use crate::conn::IscsiTarget;
+use std::sync::Arc;
+
+use crate::conn::{IscsiConfig, IscsiTarget};
 use crate::keys::{
     AuthMethod, Limits, MAX_TEXT, Negotiator, Params, Phase, SessionType, encode_text, parse_text,
 };
@@ -89,11 +91,12 @@ pub struct Login {
     held: Option<LoginReply>,
     /// Declarations the target makes once (TargetPortalGroupTag, alias).
     declared_target: bool,
-    targets: Vec<IscsiTarget>,
+    /// The targets a login may name (shared, not copied per connection).
+    cfg: Arc<IscsiConfig>,
 }
 
 impl Login {
-    pub fn new(limits: Limits, targets: Vec<IscsiTarget>) -> Login {
+    pub fn new(limits: Limits, cfg: Arc<IscsiConfig>) -> Login {
         Login {
             neg: Negotiator::new(limits),
             state: State::Stage(STAGE_SECURITY),
@@ -102,7 +105,7 @@ impl Login {
             checked_first: false,
             held: None,
             declared_target: false,
-            targets,
+            cfg,
         }
     }
 
@@ -296,7 +299,7 @@ impl Login {
 
     fn target(&self) -> Option<&IscsiTarget> {
         let name = self.neg.params.target_name.as_deref()?;
-        self.targets.iter().find(|t| t.name == name)
+        self.cfg.targets.iter().find(|t| t.name == name)
     }
 
     /// RFC 7143 §11.13.5: names and session type of the first request.
@@ -367,8 +370,15 @@ mod tests {
         b
     }
 
+    fn cfg() -> Arc<IscsiConfig> {
+        Arc::new(IscsiConfig {
+            targets: vec![target()],
+            ..IscsiConfig::default()
+        })
+    }
+
     fn login() -> Login {
-        Login::new(Limits::default(), vec![target()])
+        Login::new(Limits::default(), cfg())
     }
 
     fn text(keys: &[(&str, &str)]) -> Vec<u8> {
@@ -442,7 +452,7 @@ mod tests {
             immediate_data: false,
             ..Limits::default()
         };
-        let mut l = Login::new(limits, vec![target()]);
+        let mut l = Login::new(limits, cfg());
         // Straight from security to full feature: the target stops in the
         // operational stage first.
         let r = reply(l.handle(
