@@ -193,6 +193,14 @@ fn plan_lu(
         },
         Opcode::SERVICE_ACTION_IN_16 => match ServiceActionIn16Cdb::decode(cdb) {
             Ok(c) if c.action == service_action_in_16::READ_CAPACITY_16 => Plan::DataIn,
+            // SBC-4 §5.8: the STARTING LBA must be within the capacity.
+            Ok(c) if c.action == service_action_in_16::GET_LBA_STATUS => {
+                if c.lba >= geo.num_blocks {
+                    fail(Sense::LBA_OUT_OF_RANGE)
+                } else {
+                    Plan::DataIn
+                }
+            }
             Ok(_) => fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(4))),
             Err(s) => fail(s),
         },
@@ -661,6 +669,14 @@ const SUPPORTED: &[Supported] = &[
             0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x04,
         ],
     },
+    Supported {
+        opcode: 0x9e,
+        sa: Some(service_action_in_16::GET_LBA_STATUS),
+        usage: &[
+            0x9e, 0x12, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0,
+            0x04,
+        ],
+    },
     cmd(
         0xa0,
         &[0xa0, 0, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x04],
@@ -772,7 +788,11 @@ pub fn data_in(cdb: &[u8], ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<u32, 
         Opcode::SERVICE_ACTION_IN_16 => {
             let e = ctx.entry.ok_or(Sense::LOGICAL_UNIT_NOT_SUPPORTED)?;
             let c = ServiceActionIn16Cdb::decode(cdb)?;
-            out.extend_from_slice(&capacity(e).read_capacity_16());
+            if c.action == service_action_in_16::GET_LBA_STATUS {
+                lba_status(e, c.lba, c.alloc_len, out);
+            } else {
+                out.extend_from_slice(&capacity(e).read_capacity_16());
+            }
             Ok(c.alloc_len)
         }
         Opcode::MAINTENANCE_IN => {
@@ -796,6 +816,36 @@ pub fn data_in(cdb: &[u8], ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<u32, 
 /// can deallocate.
 fn lbpme(e: &LunEntry) -> bool {
     e.device.flags.thin_provisioned && e.device.backend.caps().unmap
+}
+
+/// GET LBA STATUS parameter data (SBC-4 §5.8.2): LBA status descriptors from
+/// `lba` on, as many as the allocation length holds (at least one), from the
+/// backend's mapping; a backend that cannot tell reports everything mapped.
+fn lba_status(e: &LunEntry, lba: u64, alloc_len: u32, out: &mut Vec<u8>) {
+    let g = e.device.geometry();
+    let bs = g.block_size.max(1) as u64;
+    let end = g.num_blocks * bs;
+    let max = (alloc_len.saturating_sub(8) / 16).clamp(1, 64);
+    out.extend([0u8; 8]);
+    let mut off = lba * bs;
+    let mut n = 0;
+    while n < max && off < end {
+        let (mapped, len) = match e.device.backend.mapping(off, end - off) {
+            Some((m, len)) if len > 0 => (m, len.min(end - off)),
+            _ => (true, end - off),
+        };
+        // Whole blocks, at least one, at most what the 4-byte field holds.
+        let blocks = (len / bs).clamp(1, u32::MAX as u64);
+        out.extend((off / bs).to_be_bytes());
+        out.extend((blocks as u32).to_be_bytes());
+        // PROVISIONING STATUS: 0 mapped, 1 deallocated.
+        out.push(if mapped { 0 } else { 1 });
+        out.extend([0u8; 3]);
+        off += blocks * bs;
+        n += 1;
+    }
+    let len = (out.len() - 4) as u32;
+    out[..4].copy_from_slice(&len.to_be_bytes());
 }
 
 fn capacity(e: &LunEntry) -> Capacity {
@@ -978,7 +1028,11 @@ mod tests {
     fn supported_table_is_consistent() {
         // Sorted, usage data as long as the CDB and starting with the opcode
         // (and the service action where there is one).
-        assert!(SUPPORTED.windows(2).all(|w| w[0].opcode < w[1].opcode));
+        assert!(
+            SUPPORTED
+                .windows(2)
+                .all(|w| (w[0].opcode, w[0].sa) < (w[1].opcode, w[1].sa))
+        );
         for s in SUPPORTED {
             assert_eq!(Opcode(s.opcode).cdb_len(), Some(s.usage.len()), "{s:?}");
             assert_eq!(s.usage[0], s.opcode);

@@ -40,6 +40,8 @@ struct Ctl {
     log: Vec<(&'static str, u64, usize, bool)>,
     busy_count: usize,
     caps: Caps,
+    /// Blocks deallocated by Unmap (for `mapping`).
+    dealloc: Vec<bool>,
 }
 
 struct MemBackend {
@@ -62,6 +64,17 @@ impl Backend for MemBackend {
     }
     fn caps(&self) -> Caps {
         self.ctl.lock().unwrap().caps
+    }
+    fn mapping(&self, offset: u64, len: u64) -> Option<(bool, u64)> {
+        let c = self.ctl.lock().unwrap();
+        let first = (offset / BS as u64) as usize;
+        let last = ((offset + len) / BS as u64) as usize;
+        let state = *c.dealloc.get(first)?;
+        let run = c.dealloc[first..last]
+            .iter()
+            .take_while(|&&d| d == state)
+            .count();
+        Some((!state, run as u64 * BS as u64))
     }
     fn open_queue(&self, _depth: u32) -> Result<Box<dyn BackendQueue>, BackendError> {
         if self.ctl.lock().unwrap().refuse_open {
@@ -114,13 +127,22 @@ impl BackendQueue for MemQueue {
                         let o = offset as usize;
                         let v = buf.to_vec();
                         c.data[o..o + v.len()].copy_from_slice(&v);
+                        let b = o / BS as usize;
+                        c.dealloc[b..b + v.len() / BS as usize].fill(false);
                     }
                     (Some(buf), fail.map_or(Ok(()), Err))
                 }
-                BlockOp::Unmap { offset, len } | BlockOp::WriteZeroes { offset, len } => {
+                op @ (BlockOp::Unmap { .. } | BlockOp::WriteZeroes { .. }) => {
+                    let (offset, len, unmap) = match op {
+                        BlockOp::Unmap { offset, len } => (offset, len, true),
+                        BlockOp::WriteZeroes { offset, len } => (offset, len, false),
+                        _ => unreachable!(),
+                    };
                     if fail.is_none() {
                         let (o, n) = (offset as usize, len as usize);
                         c.data[o..o + n].fill(0);
+                        let b = o / BS as usize;
+                        c.dealloc[b..b + n / BS as usize].fill(unmap);
                     }
                     (None, fail.map_or(Ok(()), Err))
                 }
@@ -188,6 +210,7 @@ impl H {
     fn build(flags: DeviceFlags, map_ro: bool, blocks: u64, caps: Caps) -> H {
         let ctl = Arc::new(Mutex::new(Ctl {
             data: vec![0u8; (blocks * BS as u64) as usize],
+            dealloc: vec![false; blocks as usize],
             depth: 128,
             caps,
             ..Ctl::default()
@@ -1749,4 +1772,41 @@ fn remote_reset_on_another_shard() {
     let r2 = b.remote_reset(h.now, ResetScope::Target("iqn.2026-01.test:other".into()));
     b.drained_resets(&mut done);
     assert_eq!(done, vec![r, r2]);
+}
+
+#[test]
+fn get_lba_status_reports_the_backend_mapping() {
+    let gls = |lba: u64, alloc: u32| -> [u8; 16] {
+        let mut c = rw16(0x9e, lba, alloc);
+        c[1] = 0x12;
+        c
+    };
+    let mut h = thin(BLOCKS, THIN_CAPS);
+    good(&h.run(&rw10(0x2a, 0, 16, 0), DataDir::Write, 16 * BS, &[1; 8192]));
+    let list = unmap_list(&[(4, 4)]);
+    good(&h.run(&unmap_cdb(24), DataDir::Write, 24, &list));
+    let d = data_of(&h.run(&gls(0, 64), DataDir::Read, 64, &[]));
+    // Header plus three descriptors: 0..4 mapped, 4..8 deallocated, 8.. mapped.
+    assert_eq!(&d[..4], &(4u32 + 48).to_be_bytes());
+    let desc = |i: usize| {
+        let x = &d[8 + 16 * i..8 + 16 * (i + 1)];
+        (
+            u64::from_be_bytes(x[..8].try_into().unwrap()),
+            u32::from_be_bytes(x[8..12].try_into().unwrap()),
+            x[12],
+        )
+    };
+    assert_eq!(desc(0), (0, 4, 0));
+    assert_eq!(desc(1), (4, 4, 1));
+    assert_eq!(desc(2), (8, (BLOCKS - 8) as u32, 0));
+    // The allocation length bounds the descriptors (at least one).
+    let d = data_of(&h.run(&gls(5, 24), DataDir::Read, 24, &[]));
+    assert_eq!(d.len(), 24);
+    assert_eq!(&d[8..16], &5u64.to_be_bytes());
+    assert_eq!(d[20], 1);
+    // Starting beyond the capacity.
+    let r = h.run(&gls(BLOCKS, 24), DataDir::Read, 24, &[]);
+    assert_eq!(sense_of(&r), (0x05, 0x21, 0x00));
+    let r = h.run(&gls(u64::MAX, 24), DataDir::Read, 24, &[]);
+    assert_eq!(sense_of(&r), (0x05, 0x21, 0x00));
 }
