@@ -21,13 +21,12 @@ fn side(name: &str) -> Side {
 }
 
 fn unix_addr(tag: &str) -> SoftAddr {
+    // Short and unique: socket paths are limited to about 100 bytes.
+    static N: AtomicU32 = AtomicU32::new(0);
     let p = std::env::temp_dir().join(format!(
-        "ferrite-soft-{}-{}-{tag}.sock",
+        "fsoft-{}-{}-{tag}.sock",
         std::process::id(),
-        std::thread::current()
-            .name()
-            .unwrap_or("t")
-            .replace("::", "-")
+        N.fetch_add(1, Ordering::Relaxed)
     ));
     let _ = std::fs::remove_file(&p);
     SoftAddr::Unix(p)
@@ -496,4 +495,50 @@ fn deregistered_memory_is_unreachable() {
     })
     .unwrap();
     assert_eq!(wait_wcs(&t.cq, 1)[0].status, WcStatus::RemAccessErr);
+}
+
+#[test]
+fn write_is_visible_before_the_send_behind_it_and_unsignaled_is_silent() {
+    let (i, _iqp, t, tqp, bufs) = pair(unix_addr("ord"), QpAttrs::default(), 1);
+    let remote =
+        i.pd.reg_zeroed(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+    let mut src = t.pd.reg_zeroed(4096, Access::LOCAL_WRITE).unwrap();
+    src.write_at(0, &[0x5a; 4096]);
+    let seg = remote.segs()[0];
+    // An unsignaled WRITE, then a signaled SEND: one completion on the
+    // sender, and the data is in place when the peer sees the SEND.
+    let mut w = SendWr {
+        wr_id: 1,
+        op: SendOp::RdmaWrite {
+            remote_addr: seg.addr,
+            rkey: seg.rkey,
+        },
+        sges: src.sges(0, 4096).unwrap(),
+        signaled: false,
+    };
+    tqp.post_send(&w).unwrap();
+    w.wr_id = 2;
+    w.op = SendOp::Send;
+    w.sges = src.sges(0, 16).unwrap();
+    w.signaled = true;
+    // The initiator is the receiver here: give it a receive.
+    let rb = i.pd.reg_zeroed(64, Access::LOCAL_WRITE).unwrap();
+    _iqp.post_recv(&RecvWr {
+        wr_id: 77,
+        sges: rb.sges(0, 64).unwrap(),
+    })
+    .unwrap();
+    tqp.post_send(&w).unwrap();
+    let rwc = wait_wcs(&i.cq, 1);
+    assert_eq!((rwc[0].wr_id, rwc[0].status), (77, WcStatus::Success));
+    let mut got = vec![0u8; 4096];
+    remote.read_at(0, &mut got);
+    assert!(
+        got.iter().all(|&b| b == 0x5a),
+        "WRITE not visible at the SEND"
+    );
+    let swc = wait_wcs(&t.cq, 1);
+    assert_eq!(swc[0].wr_id, 2, "unsignaled WRITE produced a completion");
+    drop(bufs);
 }
