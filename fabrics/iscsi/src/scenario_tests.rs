@@ -1203,3 +1203,52 @@ fn tcp_initiator_against_a_running_target() {
         assert_eq!(s.logout(0).unwrap(), 0);
     }
 }
+
+#[test]
+fn several_outstanding_r2ts() {
+    let mut c = cfg();
+    c.max_outstanding_r2t = 4;
+    let ic = InitiatorConfig {
+        immediate_data: false,
+        extra_keys: vec![("MaxOutstandingR2T".into(), "8".into())],
+        ..ini_cfg()
+    };
+    let mut i = logged_in(c, ic);
+    assert!(
+        i.login_keys
+            .contains(&("MaxOutstandingR2T".into(), "4".into()))
+    );
+    assert_eq!(i.t.conn.params().max_outstanding_r2t, 4);
+    // 400 KiB in 64 KiB bursts: 7 R2Ts, 4 of them out at once.
+    let data = pattern(400 * 1024, 21);
+    let c = Command {
+        cdb: &write10(16, 800),
+        write: &data,
+        attr: 1,
+        ..Command::default()
+    };
+    let itt = i.new_itt();
+    let (p, _) = i.command_pdu(itt, &c);
+    i.send_pdu(&p).unwrap();
+    let mut r2ts = Vec::new();
+    for _ in 0..4 {
+        r2ts.push(i.wait_for(Opcode::R2T, itt).unwrap());
+    }
+    let seen: Vec<(u32, u32)> = r2ts
+        .iter()
+        .map(|r| (r.bhs().word(36), r.bhs().buffer_offset()))
+        .collect();
+    assert_eq!(seen, vec![(0, 0), (1, 65536), (2, 131072), (3, 196608)]);
+    // Nothing more until data arrives.
+    assert!(matches!(i.recv_pdu(), Err(InitiatorError::Io(_))));
+    // RFC 7143 §13.19 (DataSequenceInOrder=Yes): sequences in offset order.
+    for r in &r2ts {
+        let (off, len) = (r.bhs().buffer_offset() as usize, r.bhs().word(44) as usize);
+        for d in i.data_out_pdus(0, itt, r.bhs().ttt(), &data, off, len) {
+            i.send_pdu(&d).unwrap();
+        }
+    }
+    let w = i.finish_command(itt, &c).unwrap();
+    assert_eq!((w.status, w.r2ts), (0, 3));
+    assert_eq!(&i.t.core.disk[16 * BS..16 * BS + data.len()], &data[..]);
+}
