@@ -1560,7 +1560,14 @@ impl Conn {
         let mut out: Vec<(String, String)> = Vec::new();
         for (k, v) in pairs {
             if *k != "SendTargets" {
-                out.push((k.to_string(), "NotUnderstood".into()));
+                // Renegotiation in full feature phase is not supported: a
+                // known key is refused, an unknown one not understood.
+                let v = if crate::keys::KNOWN_KEYS.contains(k) {
+                    "Reject"
+                } else {
+                    "NotUnderstood"
+                };
+                out.push((k.to_string(), v.into()));
                 continue;
             }
             let discovery = self.params.session_type == SessionType::Discovery;

@@ -233,6 +233,38 @@ impl Default for Params {
     }
 }
 
+/// Keys of RFC 7143 §12-§13 (and RFC 7145's RDMAExtensions) this module knows.
+pub const KNOWN_KEYS: &[&str] = &[
+    "AuthMethod",
+    "HeaderDigest",
+    "DataDigest",
+    "MaxConnections",
+    "SendTargets",
+    "TargetName",
+    "InitiatorName",
+    "TargetAlias",
+    "InitiatorAlias",
+    "TargetAddress",
+    "TargetPortalGroupTag",
+    "InitialR2T",
+    "ImmediateData",
+    "MaxRecvDataSegmentLength",
+    "MaxBurstLength",
+    "FirstBurstLength",
+    "DefaultTime2Wait",
+    "DefaultTime2Retain",
+    "MaxOutstandingR2T",
+    "DataPDUInOrder",
+    "DataSequenceInOrder",
+    "ErrorRecoveryLevel",
+    "SessionType",
+    "IFMarker",
+    "OFMarker",
+    "IFMarkInt",
+    "OFMarkInt",
+    "RDMAExtensions",
+];
+
 /// Login stage a key arrived in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {

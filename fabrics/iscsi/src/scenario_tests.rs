@@ -1016,6 +1016,11 @@ fn text_keys_in_full_feature_phase() {
         keys,
         vec![("X-Vendor".to_string(), "NotUnderstood".to_string())]
     );
+    let keys = i.text(&[("MaxBurstLength", "4096")]).unwrap();
+    assert_eq!(
+        keys,
+        vec![("MaxBurstLength".to_string(), "Reject".to_string())]
+    );
     // A text request split with the C bit.
     let itt = i.new_itt();
     let full = encode_text(&[("SendTargets", "All")]);
