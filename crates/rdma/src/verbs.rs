@@ -11,8 +11,13 @@
 //! On a machine without an RDMA device (or without the kernel's RDMA
 //! modules) [`devices`] returns an empty list; the daemon then logs
 //! `RDMA fabrics idle: no RDMA device found` ([`crate::log_idle_if_empty`]).
-//! Only that path runs in this project's CI; everything past it needs an
-//! HCA (or rxe/siw) and is exercised by hand.
+//! Only that path runs on this project's machines and in CI; everything
+//! past it needs an HCA or a software RDMA device (rxe, siw) and has not
+//! been run yet.
+//!
+//! Queue pairs are made through RDMA CM, whose device contexts are its own:
+//! allocate PDs and CQs on [`Context::cm_devices`] (or
+//! [`VerbsConnRequest::context`]); a PD from another context is refused.
 //!
 //! Memory handed to the HCA: a [`VerbsMr`] owns the `SgList` it registered,
 //! so the memory outlives the registration; its bytes are read and written
@@ -183,6 +188,33 @@ impl Context {
         found.map(Arc::new)
     }
 
+    /// The device contexts the connection manager uses. A PD for queue
+    /// pairs made through RDMA CM ([`VerbsQp::for_request`],
+    /// [`VerbsQp::connect`]) must come from one of these (or from
+    /// [`VerbsConnRequest::context`]), not from [`Context::open`], which
+    /// opens a context of its own.
+    pub fn cm_devices() -> Result<Vec<Arc<Context>>, RdmaError> {
+        let mut n: libc::c_int = 0;
+        // SAFETY: valid out-pointer; the list is freed below, the contexts
+        // stay open (librdmacm owns them until it is unloaded).
+        let list = unsafe { sys::rdma_get_devices(&mut n) };
+        if list.is_null() {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        for i in 0..n.max(0) as usize {
+            // SAFETY: the list holds `n` context pointers.
+            let ctx = unsafe { *list.add(i) };
+            if ctx.is_null() {
+                break;
+            }
+            out.push(Arc::new(Context { ctx, owned: false }));
+        }
+        // SAFETY: freed once; the contexts themselves stay open.
+        unsafe { sys::rdma_free_devices(list) };
+        Ok(out)
+    }
+
     fn port_count(&self) -> Result<u8, RdmaError> {
         // SAFETY: ibv_device_attr is plain data; all-zero is a valid value.
         let mut attr: sys::ibv_device_attr = unsafe { std::mem::zeroed() };
@@ -299,6 +331,16 @@ fn access_flags(a: Access) -> libc::c_int {
 }
 
 impl VerbsPd {
+    fn check_device(&self, ctx: *mut sys::ibv_context) -> Result<(), RdmaError> {
+        if ctx == self.inner._ctx.ctx {
+            Ok(())
+        } else {
+            Err(RdmaError::Protocol(
+                "the connection is on another device than the protection domain",
+            ))
+        }
+    }
+
     /// Registers every segment of `sg`.
     pub fn reg_sg(&self, mut sg: SgList, access: Access) -> Result<VerbsMr, RdmaError> {
         let mut mrs = Vec::with_capacity(sg.segments().len());
@@ -1007,6 +1049,15 @@ impl VerbsQp {
     ) -> Result<VerbsQp, RdmaError> {
         let ch = EventChannel::new()?;
         let id = req.take_id();
+        // SAFETY: live id; `verbs` is set for a connect request.
+        if let Err(e) = pd.check_device(unsafe { (*id).verbs }) {
+            // SAFETY: the id is ours; refuse the connection and free it.
+            unsafe {
+                sys::rdma_reject(id, ptr::null(), 0);
+                sys::rdma_destroy_id(id);
+            }
+            return Err(e);
+        }
         // SAFETY: live id and channel.
         if unsafe { sys::rdma_migrate_id(id, ch.ch) } != 0 {
             let e = verr("rdma_migrate_id");
@@ -1094,6 +1145,10 @@ impl VerbsQp {
             }
             expect(ev::RDMA_CM_EVENT_ROUTE_RESOLVED, "rdma_resolve_route")
         });
+        // The QP is created on the device the route goes through: the PD
+        // must belong to it.
+        // SAFETY: live id; `verbs` is set once the address is resolved.
+        let step = step.and_then(|_| pd.check_device(unsafe { (*id).verbs }));
         if let Err(e) = step {
             // SAFETY: the id is ours and has no QP yet.
             unsafe { sys::rdma_destroy_id(id) };
@@ -1280,6 +1335,7 @@ mod tests {
             eprintln!("RDMA device present: skipping the no-device check");
             return;
         }
+        assert!(Context::cm_devices().unwrap_or_default().is_empty());
         let a: SocketAddr = "127.0.0.1:0".parse().unwrap();
         assert!(VerbsListener::bind(&a, 4).is_err());
     }
