@@ -29,7 +29,8 @@ pub struct LoginReply {
     pub itt: u32,
     /// Response text (`key=value\0...`).
     pub data: Vec<u8>,
-    /// The TSIH to put in the response (0 until the session is accepted).
+    /// The TSIH to put in the response: the request's until the session is
+    /// accepted (0 for a new session, RFC 7143 §11.13.4), then the driver's.
     pub tsih: u16,
     /// This reply enters the full feature phase.
     pub enters_full_feature: bool,
@@ -197,7 +198,7 @@ impl Login {
                 nsg: 0,
                 itt,
                 data: Vec::new(),
-                tsih: 0,
+                tsih: id.tsih,
                 enters_full_feature: false,
             });
         }
@@ -278,7 +279,7 @@ impl Login {
             nsg: if transit { nsg } else { 0 },
             itt,
             data: encode_text(&rsp),
-            tsih: 0,
+            tsih: id.tsih,
             enters_full_feature: transit && nsg == STAGE_FULL_FEATURE,
         };
         if reply.enters_full_feature {
