@@ -601,3 +601,46 @@ pub fn connect_soft(
         &rsp,
     )
 }
+
+/// Connects over the `verbs` provider (RDMA CM): like [`connect_soft`]. `pd`
+/// and `cq` must come from the RDMA CM device context that routes to `addr`
+/// (`ferrite_rdma::verbs::Context::cm_devices`).
+#[cfg(feature = "verbs")]
+pub fn connect_verbs(
+    pd: &ferrite_rdma::verbs::VerbsPd,
+    cq: &ferrite_rdma::verbs::VerbsCq,
+    addr: &std::net::SocketAddr,
+    cfg: InitiatorConfig,
+) -> Result<Initiator, InitError> {
+    use ferrite_rdma::verbs::{VerbsQp, VerbsQpAttrs};
+    let ring = recv_ring(pd, &cfg)?;
+    let recvs: Vec<RecvWr> = ring
+        .iter()
+        .enumerate()
+        .map(|(slot, mr)| RecvWr {
+            wr_id: RECV_BIT | slot as u64,
+            sges: mr.sges(0, mr.len()).unwrap_or_default(),
+        })
+        .collect();
+    let attrs = VerbsQpAttrs {
+        max_recv_wr: cfg.recv_count.max(1),
+        ..VerbsQpAttrs::default()
+    };
+    let login = cfg.login_req().encode();
+    let (qp, rsp) = match VerbsQp::connect(addr, pd, cq, cq, attrs, &recvs, &login, cfg.timeout) {
+        Ok(r) => r,
+        Err(RdmaError::Rejected { private_data }) => {
+            let reason = iu::LoginRej::parse(&private_data).map_or(0, |r| r.reason.0);
+            return Err(InitError::LoginRejected(reason));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    Initiator::new(
+        Box::new(qp),
+        Box::new(cq.clone()),
+        Box::new(pd.clone()),
+        cfg,
+        ring,
+        &rsp,
+    )
+}
