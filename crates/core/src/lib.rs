@@ -2,7 +2,8 @@
 //!
 //! Owns every SCSI-visible behaviour: devices and their identity, LUN maps and
 //! access groups, sessions (I_T nexuses) with a task set per LUN, task
-//! management, unit attentions and AENs, and the SPC-4/SBC-4 emulation.
+//! management, unit attentions and AENs, the SPC-4/SBC-4 emulation, and
+//! per-device and per-session command statistics ([`stats`]).
 //! It is sans-IO: no sockets, no threads, no clock (time is an argument).
 //!
 //! Layout: [`cmd`], [`backend`] and [`device`] are the contracts with
@@ -21,9 +22,13 @@ pub mod cmd;
 pub mod device;
 pub mod emulate;
 pub mod shard;
+pub mod stats;
 
 pub use cmd::{
     Abort, Action, Cdb, CmdId, CmdRequest, DataDir, Residual, Response, TaskAttr, TaskTag,
     TmfFunction, TmfId, TmfRequest, TmfResponse,
 };
 pub use shard::{Nexus, RemoteResetId, ResetScope, Session, SessionId, Shard};
+pub use stats::{
+    DeviceStats, IoDir, IoStats, LatencyHistogram, SessionStats, ShardStats, SizeClass,
+};

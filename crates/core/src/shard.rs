@@ -32,6 +32,7 @@ use crate::cmd::{
 };
 use crate::device::{Device, DeviceId, LunEntry, LunMap};
 use crate::emulate::{self, DataCtx, Plan};
+use crate::stats::{Completion, IoDir, IoStats, ShardStats};
 
 /// Depth of each backend queue this shard opens.
 pub const QUEUE_DEPTH: u32 = 128;
@@ -111,6 +112,14 @@ struct Cmd {
     cont: Cont,
     /// VERIFY's Data-Out, kept while the medium is read for the comparison.
     held: Option<SgList>,
+    /// The `now` it was submitted with (statistics).
+    start: Instant,
+    /// Direction it is counted in.
+    dir: IoDir,
+    /// Data-Out bytes received.
+    out_bytes: u64,
+    /// Counted as active in the statistics (until its response is queued).
+    active: bool,
 }
 
 /// Per nexus per LUN state: unit attentions, the capacity generation last
@@ -149,6 +158,7 @@ struct SessionState {
     /// Commands of this session in the slab.
     live: usize,
     next_tmf: u32,
+    stats: IoStats,
 }
 
 /// Who waits for a set of aborted commands to drain.
@@ -210,6 +220,10 @@ pub struct Shard {
     ready: Vec<SessionId>,
     done: Vec<BlockDone>,
     scratch: Vec<u8>,
+    /// The latest `now` a caller passed in (statistics only).
+    now: Option<Instant>,
+    /// Per-device counters of this shard's commands.
+    dev_stats: HashMap<DeviceId, IoStats>,
 }
 
 impl std::fmt::Debug for Shard {
@@ -289,6 +303,8 @@ impl Shard {
             ready: Vec::new(),
             done: Vec::with_capacity(QUEUE_DEPTH as usize),
             scratch: Vec::with_capacity(512),
+            now: None,
+            dev_stats: HashMap::new(),
         }
     }
 
@@ -301,11 +317,12 @@ impl Shard {
     /// with POWER ON, RESET, OR BUS DEVICE RESET OCCURRED pending.
     pub fn open_session(
         &mut self,
-        _now: Instant,
+        now: Instant,
         nexus: Nexus,
         luns: Arc<LunMap>,
         aen: bool,
     ) -> SessionId {
+        self.tick(now);
         let id = SessionId(self.next_session);
         self.next_session = self.next_session.wrapping_add(1).max(1);
         let mut lus = HashMap::new();
@@ -329,6 +346,7 @@ impl Shard {
                 lus,
                 live: 0,
                 next_tmf: 1,
+                stats: IoStats::default(),
             },
         );
         id
@@ -345,7 +363,8 @@ impl Shard {
     /// Ends a session: aborts its tasks and drops its queued actions. It
     /// lingers until its backend I/O drains; no further actions are queued
     /// for it.
-    pub fn close_session(&mut self, _now: Instant, id: SessionId) {
+    pub fn close_session(&mut self, now: Instant, id: SessionId) {
+        self.tick(now);
         let Some(s) = self.sessions.get_mut(&id) else {
             return;
         };
@@ -376,7 +395,8 @@ impl Shard {
 
     /// Polls backend queues, completes commands and retries operations a
     /// full queue handed back. True if anything moved.
-    pub fn poll(&mut self, _now: Instant) -> bool {
+    pub fn poll(&mut self, now: Instant) -> bool {
+        self.tick(now);
         let mut done = std::mem::take(&mut self.done);
         for dq in self.queues.values_mut() {
             if let Some(q) = dq.q.as_mut()
@@ -455,6 +475,28 @@ impl Shard {
         }
     }
 
+    /// A snapshot of this shard's counters: every device it has seen a
+    /// command for, and every open session. Cheap (plain arrays); merge the
+    /// snapshots of all cores with [`ShardStats::merge`].
+    pub fn stats(&self) -> ShardStats {
+        ShardStats {
+            devices: self.dev_stats.iter().map(|(k, v)| (*k, *v)).collect(),
+            sessions: self
+                .sessions
+                .iter()
+                .filter(|(_, s)| !s.closing)
+                .map(|(k, s)| (*k, s.stats))
+                .collect(),
+        }
+    }
+
+    /// Records the time a caller passed in; it never goes backwards.
+    fn tick(&mut self, now: Instant) {
+        if self.now.is_none_or(|n| now > n) {
+            self.now = Some(now);
+        }
+    }
+
     // ----- internals -----
 
     fn mark_ready(&mut self, id: SessionId) {
@@ -475,7 +517,8 @@ impl Shard {
         }
     }
 
-    fn submit(&mut self, id: SessionId, req: CmdRequest) -> CmdId {
+    fn submit(&mut self, id: SessionId, now: Instant, req: CmdRequest) -> CmdId {
+        self.tick(now);
         // The LUN as the fabric decoded it, unless the raw field says
         // otherwise (a fabric may leave `lun_raw` zeroed).
         let lun = if req.lun_raw == [0; 8] {
@@ -546,7 +589,19 @@ impl Shard {
             op: None,
             cont: Cont::None,
             held: None,
+            start: now,
+            dir: match plan {
+                Plan::Read { .. } => IoDir::Read,
+                Plan::Write { .. } | Plan::WriteSame { .. } => IoDir::Write,
+                _ => IoDir::Other,
+            },
+            out_bytes: 0,
+            active: true,
         });
+        s.stats.started();
+        if let Some(e) = self.cmds[key].entry.as_ref() {
+            self.dev_stats.entry(e.device.id).or_default().started();
+        }
         let cid = cmd_id(key, seq);
         if let Some(rsp) = early {
             self.respond(key, rsp);
@@ -1016,6 +1071,17 @@ impl Shard {
         };
         c.state = CmdState::Respond;
         let (sid, tag, id) = (c.session, c.tag, cmd_id(key, c.seq));
+        if c.active {
+            c.active = false;
+            let done = Completion {
+                dir: c.dir,
+                bytes: u64::from(rsp.data_len) + c.out_bytes,
+                error: rsp.status == ferrite_scsi::Status::CHECK_CONDITION,
+                latency: self.now.map(|n| n.saturating_duration_since(c.start)),
+            };
+            let dev = c.entry.as_ref().map(|e| e.device.id);
+            self.count_finished(sid, dev, &done);
+        }
         self.push_action(sid, Action::Respond { id, tag, rsp });
         self.leave_task_set(key);
     }
@@ -1063,6 +1129,17 @@ impl Shard {
             return;
         }
         let c = self.cmds.remove(key);
+        if c.active {
+            // Aborted (or dropped with its session) before it could answer.
+            let done = Completion {
+                dir: c.dir,
+                bytes: c.out_bytes,
+                error: true,
+                latency: None,
+            };
+            let dev = c.entry.as_ref().map(|e| e.device.id);
+            self.count_finished(c.session, dev, &done);
+        }
         if c.state == CmdState::QueueFull
             && let Some(p) = self.retry.iter().position(|&k| k == key)
         {
@@ -1085,6 +1162,15 @@ impl Shard {
             s.live = s.live.saturating_sub(1);
         }
         self.reap(c.session);
+    }
+
+    fn count_finished(&mut self, sid: SessionId, dev: Option<DeviceId>, done: &Completion) {
+        if let Some(s) = self.sessions.get_mut(&sid) {
+            s.stats.finished(done);
+        }
+        if let Some(d) = dev.and_then(|d| self.dev_stats.get_mut(&d)) {
+            d.finished(done);
+        }
     }
 
     /// Frees a closed session once nothing of it remains.
@@ -1333,7 +1419,8 @@ impl Shard {
     /// (the originating core answers its TMF once every core reported the
     /// reset drained). Aborted commands send no status; see
     /// [`Shard::drained_resets`].
-    pub fn remote_reset(&mut self, _now: Instant, scope: ResetScope) -> RemoteResetId {
+    pub fn remote_reset(&mut self, now: Instant, scope: ResetScope) -> RemoteResetId {
+        self.tick(now);
         let id = RemoteResetId(self.next_remote);
         self.next_remote = self.next_remote.wrapping_add(1);
         let wait = match &scope {
@@ -1431,6 +1518,7 @@ impl Shard {
                     return;
                 }
                 buf.truncate(want as usize);
+                self.cmds[key].out_bytes += u64::from(want);
                 match plan {
                     Plan::Write { offset, fua, .. } => {
                         self.submit_op(key, BlockOp::Write { offset, buf, fua })
@@ -1484,12 +1572,20 @@ impl Session<'_> {
 
     /// Accepts a command. Its response (or its FetchData) comes out of
     /// [`Session::poll_action`], possibly at once.
-    pub fn submit(&mut self, _now: Instant, req: CmdRequest) -> CmdId {
-        self.shard.submit(self.id, req)
+    pub fn submit(&mut self, now: Instant, req: CmdRequest) -> CmdId {
+        self.shard.submit(self.id, now, req)
     }
 
-    /// The write data of a command arrived (or will not).
+    /// The write data of a command arrived (or will not). Latency of a
+    /// response queued here is measured at the last `now` the shard saw;
+    /// [`Session::data_out_done_at`] gives it the time.
     pub fn data_out_done(&mut self, id: CmdId, data: Result<SgList, Abort>) {
+        self.shard.data_out_done(self.id, id, data)
+    }
+
+    /// [`Session::data_out_done`] at time `now`.
+    pub fn data_out_done_at(&mut self, now: Instant, id: CmdId, data: Result<SgList, Abort>) {
+        self.shard.tick(now);
         self.shard.data_out_done(self.id, id, data)
     }
 
@@ -1500,8 +1596,18 @@ impl Session<'_> {
 
     /// Starts a task management function. `Action::TmfDone` is queued once
     /// every affected command has finished or been aborted.
-    pub fn task_mgmt(&mut self, _now: Instant, req: TmfRequest) -> TmfId {
+    pub fn task_mgmt(&mut self, now: Instant, req: TmfRequest) -> TmfId {
+        self.shard.tick(now);
         self.shard.task_mgmt(self.id, req)
+    }
+
+    /// This session's counters so far.
+    pub fn stats(&self) -> crate::stats::SessionStats {
+        self.shard
+            .sessions
+            .get(&self.id)
+            .map(|s| s.stats)
+            .unwrap_or_default()
     }
 
     /// The next action for the fabric.

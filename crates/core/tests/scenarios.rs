@@ -1810,3 +1810,103 @@ fn get_lba_status_reports_the_backend_mapping() {
     let r = h.run(&gls(u64::MAX, 24), DataDir::Read, 24, &[]);
     assert_eq!(sense_of(&r), (0x05, 0x21, 0x00));
 }
+
+// ----- statistics -----
+
+#[test]
+fn statistics_count_directions_bytes_errors_and_latency() {
+    use ferrite_core::{IoDir, SizeClass};
+    use std::time::Duration;
+    let mut h = H::ready();
+    let base = h.shard.stats();
+    let dev = DeviceId(1);
+    // The POWER ON unit attention of `ready` was one failed command.
+    assert_eq!(base.devices[&dev].errors, 1);
+    assert_eq!(base.devices[&dev].cmds(IoDir::Other), 1);
+    // A 8 KiB write and a 4 KiB read, each taking 300 us of virtual time
+    // between submit and the poll that completes it.
+    let d = pattern(16 * BS as usize, 3);
+    let w = h.submit(
+        &rw10(0x2a, 0, 16, 0),
+        DataDir::Write,
+        16 * BS,
+        TaskAttr::Simple,
+    );
+    let Some(Action::FetchData { mut buf, .. }) = h.actions().into_iter().next() else {
+        panic!("no FetchData")
+    };
+    buf.copy_in(0, &d);
+    h.now += Duration::from_micros(300);
+    h.shard
+        .session(h.sid)
+        .unwrap()
+        .data_out_done_at(h.now, w, Ok(buf));
+    assert_eq!(h.shard.stats().devices[&dev].active, 1);
+    h.now += Duration::from_micros(300);
+    h.poll();
+    let acts = h.actions();
+    assert!(matches!(acts.as_slice(), [Action::Respond { .. }]));
+    h.shard.session(h.sid).unwrap().response_sent(w);
+    let r = h.submit(
+        &rw10(0x28, 0, 8, 0),
+        DataDir::Read,
+        8 * BS,
+        TaskAttr::Simple,
+    );
+    h.now += Duration::from_micros(3000);
+    h.poll();
+    assert_eq!(h.actions().len(), 1);
+    h.shard.session(h.sid).unwrap().response_sent(r);
+    // An unknown opcode: CHECK CONDITION.
+    let r = h.run(&[0xff, 0, 0, 0, 0, 0], DataDir::None, 0, &[]);
+    assert_eq!(r.status, Status::CHECK_CONDITION);
+    // A read held in the backend, then aborted: active, then an error.
+    h.ctl.lock().unwrap().hold = true;
+    h.submit(&rw10(0x28, 0, 1, 0), DataDir::Read, BS, TaskAttr::Simple);
+    let s = h.shard.stats();
+    assert_eq!(s.devices[&dev].active, 1);
+    assert_eq!(s.sessions[&h.sid].active, 1);
+    let tmf = TmfRequest {
+        func: TmfFunction::AbortTaskSet,
+        lun: Lun(0),
+        tag: TaskTag(999),
+    };
+    h.shard.session(h.sid).unwrap().task_mgmt(h.now, tmf);
+    h.ctl.lock().unwrap().hold = false;
+    h.poll();
+    h.actions();
+
+    let s = h.shard.stats();
+    let dv = &s.devices[&dev];
+    assert_eq!(dv.active, 0);
+    assert_eq!(dv.cmds(IoDir::Write), 1);
+    assert_eq!(dv.bytes(IoDir::Write), 16 * 512);
+    assert_eq!(dv.cmds(IoDir::Read), 2);
+    assert_eq!(dv.bytes(IoDir::Read), 8 * 512);
+    assert_eq!(dv.cmds(IoDir::Other), 2);
+    assert_eq!(dv.errors, 3);
+    // The write took 600 us (bucket <= 1024 us), in the <= 64 KiB class.
+    let wl = dv.latency(IoDir::Write, SizeClass::UpTo64K);
+    assert_eq!(wl.count, 1);
+    assert_eq!(wl.sum_us, 600);
+    assert_eq!(wl.buckets[10], 1);
+    // The read took 3 ms, 4 KiB: class <= 4 KiB, bucket <= 4096 us. The
+    // aborted read has no latency.
+    let rl = dv.latency(IoDir::Read, SizeClass::UpTo4K);
+    assert_eq!((rl.count, rl.sum_us, rl.buckets[12]), (1, 3000, 1));
+    // The session saw the same commands.
+    let ss = &s.sessions[&h.sid];
+    assert_eq!(ss.cmds, dv.cmds);
+    assert_eq!(ss.bytes, dv.bytes);
+    assert_eq!(ss.errors, dv.errors);
+    // Merging two cores adds up.
+    let mut m = s.clone();
+    m.merge(&s);
+    assert_eq!(m.devices[&dev].cmds(IoDir::Read), 4);
+    assert_eq!(m.total().errors, 6);
+    // A closed session's counters go; the device's stay.
+    h.shard.close_session(h.now, h.sid);
+    let s = h.shard.stats();
+    assert!(s.sessions.is_empty());
+    assert_eq!(s.devices[&dev].cmds(IoDir::Write), 1);
+}
