@@ -10,7 +10,9 @@
 //! - the seam to the running system, [`Runtime`], which the daemon
 //!   implements ([`runtime`]);
 //! - the control socket server ([`server`]) and its JSON-lines protocol;
-//! - the `scst.conf` importer ([`scst`]) and the `ferritectl` binary.
+//! - the `scst.conf` importer ([`scst`]) and the `ferritectl` binary;
+//! - the optional Prometheus listener ([`metrics`]) rendering
+//!   [`Runtime::stats`].
 //!
 //! Does not own: opening devices, binding portals or running sessions. The
 //! daemon does those when the tree asks it to, through [`Runtime`].
@@ -18,6 +20,7 @@
 
 pub mod change;
 pub mod config;
+pub mod metrics;
 pub mod runtime;
 pub mod scst;
 pub mod server;
@@ -28,8 +31,10 @@ pub use config::{
     ChapUser, Config, ConfigError, DeviceConfig, Digest, GroupConfig, Handler, IscsiParamsConfig,
     IscsiTargetConfig, LunConfig, ReactorConfig, TargetsConfig,
 };
+pub use metrics::MetricsServer;
 pub use runtime::{
-    DeviceAttr, FakeRuntime, IoStats, Runtime, RuntimeError, SessionInfo, Stats, TargetAttr,
+    DeviceAttr, FakeRuntime, IoDir, IoStats, LatencyHistogram, Runtime, RuntimeError, SessionInfo,
+    Stats, TargetAttr,
 };
 pub use scst::{Import, ImportError, import_scst};
 pub use server::{ControlServer, Request, Response, serve};

@@ -85,6 +85,146 @@ pub struct Stats {
     pub devices: BTreeMap<String, IoStats>,
     /// Per target name.
     pub targets: BTreeMap<String, IoStats>,
+    /// Per device name: command latency histograms, one per (direction,
+    /// size class) that saw a command. Empty until the core measures.
+    pub latency: BTreeMap<String, Vec<LatencyHistogram>>,
+}
+
+/// Upper bounds, in microseconds, of the latency buckets every
+/// [`LatencyHistogram`] uses; a last, unbounded bucket follows.
+pub const LATENCY_BOUNDS_US: [u64; 16] = [
+    10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000,
+    500_000, 1_000_000,
+];
+
+/// Transfer size classes: (label, largest transfer in bytes). A transfer
+/// larger than every bound is in [`SIZE_CLASS_LARGE`].
+pub const SIZE_CLASSES: [(&str, u64); 4] = [
+    ("4k", 4096),
+    ("64k", 65536),
+    ("256k", 262_144),
+    ("1m", 1_048_576),
+];
+
+/// The class of transfers above 1 MiB.
+pub const SIZE_CLASS_LARGE: &str = "large";
+
+/// The size class label of a transfer of `bytes` bytes (0 for commands
+/// without data: class "4k").
+pub fn size_class(bytes: u64) -> &'static str {
+    SIZE_CLASSES
+        .iter()
+        .find(|(_, max)| bytes <= *max)
+        .map_or(SIZE_CLASS_LARGE, |(l, _)| l)
+}
+
+/// Direction of the commands a histogram measures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IoDir {
+    Read,
+    Write,
+    /// Commands that move no data or are neither reads nor writes.
+    #[default]
+    Other,
+}
+
+impl IoDir {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IoDir::Read => "read",
+            IoDir::Write => "write",
+            IoDir::Other => "other",
+        }
+    }
+}
+
+/// Latency of the commands of one direction and size class on one device,
+/// from arrival in the core to status sent, in microseconds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LatencyHistogram {
+    pub dir: IoDir,
+    /// One of the labels of [`SIZE_CLASSES`] or [`SIZE_CLASS_LARGE`].
+    pub size_class: String,
+    /// Bucket upper bounds in microseconds, ascending ([`LATENCY_BOUNDS_US`]).
+    pub bounds_us: Vec<u64>,
+    /// Commands per bucket, not cumulative: `counts[i]` took at most
+    /// `bounds_us[i]` and more than `bounds_us[i-1]`; the last entry
+    /// (`counts.len() == bounds_us.len() + 1`) counts those above every bound.
+    pub counts: Vec<u64>,
+    /// Sum of all latencies, microseconds.
+    pub sum_us: u64,
+}
+
+impl Default for LatencyHistogram {
+    fn default() -> Self {
+        LatencyHistogram::new(IoDir::Other, size_class(0))
+    }
+}
+
+impl LatencyHistogram {
+    /// An empty histogram with the standard bounds.
+    pub fn new(dir: IoDir, size_class: &str) -> LatencyHistogram {
+        LatencyHistogram {
+            dir,
+            size_class: size_class.to_string(),
+            bounds_us: LATENCY_BOUNDS_US.to_vec(),
+            counts: vec![0; LATENCY_BOUNDS_US.len() + 1],
+            sum_us: 0,
+        }
+    }
+
+    /// Counts one command that took `us` microseconds.
+    pub fn record(&mut self, us: u64) {
+        let i = self.bounds_us.partition_point(|b| *b < us);
+        if self.counts.len() != self.bounds_us.len() + 1 {
+            self.counts.resize(self.bounds_us.len() + 1, 0);
+        }
+        if let Some(c) = self.counts.get_mut(i) {
+            *c += 1;
+        }
+        self.sum_us = self.sum_us.saturating_add(us);
+    }
+
+    /// Adds another histogram with the same bounds (false, nothing added:
+    /// the bounds differ).
+    pub fn merge(&mut self, other: &LatencyHistogram) -> bool {
+        if self.bounds_us != other.bounds_us || self.counts.len() != other.counts.len() {
+            return false;
+        }
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a += b;
+        }
+        self.sum_us = self.sum_us.saturating_add(other.sum_us);
+        true
+    }
+
+    /// Number of commands measured.
+    pub fn count(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// The `q`-quantile (0..=1) as the upper bound of the bucket holding it,
+    /// in microseconds; `None` when empty, or when it lies in the unbounded
+    /// bucket (then it is above the last bound).
+    pub fn percentile(&self, q: f64) -> Option<u64> {
+        let n = self.count();
+        if n == 0 {
+            return None;
+        }
+        let q = q.clamp(0.0, 1.0);
+        // The rank of the quantile among the n samples, 1-based.
+        let rank = ((q * n as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (i, c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return self.bounds_us.get(i).copied();
+            }
+        }
+        None
+    }
 }
 
 /// One I_T nexus as the daemon reports it.
@@ -107,6 +247,9 @@ pub struct SessionInfo {
     /// Commands in the task sets now.
     pub active_commands: u64,
     pub stats: IoStats,
+    /// Command latency histograms of this session, as in [`Stats::latency`]
+    /// (empty until the core measures).
+    pub latency: Vec<LatencyHistogram>,
 }
 
 /// What the management tree needs from the running system. Object-safe and
@@ -312,5 +455,52 @@ impl Runtime for FakeRuntime {
     }
     fn stats(&self) -> Stats {
         self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_classes_cover_every_size() {
+        assert_eq!(size_class(0), "4k");
+        assert_eq!(size_class(4096), "4k");
+        assert_eq!(size_class(4097), "64k");
+        assert_eq!(size_class(1 << 20), "1m");
+        assert_eq!(size_class((1 << 20) + 1), SIZE_CLASS_LARGE);
+    }
+
+    #[test]
+    fn histogram_buckets_sum_and_percentiles() {
+        let mut h = LatencyHistogram::new(IoDir::Read, "4k");
+        assert_eq!(h.percentile(0.5), None);
+        for us in [5, 10, 11, 90, 2_000_000] {
+            h.record(us);
+        }
+        assert_eq!(h.count(), 5);
+        assert_eq!(h.sum_us, 5 + 10 + 11 + 90 + 2_000_000);
+        assert_eq!(h.counts[0], 2, "5 and 10 are <= 10");
+        assert_eq!(h.counts[1], 1, "11 is <= 25");
+        assert_eq!(h.counts[3], 1, "90 is <= 100");
+        assert_eq!(h.counts[LATENCY_BOUNDS_US.len()], 1, "above every bound");
+        assert_eq!(h.percentile(0.0), Some(10));
+        assert_eq!(h.percentile(0.5), Some(25));
+        assert_eq!(h.percentile(0.8), Some(100));
+        assert_eq!(h.percentile(1.0), None, "the maximum is unbounded");
+        let mut g = LatencyHistogram::new(IoDir::Read, "4k");
+        assert!(g.merge(&h));
+        assert!(g.merge(&h));
+        assert_eq!(g.count(), 10);
+        let mut odd = LatencyHistogram::new(IoDir::Read, "4k");
+        odd.bounds_us.pop();
+        assert!(!odd.merge(&h), "different bounds do not merge");
+    }
+
+    #[test]
+    fn stats_without_latency_still_parse() {
+        let s: Stats = serde_json::from_str(r#"{"devices":{"d":{"read_cmds":3}}}"#).unwrap();
+        assert_eq!(s.devices["d"].read_cmds, 3);
+        assert!(s.latency.is_empty());
     }
 }

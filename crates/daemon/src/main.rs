@@ -52,6 +52,9 @@ struct Args {
     /// root, else $XDG_RUNTIME_DIR/ferrite/ferrited.sock (or the state directory).
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics (off by default).
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics: Option<SocketAddr>,
 }
 
 fn is_root() -> bool {
@@ -123,10 +126,16 @@ fn main() -> Result<()> {
         .config
         .clone()
         .unwrap_or_else(|| state_dir.join("ferrite.json"));
-    run(cfg, args.pin, &control, save)
+    run(cfg, args.pin, &control, save, args.metrics)
 }
 
-fn run(cfg: Config, pin: bool, control: &Path, save: PathBuf) -> Result<()> {
+fn run(
+    cfg: Config,
+    pin: bool,
+    control: &Path,
+    save: PathBuf,
+    metrics: Option<SocketAddr>,
+) -> Result<()> {
     let system = System::build(&cfg)?;
     let cores = cfg.reactor.effective_cores().max(1);
     let mut listeners = Vec::new();
@@ -185,6 +194,13 @@ fn run(cfg: Config, pin: bool, control: &Path, save: PathBuf) -> Result<()> {
     if let Some(dir) = control.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
+    let metrics = match metrics {
+        Some(a) => Some(
+            ferrite_mgmt::MetricsServer::start(a, runtime.clone())
+                .with_context(|| format!("metrics listener on {a}"))?,
+        ),
+        None => None,
+    };
     let server = ferrite_mgmt::serve(runtime, cfg.clone(), Some(save), control)
         .map_err(|e| anyhow::anyhow!("control socket {}: {e}", control.display()))?;
     tracing::info!(socket = %control.display(), "control socket ready");
@@ -198,6 +214,7 @@ fn run(cfg: Config, pin: bool, control: &Path, save: PathBuf) -> Result<()> {
     }
     tracing::info!("shutting down");
     server.shutdown();
+    drop(metrics);
     for tx in &txs {
         let _ = tx.send(Msg::Stop);
     }
