@@ -394,7 +394,7 @@ impl Conn {
         let stat = StatSn(next_rand(&mut rng) as u32);
         let ttt = next_rand(&mut rng) as u32;
         Conn {
-            login_deadline: now + cfg.login_timeout,
+            login_deadline: later(now, cfg.login_timeout),
             seq: SessionSeq::new(CmdSn(0), cfg.queue_depth),
             cfg,
             local,
@@ -666,7 +666,7 @@ impl Conn {
                 let mut t = self.logout_deadline;
                 let nop = match (self.ping, self.cfg.nop_in_interval) {
                     (Some((_, deadline)), _) => Some(deadline),
-                    (None, Some(iv)) => Some(self.last_rx + iv),
+                    (None, Some(iv)) => Some(later(self.last_rx, iv)),
                     (None, None) => None,
                 };
                 if let Some(n) = nop {
@@ -699,14 +699,14 @@ impl Conn {
                     Some(_) => {}
                     None => {
                         if let Some(iv) = self.cfg.nop_in_interval
-                            && now >= self.last_rx + iv
+                            && now >= later(self.last_rx, iv)
                         {
                             // RFC 7143 §11.19: a ping carries a TTT and
                             // ITT 0xffffffff; StatSN is not advanced.
                             let ttt = self.new_ttt();
                             let b = pdu::nop_in([0; 8], RESERVED_TAG, ttt, self.sns());
                             self.send(&b, &[]);
-                            self.ping = Some((ttt, now + self.cfg.nop_in_timeout));
+                            self.ping = Some((ttt, later(now, self.cfg.nop_in_timeout)));
                         }
                     }
                 }
@@ -749,7 +749,7 @@ impl Conn {
                 let sns = self.take_sns();
                 let b = pdu::async_message([0; 8], 1, [0, 0, secs], sns);
                 self.send(&b, &[]);
-                self.logout_deadline = Some(now + Duration::from_secs(secs as u64));
+                self.logout_deadline = Some(later(now, Duration::from_secs(secs as u64)));
             }
         }
     }
@@ -1772,6 +1772,14 @@ fn parse_cdb(cdb16: &[u8], mut ahs: &[u8]) -> Option<(Cdb, u32)> {
         ahs = ahs.get(used.min(ahs.len())..)?;
     }
     Some((cdb, read_len))
+}
+
+/// `now + d`, saturating far in the future instead of overflowing on an
+/// absurd configured duration.
+fn later(now: Instant, d: Duration) -> Instant {
+    now.checked_add(d)
+        .or_else(|| now.checked_add(Duration::from_secs(1 << 32)))
+        .unwrap_or(now)
 }
 
 /// xorshift64*: the connection's only randomness, from the driver's seed.
