@@ -6,8 +6,11 @@
 //! [`ConnEvent`]), the traits a fabric driver uses ([`QueuePair`],
 //! [`CompletionQueue`], [`MemoryRegion`]) and the providers:
 //!
-//! - [`verbs`] (cargo feature `verbs`, on by default): libibverbs and
-//!   librdmacm through `rdma-sys`. On a machine without an HCA,
+//! - [`verbs`] (cargo feature `verbs`, on by default; the workspace's
+//!   dependency entry turns defaults off, so a crate that wants it says
+//!   `features = ["verbs"]`, as `ferrite-srp` does by default): libibverbs
+//!   and librdmacm through `rdma-sys` (building it needs libibverbs-dev,
+//!   librdmacm-dev, libclang-dev, clang and pkg-config). On a machine without an HCA,
 //!   [`verbs::devices`] returns an empty list and the caller logs one line,
 //!   `RDMA fabrics idle: no RDMA device found` (see [`log_idle_if_empty`]).
 //! - [`soft`]: **a test and development provider.** The same semantics over

@@ -499,7 +499,7 @@ fn deregistered_memory_is_unreachable() {
 
 #[test]
 fn write_is_visible_before_the_send_behind_it_and_unsignaled_is_silent() {
-    let (i, _iqp, t, tqp, bufs) = pair(unix_addr("ord"), QpAttrs::default(), 1);
+    let (i, iqp, t, tqp, bufs) = pair(unix_addr("ord"), QpAttrs::default(), 1);
     let remote =
         i.pd.reg_zeroed(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
             .unwrap();
@@ -524,7 +524,7 @@ fn write_is_visible_before_the_send_behind_it_and_unsignaled_is_silent() {
     w.signaled = true;
     // The initiator is the receiver here: give it a receive.
     let rb = i.pd.reg_zeroed(64, Access::LOCAL_WRITE).unwrap();
-    _iqp.post_recv(&RecvWr {
+    iqp.post_recv(&RecvWr {
         wr_id: 77,
         sges: rb.sges(0, 64).unwrap(),
     })
