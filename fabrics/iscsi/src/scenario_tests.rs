@@ -1257,3 +1257,29 @@ fn several_outstanding_r2ts() {
     assert_eq!((w.status, w.r2ts), (0, 3));
     assert_eq!(&i.t.core.disk[16 * BS..16 * BS + data.len()], &data[..]);
 }
+
+#[test]
+fn digests_over_padded_segments() {
+    let ic = InitiatorConfig {
+        header_digest: true,
+        data_digest: true,
+        ..ini_cfg()
+    };
+    let mut i = logged_in(cfg(), ic);
+    assert_eq!(i.nop(b"ping!", true).unwrap(), b"ping!");
+    i.t.core.disk[..512].copy_from_slice(&pattern(512, 77));
+    // 511 bytes of Data-In from the response's buffer: one byte of padding
+    // inside the zero-copy digest.
+    let r = i
+        .command(&Command {
+            cdb: &read10(0, 1),
+            read_len: 511,
+            attr: 1,
+            ..Command::default()
+        })
+        .unwrap();
+    assert_eq!(r.status, 0);
+    assert_eq!(r.data, pattern(512, 77)[..511].to_vec());
+    let keys = i.text(&[("SendTargets", "")]).unwrap();
+    assert_eq!(keys[0].1, TARGET);
+}
