@@ -320,7 +320,7 @@ enum Sink {
 
 #[derive(Debug)]
 struct Segment {
-    hdr: Box<[u8; BHS_LEN]>,
+    hdr: [u8; BHS_LEN],
     ahs: Vec<u8>,
     len: usize,
     pad: usize,
@@ -597,7 +597,7 @@ impl Conn {
                         }
                     }
                     self.last_rx = now;
-                    let mut hdr = Box::new([0u8; BHS_LEN]);
+                    let mut hdr = [0u8; BHS_LEN];
                     hdr.copy_from_slice(&rest[..BHS_LEN]);
                     let ahs = rest[BHS_LEN..BHS_LEN + ahs_len].to_vec();
                     used += need;
@@ -756,7 +756,7 @@ impl Conn {
 
     // ---- receive path ----
 
-    fn start_pdu(&mut self, hdr: Box<[u8; BHS_LEN]>, ahs: Vec<u8>) {
+    fn start_pdu(&mut self, hdr: [u8; BHS_LEN], ahs: Vec<u8>) {
         let bhs = Bhs(&hdr);
         tracing::trace!(peer = %self.peer, "rx {bhs:?} sn={:#x}", bhs.cmd_sn().0);
         let len = bhs.data_segment_len() as usize;
