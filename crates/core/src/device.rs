@@ -6,7 +6,8 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use ferrite_scsi::Lun;
 
@@ -58,6 +59,114 @@ pub struct Device {
     generation: AtomicU32,
     block_size: u32,
     phys_exp: u8,
+    /// State every core shares: reservations and the ranges COMPARE AND
+    /// WRITE and ORWRITE hold.
+    pub(crate) shared: DeviceShared,
+}
+
+/// The per-device state that commands on every core must agree on. Both
+/// parts have a lock-free fast path (an atomic read) for the common case
+/// where nothing is reserved or held; the mutexes are taken only by the
+/// commands that reserve or hold, and by commands that meet a reservation
+/// or a held range.
+#[derive(Debug, Default)]
+pub(crate) struct DeviceShared {
+    /// Set while `holder` is `Some`.
+    reserved: AtomicBool,
+    /// SPC-2 §5.5.1 RESERVE(6)/(10): the I_T nexus holding the logical unit.
+    holder: Mutex<Option<String>>,
+    pub(crate) ranges: RangeLocks,
+}
+
+impl DeviceShared {
+    /// The nexus holding an SPC-2 reservation, if any.
+    pub(crate) fn reservation(&self) -> Option<String> {
+        if !self.reserved.load(Ordering::Acquire) {
+            return None;
+        }
+        self.holder.lock().ok().and_then(|h| h.clone())
+    }
+
+    /// RESERVE: true if `nexus` now holds the reservation (SPC-2 §5.5.1: a
+    /// reservation by the holder again succeeds).
+    pub(crate) fn reserve(&self, nexus: &str) -> bool {
+        let Ok(mut h) = self.holder.lock() else {
+            return false;
+        };
+        match h.as_deref() {
+            Some(n) if n != nexus => false,
+            _ => {
+                *h = Some(nexus.to_string());
+                self.reserved.store(true, Ordering::Release);
+                true
+            }
+        }
+    }
+
+    /// RELEASE by `nexus` (`None`: by a reset, whoever holds it). A release
+    /// by another nexus does nothing (SPC-2 §5.5.1).
+    pub(crate) fn release(&self, nexus: Option<&str>) {
+        if !self.reserved.load(Ordering::Acquire) {
+            return;
+        }
+        if let Ok(mut h) = self.holder.lock()
+            && (nexus.is_none() || h.as_deref() == nexus)
+        {
+            *h = None;
+            self.reserved.store(false, Ordering::Release);
+        }
+    }
+}
+
+/// Byte ranges of a device held by COMPARE AND WRITE or ORWRITE while they
+/// read, combine and write (SBC-4 §5.3: atomic with respect to every other
+/// command that writes those blocks). A short mutex on their path only;
+/// other writers read `held` (one atomic load) and look at the list only
+/// while something is held.
+#[derive(Debug, Default)]
+pub(crate) struct RangeLocks {
+    held: AtomicUsize,
+    /// (start, end, owner) byte ranges.
+    list: Mutex<Vec<(u64, u64, u64)>>,
+}
+
+impl RangeLocks {
+    /// Takes `[start, end)` for `owner` unless another owner holds an
+    /// overlapping range.
+    pub(crate) fn try_lock(&self, start: u64, end: u64, owner: u64) -> bool {
+        let Ok(mut l) = self.list.lock() else {
+            return false;
+        };
+        if l.iter()
+            .any(|&(s, e, o)| o != owner && s < end && start < e)
+        {
+            return false;
+        }
+        l.push((start, end, owner));
+        self.held.fetch_add(1, Ordering::AcqRel);
+        true
+    }
+
+    /// Releases every range of `owner`.
+    pub(crate) fn unlock(&self, owner: u64) {
+        if let Ok(mut l) = self.list.lock() {
+            let before = l.len();
+            l.retain(|&(_, _, o)| o != owner);
+            let gone = before - l.len();
+            self.held.fetch_sub(gone, Ordering::AcqRel);
+        }
+    }
+
+    /// True if another owner holds a range overlapping `[start, end)`.
+    pub(crate) fn conflicts(&self, start: u64, end: u64, owner: u64) -> bool {
+        if self.held.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        self.list.lock().is_ok_and(|l| {
+            l.iter()
+                .any(|&(s, e, o)| o != owner && s < end && start < e)
+        })
+    }
 }
 
 impl std::fmt::Debug for Device {
@@ -91,6 +200,7 @@ impl Device {
             generation: AtomicU32::new(0),
             block_size: g.block_size,
             phys_exp: g.phys_exp,
+            shared: DeviceShared::default(),
         }
     }
 
@@ -199,6 +309,38 @@ pub fn wildcard_match(pattern: &str, name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn range_locks_exclude_overlaps_of_other_owners() {
+        let l = RangeLocks::default();
+        assert!(!l.conflicts(0, 10, 1));
+        assert!(l.try_lock(0, 512, 1));
+        assert!(!l.try_lock(511, 1024, 2));
+        assert!(l.try_lock(512, 1024, 2));
+        assert!(l.conflicts(100, 101, 3));
+        assert!(!l.conflicts(100, 101, 1));
+        assert!(!l.conflicts(1024, 2048, 3));
+        l.unlock(1);
+        assert!(l.try_lock(0, 100, 3));
+        l.unlock(2);
+        l.unlock(3);
+        assert!(!l.conflicts(0, u64::MAX, 9));
+    }
+
+    #[test]
+    fn spc2_reservation() {
+        let d = DeviceShared::default();
+        assert_eq!(d.reservation(), None);
+        assert!(d.reserve("a"));
+        assert!(d.reserve("a"));
+        assert!(!d.reserve("b"));
+        d.release(Some("b"));
+        assert_eq!(d.reservation().as_deref(), Some("a"));
+        d.release(Some("a"));
+        assert!(d.reserve("b"));
+        d.release(None);
+        assert_eq!(d.reservation(), None);
+    }
 
     #[test]
     fn wildcards() {

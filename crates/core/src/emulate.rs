@@ -81,6 +81,38 @@ pub enum Plan {
         data_len: u32,
         residual: Residual,
     },
+    /// COMPARE AND WRITE and ORWRITE: fetch `data_len` bytes, hold
+    /// `[offset, offset+len)` against every other writer on every core, read
+    /// it, combine, write `len` bytes back.
+    ReadModifyWrite {
+        offset: u64,
+        len: u32,
+        data_len: u32,
+        fua: bool,
+        kind: Rmw,
+        residual: Residual,
+    },
+    /// SPC-2 RESERVE (6)/(10) of the whole logical unit.
+    Reserve,
+    /// SPC-2 RELEASE (6)/(10).
+    Release,
+}
+
+/// How a [`Plan::ReadModifyWrite`] combines Data-Out with the medium.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rmw {
+    /// SBC-4 §5.3 COMPARE AND WRITE: the first half of the Data-Out must
+    /// equal the medium (else MISCOMPARE), the second half is written.
+    CompareAndWrite,
+    /// SBC-4 §5.10 ORWRITE (BMOP 000b): medium OR Data-Out is written.
+    Or,
+}
+
+/// MAXIMUM COMPARE AND WRITE LENGTH in blocks (VPD B0h): what fits the
+/// one-byte NUMBER OF LOGICAL BLOCKS and, twice over, the largest transfer.
+pub fn max_compare_write_blocks(block_size: u32) -> u8 {
+    let by_xfer = MAX_TRANSFER_BYTES / (2 * block_size.max(1) as u64);
+    by_xfer.min(255) as u8
 }
 
 /// The first byte where `medium` differs from `data` (repeated if shorter,
@@ -319,6 +351,63 @@ fn plan_lu(
             plan_write_same(op, cdb, len, e, expected_len, dir)
         }
         Opcode::UNMAP => plan_unmap(cdb, e, expected_len, dir),
+        Opcode::PRE_FETCH_10 | Opcode::PRE_FETCH_16 => {
+            let c = match BlockCdb::decode(cdb) {
+                Ok(c) => c,
+                Err(s) => return fail(s),
+            };
+            // SBC-4 §5.9: the range is checked; GOOD (not CONDITION MET)
+            // says the blocks were not all placed in a cache, which is true:
+            // this device server keeps none of its own.
+            if let Err(s) = c.check_range(geo.num_blocks) {
+                return fail(s);
+            }
+            Plan::Good(no_data(expected_len))
+        }
+        Opcode::READ_DEFECT_DATA_10 | Opcode::READ_DEFECT_DATA_12 => Plan::DataIn,
+        Opcode::RESERVE_6 | Opcode::RESERVE_10 => {
+            // SPC-2 §7.21: third-party and extent reservations (byte 1 bits
+            // 4 and 0 of RESERVE (10), LONGID) are not supported.
+            if op == Opcode::RESERVE_10 && cdb[1] & 0x13 != 0 {
+                return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, None));
+            }
+            Plan::Reserve
+        }
+        Opcode::RELEASE_6 | Opcode::RELEASE_10 => {
+            if op == Opcode::RELEASE_10 && cdb[1] & 0x13 != 0 {
+                return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, None));
+            }
+            Plan::Release
+        }
+        Opcode::ORWRITE_16 => {
+            let c = match BlockCdb::decode(cdb) {
+                Ok(c) => c,
+                Err(s) => return fail(s),
+            };
+            // SBC-4 §5.10: BMOP (byte 14 bits 2..0) other than 000b is the
+            // change-generation form, not supported.
+            if cdb[14] & 0x07 != 0 {
+                return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(14, Some(0)));
+            }
+            let fua = c.fua() && !dev.flags.write_through;
+            match plan_write(&c, len, e, expected_len, dir, fua) {
+                Plan::Write {
+                    offset,
+                    len,
+                    fua,
+                    residual,
+                } => Plan::ReadModifyWrite {
+                    offset,
+                    len,
+                    data_len: len,
+                    fua,
+                    kind: Rmw::Or,
+                    residual,
+                },
+                other => other,
+            }
+        }
+        Opcode::COMPARE_AND_WRITE => plan_compare_and_write(cdb, e, expected_len, dir),
         Opcode::SYNCHRONIZE_CACHE_10 | Opcode::SYNCHRONIZE_CACHE_16 => {
             let c = match BlockCdb::decode(cdb) {
                 Ok(c) => c,
@@ -400,6 +489,51 @@ fn plan_write(
         len: spdtl as u32,
         fua,
         residual,
+    }
+}
+
+/// SBC-4 §5.3 COMPARE AND WRITE.
+fn plan_compare_and_write(cdb: &[u8], e: &LunEntry, expected_len: u32, dir: DataDir) -> Plan {
+    let dev = &e.device;
+    let geo = dev.geometry();
+    let bs = geo.block_size as u64;
+    let flags = cdb[1];
+    let lba = u64::from_be_bytes([
+        cdb[2], cdb[3], cdb[4], cdb[5], cdb[6], cdb[7], cdb[8], cdb[9],
+    ]);
+    let blocks = cdb[13] as u64;
+    if flags >> 5 != 0 {
+        return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(7)));
+    }
+    // SBC-4 §5.3: more than MAXIMUM COMPARE AND WRITE LENGTH blocks is an
+    // INVALID FIELD IN CDB.
+    if blocks > max_compare_write_blocks(geo.block_size) as u64 {
+        return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(13, None));
+    }
+    match lba.checked_add(blocks) {
+        Some(end) if end <= geo.num_blocks => {}
+        _ => return fail(Sense::LBA_OUT_OF_RANGE),
+    }
+    if dev.flags.read_only || e.read_only {
+        return fail(Sense::WRITE_PROTECTED);
+    }
+    // The Data-Out is the verify instance and the write instance, exactly:
+    // a transfer of another length cannot be split into the two (SBC-4
+    // §5.3; what libiscsi's InvalidDataOutSize test and Linux LIO hold to).
+    let need = 2 * blocks * bs;
+    if need != data_out_len(expected_len, dir) as u64 {
+        return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(13, None));
+    }
+    if blocks == 0 {
+        return Plan::Good(Residual::None);
+    }
+    Plan::ReadModifyWrite {
+        offset: lba * bs,
+        len: (blocks * bs) as u32,
+        data_len: need as u32,
+        fua: flags & 0x08 != 0 && !dev.flags.write_through,
+        kind: Rmw::CompareAndWrite,
+        residual: Residual::None,
     }
 }
 
@@ -590,6 +724,8 @@ const SUPPORTED: &[Supported] = &[
     cmd(0x08, &[0x08, 0x1f, 0xff, 0xff, 0xff, 0x04]),
     cmd(0x0a, &[0x0a, 0x1f, 0xff, 0xff, 0xff, 0x04]),
     cmd(0x12, &[0x12, 0x03, 0xff, 0xff, 0xff, 0x04]),
+    cmd(0x16, &[0x16, 0, 0, 0, 0, 0x04]),
+    cmd(0x17, &[0x17, 0, 0, 0, 0, 0x04]),
     cmd(0x1a, &[0x1a, 0x08, 0xff, 0xff, 0xff, 0x04]),
     cmd(0x1b, &[0x1b, 0x01, 0, 0, 0xf3, 0x04]),
     cmd(0x1e, &[0x1e, 0, 0, 0, 0x03, 0x04]),
@@ -611,14 +747,21 @@ const SUPPORTED: &[Supported] = &[
         &[0x2f, 0xf6, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0x04],
     ),
     cmd(
+        0x34,
+        &[0x34, 0x02, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0x04],
+    ),
+    cmd(
         0x35,
         &[0x35, 0, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0x04],
     ),
+    cmd(0x37, &[0x37, 0, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0x04]),
     cmd(
         0x41,
         &[0x41, 0xfe, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0x04],
     ),
     cmd(0x42, &[0x42, 0x01, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04]),
+    cmd(0x56, &[0x56, 0, 0, 0, 0, 0, 0, 0, 0, 0x04]),
+    cmd(0x57, &[0x57, 0, 0, 0, 0, 0, 0, 0, 0, 0x04]),
     cmd(0x5a, &[0x5a, 0x18, 0xff, 0xff, 0, 0, 0, 0xff, 0xff, 0x04]),
     cmd(
         0x88,
@@ -628,10 +771,23 @@ const SUPPORTED: &[Supported] = &[
         ],
     ),
     cmd(
+        0x89,
+        &[
+            0x89, 0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0xff, 0x3f, 0x04,
+        ],
+    ),
+    cmd(
         0x8a,
         &[
             0x8a, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0,
             0x04,
+        ],
+    ),
+    cmd(
+        0x8b,
+        &[
+            0x8b, 0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+            0x3f, 0x04,
         ],
     ),
     cmd(
@@ -646,6 +802,13 @@ const SUPPORTED: &[Supported] = &[
         &[
             0x8f, 0xf6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0,
             0x04,
+        ],
+    ),
+    cmd(
+        0x90,
+        &[
+            0x90, 0x02, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+            0x3f, 0x04,
         ],
     ),
     cmd(
@@ -711,6 +874,10 @@ const SUPPORTED: &[Supported] = &[
         &[
             0xaf, 0xf6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0x04,
         ],
+    ),
+    cmd(
+        0xb7,
+        &[0xb7, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x04],
     ),
 ];
 
@@ -784,6 +951,18 @@ pub fn data_in(cdb: &[u8], ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<u32, 
             let e = ctx.entry.ok_or(Sense::LOGICAL_UNIT_NOT_SUPPORTED)?;
             out.extend_from_slice(&capacity(e).read_capacity_10());
             Ok(8)
+        }
+        // SBC-4 §5.19/§5.20: no defects are known. The header echoes the
+        // lists and format asked for, each list empty.
+        Opcode::READ_DEFECT_DATA_10 => {
+            let lists = cdb[2] & 0x1f;
+            out.extend([0, lists, 0, 0]);
+            Ok(u16::from_be_bytes([cdb[7], cdb[8]]) as u32)
+        }
+        Opcode::READ_DEFECT_DATA_12 => {
+            let lists = cdb[1] & 0x1f;
+            out.extend([0, lists, 0, 0, 0, 0, 0, 0]);
+            Ok(u32::from_be_bytes([cdb[6], cdb[7], cdb[8], cdb[9]]))
         }
         Opcode::SERVICE_ACTION_IN_16 => {
             let e = ctx.entry.ok_or(Sense::LOGICAL_UNIT_NOT_SUPPORTED)?;
@@ -937,6 +1116,7 @@ fn inquiry_data(c: &InquiryCdb, ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<
                     max_unmap_descriptors: if thin { MAX_UNMAP_DESCRIPTORS } else { 0 },
                     unmap_granularity: if thin { 1 << g.phys_exp.min(15) } else { 0 },
                     max_write_same: MAX_WRITE_SAME_BLOCKS,
+                    max_compare_write: max_compare_write_blocks(g.block_size),
                 },
                 out,
             )
@@ -967,6 +1147,25 @@ pub fn passes_unit_attention(op: u8) -> bool {
     matches!(
         Opcode(op),
         Opcode::INQUIRY | Opcode::REPORT_LUNS | Opcode::REQUEST_SENSE
+    )
+}
+
+/// True for the commands a logical unit reserved by another nexus still
+/// serves (SPC-2 §5.5.1 table 9 as SPC-4 §5.13 keeps it for RESERVE/RELEASE):
+/// INQUIRY, REPORT LUNS, REQUEST SENSE, RELEASE (a no-op from another
+/// nexus), REPORT SUPPORTED OPERATION CODES and persistent reservation
+/// commands.
+pub fn passes_reservation(op: u8) -> bool {
+    matches!(
+        Opcode(op),
+        Opcode::INQUIRY
+            | Opcode::REPORT_LUNS
+            | Opcode::REQUEST_SENSE
+            | Opcode::RELEASE_6
+            | Opcode::RELEASE_10
+            | Opcode::MAINTENANCE_IN
+            | Opcode::PERSISTENT_RESERVE_IN
+            | Opcode::PERSISTENT_RESERVE_OUT
     )
 }
 

@@ -31,7 +31,7 @@ use crate::cmd::{
     TmfId, TmfRequest, TmfResponse,
 };
 use crate::device::{Device, DeviceId, LunEntry, LunMap};
-use crate::emulate::{self, DataCtx, Plan};
+use crate::emulate::{self, DataCtx, Plan, Rmw};
 use crate::stats::{Completion, IoDir, IoStats, ShardStats};
 
 /// Depth of each backend queue this shard opens.
@@ -71,6 +71,10 @@ enum CmdState {
     /// The backend queue said Busy; the op waits in `Cmd::op` for a retry
     /// after the next `poll`.
     QueueFull,
+    /// Its write (or COMPARE AND WRITE's read) overlaps a range another
+    /// command holds (SBC-4 §5.3); the op waits in `Cmd::op` for a retry
+    /// after the next `poll`.
+    RangeWait,
     /// A block operation is in flight; waits for its `BlockDone`.
     Exec,
     /// `Action::Respond` is queued or being sent; waits for `response_sent`.
@@ -89,6 +93,9 @@ enum Cont {
     },
     /// UNMAP: byte ranges still to deallocate, last first.
     Unmap(Vec<(u64, u64)>),
+    /// COMPARE AND WRITE / ORWRITE: the medium read completes; combine it
+    /// with the held Data-Out and write.
+    Combine,
 }
 
 struct Cmd {
@@ -120,6 +127,8 @@ struct Cmd {
     out_bytes: u64,
     /// Counted as active in the statistics (until its response is queued).
     active: bool,
+    /// Holds its byte range in the device's [`RangeLocks`](crate::device).
+    locked: bool,
 }
 
 /// Per nexus per LUN state: unit attentions, the capacity generation last
@@ -213,6 +222,8 @@ pub struct Shard {
     queues: HashMap<DeviceId, DevQueue>,
     /// Commands in `QueueFull`, oldest first.
     retry: VecDeque<usize>,
+    /// Commands in `RangeWait`, oldest first.
+    range_wait: VecDeque<usize>,
     tmfs: Vec<PendingTmf>,
     next_remote: u32,
     /// Remote resets whose aborted commands have all drained.
@@ -262,6 +273,11 @@ fn tag_of(key: usize, seq: u32) -> u64 {
     ((seq as u64) << 32) | key as u64
 }
 
+/// The I_T nexus identifier SPC-2 reservations are held by.
+fn nexus_key(n: &Nexus) -> String {
+    format!("{}|{}", n.initiator_port, n.target)
+}
+
 /// The sense a failed block operation reports (codes from SPC-4 Annex D).
 fn block_error_sense(e: BlockError, write: bool) -> Sense {
     match e {
@@ -297,6 +313,7 @@ impl Shard {
             next_seq: 1,
             queues: HashMap::new(),
             retry: VecDeque::new(),
+            range_wait: VecDeque::new(),
             tmfs: Vec::new(),
             next_remote: 1,
             remote_done: Vec::new(),
@@ -370,6 +387,11 @@ impl Shard {
         };
         s.closing = true;
         s.actions.clear();
+        // SPC-2 §5.5.1: I_T nexus loss releases the nexus's reservations.
+        let me = nexus_key(&s.nexus);
+        for e in s.luns.luns.values() {
+            e.device.shared.release(Some(&me));
+        }
         self.tmfs
             .retain(|t| !matches!(t.waiter, Waiter::Tmf { session, .. } if session == id));
         let keys: Vec<usize> = self
@@ -413,6 +435,9 @@ impl Shard {
         if !self.retry.is_empty() {
             progress |= self.retry_busy();
         }
+        if !self.range_wait.is_empty() {
+            progress |= self.retry_ranges();
+        }
         progress
     }
 
@@ -432,6 +457,7 @@ impl Shard {
     /// an operation waits for a queue slot: the reactor must keep polling.
     pub fn wants_spin(&self) -> bool {
         !self.retry.is_empty()
+            || !self.range_wait.is_empty()
             || self.queues.values().any(|d| {
                 d.q.as_ref()
                     .is_some_and(|q| q.notify_fd().is_none() && q.in_flight() > 0)
@@ -551,6 +577,15 @@ impl Shard {
             {
                 early = Some(Response::check(ua));
             }
+            // SPC-2 §5.5.1: a logical unit reserved by another I_T nexus
+            // answers RESERVATION CONFLICT to all but a few commands.
+            if early.is_none()
+                && !emulate::passes_reservation(op)
+                && let Some(holder) = e.device.shared.reservation()
+                && holder != nexus_key(&s.nexus)
+            {
+                early = Some(Response::status(ferrite_scsi::Status::RESERVATION_CONFLICT));
+            }
         } else if !emulate::serves_unmapped_lun(op) {
             // SAM-5 (incorrect logical unit selection): a LUN with no logical
             // unit behind it answers LOGICAL UNIT NOT SUPPORTED.
@@ -597,6 +632,7 @@ impl Shard {
             },
             out_bytes: 0,
             active: true,
+            locked: false,
         });
         s.stats.started();
         if let Some(e) = self.cmds[key].entry.as_ref() {
@@ -689,7 +725,11 @@ impl Shard {
                 self.start(key);
             }
             // The others move on events: data_out_done, poll, response_sent.
-            CmdState::NeedData | CmdState::QueueFull | CmdState::Exec | CmdState::Respond => {}
+            CmdState::NeedData
+            | CmdState::QueueFull
+            | CmdState::RangeWait
+            | CmdState::Exec
+            | CmdState::Respond => {}
         }
     }
 
@@ -716,6 +756,29 @@ impl Shard {
             }
             Plan::Unmap { param_len, .. } => self.fetch(key, param_len),
             Plan::Compare { data_len, .. } => self.fetch(key, data_len),
+            Plan::ReadModifyWrite { data_len, .. } => self.fetch(key, data_len),
+            Plan::Reserve | Plan::Release => {
+                let Some(s) = self.sessions.get(&c.session) else {
+                    return;
+                };
+                let me = nexus_key(&s.nexus);
+                let Some(dev) = c.entry.as_ref().map(|e| e.device.clone()) else {
+                    return;
+                };
+                let rsp = if c.plan == Plan::Reserve {
+                    if dev.shared.reserve(&me) {
+                        Response::good()
+                    } else {
+                        Response::status(ferrite_scsi::Status::RESERVATION_CONFLICT)
+                    }
+                } else {
+                    // SPC-2 §7.17: a RELEASE from another nexus is GOOD and
+                    // changes nothing.
+                    dev.shared.release(Some(&me));
+                    Response::good()
+                };
+                self.respond(key, rsp);
+            }
         }
     }
 
@@ -844,6 +907,7 @@ impl Shard {
                 );
                 Ok(())
             }
+            Cont::Combine => Err(buf),
             Cont::Unmap(ranges) => match ranges.pop() {
                 None => Err(buf),
                 Some((offset, len)) => {
@@ -921,6 +985,41 @@ impl Shard {
             self.respond(key, Response::check(Sense::LOGICAL_UNIT_NOT_SUPPORTED));
             return;
         };
+        // SBC-4 §5.3: COMPARE AND WRITE (and ORWRITE) hold their range from
+        // the read to the write; writes of others wait for it.
+        let owner = self.owner(key);
+        let c = &self.cmds[key];
+        let range = match (&op, c.plan) {
+            (BlockOp::Read { offset, buf }, Plan::ReadModifyWrite { .. }) if !c.locked => {
+                Some((*offset, *offset + buf.len() as u64, true))
+            }
+            (BlockOp::Write { offset, buf, .. }, _) if !c.locked => {
+                Some((*offset, *offset + buf.len() as u64, false))
+            }
+            (BlockOp::WriteZeroes { offset, len } | BlockOp::Unmap { offset, len }, _)
+                if !c.locked =>
+            {
+                Some((*offset, *offset + *len, false))
+            }
+            _ => None,
+        };
+        if let Some((start, end, take)) = range {
+            let locks = &dev.shared.ranges;
+            let wait = if take {
+                !locks.try_lock(start, end, owner)
+            } else {
+                locks.conflicts(start, end, owner)
+            };
+            if wait {
+                self.cmds[key].op = Some(op);
+                self.cmds[key].state = CmdState::RangeWait;
+                self.range_wait.push_back(key);
+                return;
+            }
+            if take {
+                self.cmds[key].locked = true;
+            }
+        }
         // Keep arrival order behind operations already waiting for a slot.
         if !self.retry.is_empty() {
             self.cmds[key].op = Some(op);
@@ -995,6 +1094,89 @@ impl Shard {
         progress
     }
 
+    /// The owner token of a command in the device range locks: unique
+    /// across cores.
+    fn owner(&self, key: usize) -> u64 {
+        ((self.core as u64) << 32) | self.cmds[key].seq as u64
+    }
+
+    /// Retries operations that waited for a held range, oldest first.
+    fn retry_ranges(&mut self) -> bool {
+        let mut progress = false;
+        for _ in 0..self.range_wait.len() {
+            let Some(key) = self.range_wait.pop_front() else {
+                break;
+            };
+            let Some(op) = self.cmds.get_mut(key).and_then(|c| c.op.take()) else {
+                continue;
+            };
+            self.submit_op(key, op);
+            if self
+                .cmds
+                .get(key)
+                .is_some_and(|c| c.state != CmdState::RangeWait)
+            {
+                progress = true;
+            }
+        }
+        progress
+    }
+
+    /// COMPARE AND WRITE / ORWRITE: the medium was read into `medium`;
+    /// compare or OR with the held Data-Out, then write (the range stays
+    /// held until the response).
+    fn combine(&mut self, key: usize, medium: Option<SgList>) {
+        let c = &mut self.cmds[key];
+        let Plan::ReadModifyWrite {
+            offset,
+            len,
+            fua,
+            kind,
+            ..
+        } = c.plan
+        else {
+            return;
+        };
+        let (Some(data), Some(mut medium)) = (c.held.take(), medium) else {
+            self.respond(key, Response::check(Sense::INTERNAL_TARGET_FAILURE));
+            return;
+        };
+        let len = len as usize;
+        let mut d = vec![0u8; data.len()];
+        data.copy_out(0, &mut d);
+        let mut m = vec![0u8; len];
+        medium.copy_out(0, &mut m);
+        match kind {
+            Rmw::CompareAndWrite => {
+                // SBC-4 §5.3: MISCOMPARE with the offset of the first
+                // differing byte in INFORMATION; nothing is written.
+                if let Some(at) = emulate::first_miscompare(&d[..len], &m) {
+                    self.respond(
+                        key,
+                        Response::check(Sense::MISCOMPARE_DURING_VERIFY.with_info(at as u64)),
+                    );
+                    return;
+                }
+                medium.copy_in(0, &d[len..]);
+            }
+            Rmw::Or => {
+                for (a, b) in m.iter_mut().zip(&d) {
+                    *a |= *b;
+                }
+                medium.copy_in(0, &m);
+            }
+        }
+        medium.truncate(len);
+        self.submit_op(
+            key,
+            BlockOp::Write {
+                offset,
+                buf: medium,
+                fua,
+            },
+        );
+    }
+
     /// A block operation finished.
     fn complete(&mut self, d: BlockDone) {
         let key = (d.tag & 0xffff_ffff) as usize;
@@ -1013,6 +1195,11 @@ impl Shard {
             return;
         }
         let mut dbuf = d.buf;
+        if d.result.is_ok() && matches!(c.cont, Cont::Combine) {
+            self.cmds[key].cont = Cont::None;
+            self.combine(key, dbuf);
+            return;
+        }
         if d.result.is_ok() && !matches!(c.cont, Cont::None) {
             match self.continue_cmd(key, dbuf) {
                 Ok(()) => return,
@@ -1036,6 +1223,7 @@ impl Shard {
                 rsp
             }
             (Plan::Write { residual, .. }, Ok(()))
+            | (Plan::ReadModifyWrite { residual, .. }, Ok(()))
             | (Plan::Flush(residual), Ok(()))
             | (Plan::WriteSame { residual, .. }, Ok(()))
             | (Plan::Unmap { residual, .. }, Ok(())) => good(residual),
@@ -1071,6 +1259,13 @@ impl Shard {
         };
         c.state = CmdState::Respond;
         let (sid, tag, id) = (c.session, c.tag, cmd_id(key, c.seq));
+        if c.locked {
+            c.locked = false;
+            let owner = ((self.core as u64) << 32) | c.seq as u64;
+            if let Some(e) = c.entry.as_ref() {
+                e.device.shared.ranges.unlock(owner);
+            }
+        }
         if c.active {
             c.active = false;
             let done = Completion {
@@ -1129,6 +1324,19 @@ impl Shard {
             return;
         }
         let c = self.cmds.remove(key);
+        if c.locked
+            && let Some(e) = c.entry.as_ref()
+        {
+            e.device
+                .shared
+                .ranges
+                .unlock(((self.core as u64) << 32) | c.seq as u64);
+        }
+        if c.state == CmdState::RangeWait
+            && let Some(p) = self.range_wait.iter().position(|&k| k == key)
+        {
+            self.range_wait.remove(p);
+        }
         if c.active {
             // Aborted (or dropped with its session) before it could answer.
             let done = Completion {
@@ -1193,7 +1401,7 @@ impl Shard {
         };
         c.aborted = true;
         match c.state {
-            CmdState::New | CmdState::Blocked | CmdState::QueueFull => {
+            CmdState::New | CmdState::Blocked | CmdState::QueueFull | CmdState::RangeWait => {
                 self.free(key);
                 false
             }
@@ -1345,6 +1553,11 @@ impl Shard {
             TmfFunction::LogicalUnitReset => match lu_device {
                 None => (TmfResponse::IncorrectLun, SmallVec::new()),
                 Some(dev) => {
+                    // SPC-2 §5.5.1: a logical unit reset releases the
+                    // reservation.
+                    if let Some(e) = s.luns.get(lun) {
+                        e.device.shared.release(None);
+                    }
                     let w =
                         self.abort_where(|c| c.entry.as_ref().is_some_and(|e| e.device.id == dev));
                     // SAM-5 §6.3.3: BUS DEVICE RESET FUNCTION OCCURRED for the
@@ -1358,12 +1571,21 @@ impl Shard {
                 }
             },
             TmfFunction::ItNexusReset => {
+                let me = nexus_key(&s.nexus);
+                for e in s.luns.luns.values() {
+                    e.device.shared.release(Some(&me));
+                }
                 let w = self.abort_where(|c| c.session == sid);
                 // SAM-5 §6.3.4: I_T NEXUS LOSS OCCURRED on this nexus.
                 self.raise_where(|sess_id, _| sess_id == sid, |_| true, Sense::I_T_NEXUS_LOSS);
                 (TmfResponse::Complete, w)
             }
             TmfFunction::TargetReset => {
+                // SPC-2 §5.5.1: a reset releases the reservations of the
+                // logical units it resets.
+                for e in s.luns.luns.values() {
+                    e.device.shared.release(None);
+                }
                 let sessions: SmallVec<[SessionId; 8]> = self
                     .sessions
                     .iter()
@@ -1510,6 +1732,7 @@ impl Shard {
                     Plan::WriteSame { .. } => bs,
                     Plan::Unmap { param_len, .. } => param_len,
                     Plan::Compare { data_len, .. } => data_len,
+                    Plan::ReadModifyWrite { data_len, .. } => data_len,
                     _ => return,
                 };
                 if buf.len() < want as usize {
@@ -1524,6 +1747,21 @@ impl Shard {
                         self.submit_op(key, BlockOp::Write { offset, buf, fua })
                     }
                     Plan::WriteSame { .. } => self.write_same(key, Some(buf)),
+                    Plan::ReadModifyWrite { offset, len, .. } => {
+                        // Hold the range from the read to the write (SBC-4
+                        // §5.3): the read waits while another command
+                        // holds an overlapping one.
+                        self.cmds[key].held = Some(buf);
+                        let medium = self.pool.sg(len as usize);
+                        self.cmds[key].cont = Cont::Combine;
+                        self.submit_op(
+                            key,
+                            BlockOp::Read {
+                                offset,
+                                buf: medium,
+                            },
+                        );
+                    }
                     Plan::Compare { offset, len, .. } => {
                         self.cmds[key].held = Some(buf);
                         let medium = self.pool.sg(len as usize);

@@ -1910,3 +1910,222 @@ fn statistics_count_directions_bytes_errors_and_latency() {
     assert!(s.sessions.is_empty());
     assert_eq!(s.devices[&dev].cmds(IoDir::Write), 1);
 }
+
+// ----- COMPARE AND WRITE, ORWRITE, RESERVE/RELEASE -----
+
+fn caw(lba: u64, blocks: u8) -> [u8; 16] {
+    let mut c = [0u8; 16];
+    c[0] = 0x89;
+    c[2..10].copy_from_slice(&lba.to_be_bytes());
+    c[13] = blocks;
+    c
+}
+
+impl H {
+    fn run_as(
+        &mut self,
+        sid: SessionId,
+        cdb: &[u8],
+        dir: DataDir,
+        len: u32,
+        data: &[u8],
+    ) -> Response {
+        let me = self.sid;
+        self.sid = sid;
+        let r = self.run(cdb, dir, len, data);
+        self.sid = me;
+        r
+    }
+}
+
+#[test]
+fn compare_and_write_matches_miscompares_and_checks_sizes() {
+    let mut h = H::ready();
+    let a = vec![b'A'; BS as usize];
+    good(&h.run(&rw10(0x2a, 3, 1, 0), DataDir::Write, BS, &a));
+    let mut d = a.clone();
+    d.extend(vec![b'B'; BS as usize]);
+    good(&h.run(&caw(3, 1), DataDir::Write, 2 * BS, &d));
+    assert_eq!(
+        data_of(&h.run(&rw10(0x28, 3, 1, 0), DataDir::Read, BS, &[])),
+        vec![b'B'; 512]
+    );
+    // The medium now holds 'B': a compare half that differs at byte 100
+    // miscompares there, and nothing is written.
+    let mut d2 = vec![b'B'; BS as usize];
+    d2[100] = b'Z';
+    d2.extend(vec![b'C'; BS as usize]);
+    let r = h.run(&caw(3, 1), DataDir::Write, 2 * BS, &d2);
+    assert_eq!(sense_of(&r), (0x0e, 0x1d, 0x00));
+    let s = r.sense.as_ref().unwrap();
+    assert_eq!(u32::from_be_bytes([s[3], s[4], s[5], s[6]]), 100);
+    assert_eq!(
+        data_of(&h.run(&rw10(0x28, 3, 1, 0), DataDir::Read, BS, &[])),
+        vec![b'B'; 512]
+    );
+    // A Data-Out that is not exactly twice the blocks is refused.
+    let r = h.run(&caw(3, 1), DataDir::Write, 4 * BS, &d);
+    assert_eq!(sense_of(&r), (0x05, 0x24, 0x00));
+    let r = h.run(&caw(3, 0), DataDir::Write, 2 * BS, &d);
+    assert_eq!(sense_of(&r), (0x05, 0x24, 0x00));
+    // Beyond the end.
+    let r = h.run(&caw(BLOCKS, 1), DataDir::Write, 2 * BS, &d);
+    assert_eq!(sense_of(&r), (0x05, 0x21, 0x00));
+}
+
+#[test]
+fn orwrite_ors_data_into_the_medium() {
+    let mut h = H::ready();
+    good(&h.run(
+        &rw10(0x2a, 0, 2, 0),
+        DataDir::Write,
+        2 * BS,
+        &vec![0x0f; 1024],
+    ));
+    let mut c = rw16(0x8b, 0, 2);
+    c[1] = 0x08; // FUA
+    good(&h.run(&c, DataDir::Write, 2 * BS, &vec![0xf0; 1024]));
+    assert_eq!(
+        data_of(&h.run(&rw10(0x28, 0, 2, 0), DataDir::Read, 2 * BS, &[])),
+        vec![0xff; 1024]
+    );
+    // ORPROTECT is not supported.
+    let mut c = rw16(0x8b, 0, 1);
+    c[1] = 0x20;
+    assert_eq!(
+        sense_of(&h.run(&c, DataDir::Write, BS, &[0; 512])),
+        (0x05, 0x24, 0x00)
+    );
+}
+
+#[test]
+fn compare_and_write_holds_its_range_against_other_writers() {
+    let mut h = H::ready();
+    let other = h.shard.open_session(h.now, nexus(2), h.map.clone(), false);
+    let _ = h.run_as(other, &[0; 6], DataDir::None, 0, &[]); // POWER ON
+    good(&h.run(&rw10(0x2a, 0, 1, 0), DataDir::Write, BS, &[b'A'; 512]));
+    // Two COMPARE AND WRITEs of 'A' -> own letter, one per session, and a
+    // plain WRITE of the same block, all issued while the backend holds.
+    h.ctl.lock().unwrap().hold = true;
+    let mut ids = Vec::new();
+    for (sid, letter) in [(h.sid, b'X'), (other, b'Y')] {
+        let r = h.req(0, &caw(0, 1), DataDir::Write, 2 * BS, TaskAttr::Simple);
+        let id = h.shard.session(sid).unwrap().submit(h.now, r);
+        let a = h.shard.session(sid).unwrap().poll_action();
+        let Some(Action::FetchData { mut buf, .. }) = a else {
+            panic!("{a:?}")
+        };
+        buf.copy_in(0, &[b'A'; 512]);
+        buf.copy_in(512, &[letter; 512]);
+        h.shard.session(sid).unwrap().data_out_done(id, Ok(buf));
+        ids.push((sid, id));
+    }
+    // Only the first read reached the backend; the second COMPARE AND WRITE
+    // waits for the range.
+    assert_eq!(
+        h.ctl
+            .lock()
+            .unwrap()
+            .log
+            .iter()
+            .filter(|l| l.0 == "R")
+            .count(),
+        1
+    );
+    assert!(h.shard.wants_spin());
+    h.ctl.lock().unwrap().hold = false;
+    let mut results = Vec::new();
+    for _ in 0..20 {
+        h.poll();
+        for (sid, id) in &ids {
+            let mut s = h.shard.session(*sid).unwrap();
+            while let Some(a) = s.poll_action() {
+                if let Action::Respond { id: i, rsp, .. } = a {
+                    assert_eq!(i, *id);
+                    results.push(rsp.status);
+                    s.response_sent(i);
+                }
+            }
+        }
+    }
+    assert_eq!(results.len(), 2);
+    assert_eq!(results.iter().filter(|s| **s == Status::GOOD).count(), 1);
+    assert_eq!(
+        results
+            .iter()
+            .filter(|s| **s == Status::CHECK_CONDITION)
+            .count(),
+        1
+    );
+    assert_eq!(
+        data_of(&h.run(&rw10(0x28, 0, 1, 0), DataDir::Read, BS, &[])),
+        vec![b'X'; 512]
+    );
+}
+
+#[test]
+fn spc2_reserve_release_between_two_nexuses() {
+    let mut h = H::ready();
+    let other = h.shard.open_session(h.now, nexus(2), h.map.clone(), false);
+    let _ = h.run_as(other, &[0; 6], DataDir::None, 0, &[]); // POWER ON
+    good(&h.run(&[0x16, 0, 0, 0, 0, 0], DataDir::None, 0, &[]));
+    good(&h.run(&[0x16, 0, 0, 0, 0, 0], DataDir::None, 0, &[]));
+    let conflict = |r: &Response| assert_eq!(r.status, Status::RESERVATION_CONFLICT);
+    conflict(&h.run_as(other, &[0x16, 0, 0, 0, 0, 0], DataDir::None, 0, &[]));
+    conflict(&h.run_as(other, &[0; 6], DataDir::None, 0, &[]));
+    conflict(&h.run_as(other, &rw10(0x28, 0, 1, 0), DataDir::Read, BS, &[]));
+    good(&h.run_as(other, &inquiry(false, 0, 36), DataDir::Read, 36, &[]));
+    // RELEASE from the other nexus: GOOD, and nothing changes.
+    good(&h.run_as(other, &[0x17, 0, 0, 0, 0, 0], DataDir::None, 0, &[]));
+    conflict(&h.run_as(other, &[0; 6], DataDir::None, 0, &[]));
+    good(&h.run(&[0; 6], DataDir::None, 0, &[]));
+    // The holder's nexus goes away: released.
+    h.shard.close_session(h.now, h.sid);
+    good(&h.run_as(
+        other,
+        &[0x56, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        DataDir::None,
+        0,
+        &[],
+    ));
+    good(&h.run_as(other, &[0; 6], DataDir::None, 0, &[]));
+    // A LOGICAL UNIT RESET releases it too.
+    let third = h.shard.open_session(h.now, nexus(3), h.map.clone(), false);
+    let _ = h.run_as(third, &[0; 6], DataDir::None, 0, &[]);
+    conflict(&h.run_as(third, &[0; 6], DataDir::None, 0, &[]));
+    h.shard.session(other).unwrap().task_mgmt(
+        h.now,
+        TmfRequest {
+            func: TmfFunction::LogicalUnitReset,
+            lun: Lun(0),
+            tag: TaskTag(77),
+        },
+    );
+    let _ = h.run_as(third, &[0; 6], DataDir::None, 0, &[]); // BUS DEVICE RESET UA
+    good(&h.run_as(third, &[0; 6], DataDir::None, 0, &[]));
+}
+
+#[test]
+fn prefetch_and_read_defect_data() {
+    let mut h = H::ready();
+    good(&h.run(&rw10(0x34, 0, 8, 0), DataDir::None, 0, &[]));
+    assert_eq!(
+        sense_of(&h.run(&rw10(0x34, BLOCKS as u32, 1, 0), DataDir::None, 0, &[])),
+        (0x05, 0x21, 0x00)
+    );
+    good(&h.run(&rw16(0x90, 0, 8), DataDir::None, 0, &[]));
+    let r = h.run(
+        &[0x37, 0, 0x18, 0, 0, 0, 0, 0, 32, 0],
+        DataDir::Read,
+        32,
+        &[],
+    );
+    assert_eq!(data_of(&r), vec![0, 0x18, 0, 0]);
+    let r = h.run(
+        &[0xb7, 0x0d, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0],
+        DataDir::Read,
+        32,
+        &[],
+    );
+    assert_eq!(data_of(&r), vec![0, 0x0d, 0, 0, 0, 0, 0, 0]);
+}

@@ -200,13 +200,15 @@ pub struct BlockLimits {
     pub max_unmap_descriptors: u32,
     pub unmap_granularity: u32,
     pub max_write_same: u64,
+    /// MAXIMUM COMPARE AND WRITE LENGTH (0: not supported).
+    pub max_compare_write: u8,
 }
 
 /// Block limits (SBC-4 §6.6.4), page length 3Ch.
 pub fn block_limits(pq_type: u8, l: &BlockLimits, out: &mut Vec<u8>) {
     let at = vpd_header(out, pq_type, vpd::BLOCK_LIMITS);
     out.push(0); // WSNZ = 0
-    out.push(0); // MAXIMUM COMPARE AND WRITE LENGTH
+    out.push(l.max_compare_write); // MAXIMUM COMPARE AND WRITE LENGTH
     out.extend(l.opt_granularity.to_be_bytes());
     out.extend(l.max_transfer.to_be_bytes());
     out.extend(l.opt_transfer.to_be_bytes());

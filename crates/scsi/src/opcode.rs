@@ -21,18 +21,27 @@ impl Opcode {
     pub const WRITE_10: Opcode = Opcode(0x2a);
     pub const WRITE_AND_VERIFY_10: Opcode = Opcode(0x2e);
     pub const VERIFY_10: Opcode = Opcode(0x2f);
+    pub const PRE_FETCH_10: Opcode = Opcode(0x34);
     pub const SYNCHRONIZE_CACHE_10: Opcode = Opcode(0x35);
+    pub const READ_DEFECT_DATA_10: Opcode = Opcode(0x37);
     pub const WRITE_SAME_10: Opcode = Opcode(0x41);
     pub const UNMAP: Opcode = Opcode(0x42);
+    pub const SANITIZE: Opcode = Opcode(0x48);
     pub const MODE_SELECT_10: Opcode = Opcode(0x55);
+    pub const RESERVE_10: Opcode = Opcode(0x56);
+    pub const RELEASE_10: Opcode = Opcode(0x57);
     pub const MODE_SENSE_10: Opcode = Opcode(0x5a);
     pub const PERSISTENT_RESERVE_IN: Opcode = Opcode(0x5e);
     pub const PERSISTENT_RESERVE_OUT: Opcode = Opcode(0x5f);
+    pub const EXTENDED_COPY: Opcode = Opcode(0x83);
+    pub const RECEIVE_COPY_RESULTS: Opcode = Opcode(0x84);
     pub const READ_16: Opcode = Opcode(0x88);
     pub const COMPARE_AND_WRITE: Opcode = Opcode(0x89);
     pub const WRITE_16: Opcode = Opcode(0x8a);
+    pub const ORWRITE_16: Opcode = Opcode(0x8b);
     pub const WRITE_AND_VERIFY_16: Opcode = Opcode(0x8e);
     pub const VERIFY_16: Opcode = Opcode(0x8f);
+    pub const PRE_FETCH_16: Opcode = Opcode(0x90);
     pub const SYNCHRONIZE_CACHE_16: Opcode = Opcode(0x91);
     pub const WRITE_SAME_16: Opcode = Opcode(0x93);
     /// SERVICE ACTION IN (16): READ CAPACITY (16), GET LBA STATUS.
@@ -44,6 +53,7 @@ impl Opcode {
     pub const WRITE_12: Opcode = Opcode(0xaa);
     pub const WRITE_AND_VERIFY_12: Opcode = Opcode(0xae);
     pub const VERIFY_12: Opcode = Opcode(0xaf);
+    pub const READ_DEFECT_DATA_12: Opcode = Opcode(0xb7);
 
     /// Length of the CDB this opcode starts, from its group code (SPC-4
     /// §4.2.5.1). `None` for reserved groups and variable-length CDBs.
