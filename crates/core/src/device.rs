@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use ferrite_scsi::Lun;
 
 use crate::backend::{Backend, Geometry};
+use crate::pr::{PrNexus, PrState, PrStore};
 
 /// Process-wide identifier of a device; indexes per-core backend queues.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -76,9 +77,65 @@ pub(crate) struct DeviceShared {
     /// SPC-2 §5.5.1 RESERVE(6)/(10): the I_T nexus holding the logical unit.
     holder: Mutex<Option<String>>,
     pub(crate) ranges: RangeLocks,
+    /// SPC-4 persistent reservations.
+    pub(crate) pr: Mutex<PrState>,
+    /// Set while a persistent reservation exists (conflict checks).
+    pub(crate) pr_reserved: AtomicBool,
+    /// Unit attentions PERSISTENT RESERVE OUT raised for nexuses on any
+    /// core, collected by each nexus's next command.
+    pub(crate) pr_ua: Mutex<Vec<(PrNexus, ferrite_scsi::Sense)>>,
+    pub(crate) pr_ua_count: AtomicUsize,
+    /// Where the APTPL state is saved.
+    pub(crate) pr_store: Mutex<Option<Arc<dyn PrStore>>>,
 }
 
 impl DeviceShared {
+    /// Queues unit attentions for other nexuses.
+    pub(crate) fn queue_pr_ua(&self, ua: Vec<(PrNexus, ferrite_scsi::Sense)>) {
+        if ua.is_empty() {
+            return;
+        }
+        if let Ok(mut q) = self.pr_ua.lock() {
+            q.extend(ua);
+            self.pr_ua_count.store(q.len(), Ordering::Release);
+        }
+    }
+
+    /// Takes the unit attentions queued for `initiator_port`/`target`.
+    pub(crate) fn take_pr_ua(
+        &self,
+        initiator_port: &str,
+        target: &str,
+        out: &mut Vec<ferrite_scsi::Sense>,
+    ) {
+        if self.pr_ua_count.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        if let Ok(mut q) = self.pr_ua.lock() {
+            q.retain(|(n, s)| {
+                if n.initiator_port == initiator_port && n.target == target {
+                    out.push(*s);
+                    false
+                } else {
+                    true
+                }
+            });
+            self.pr_ua_count.store(q.len(), Ordering::Release);
+        }
+    }
+
+    /// Saves the persistent reservation state if a store is set: the state
+    /// while APTPL is set, nothing otherwise (SPC-4 §5.13.4).
+    pub(crate) fn persist_pr(&self, st: &PrState) {
+        let store = self.pr_store.lock().ok().and_then(|s| s.clone());
+        if let Some(store) = store {
+            let bytes = if st.aptpl { st.encode() } else { Vec::new() };
+            if let Err(e) = store.save(&bytes) {
+                tracing::error!(error = %e, "cannot save persistent reservations");
+            }
+        }
+    }
+
     /// The nexus holding an SPC-2 reservation, if any.
     pub(crate) fn reservation(&self) -> Option<String> {
         if !self.reserved.load(Ordering::Acquire) {
@@ -217,6 +274,38 @@ impl Device {
     pub fn set_num_blocks(&self, n: u64) {
         self.num_blocks.store(n, Ordering::Release);
         self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Saves persistent reservations through `store` from now on (the
+    /// daemon gives each device a directory: [`crate::pr::DirStore`]).
+    pub fn set_pr_store(&self, store: Arc<dyn PrStore>) {
+        if let Ok(mut s) = self.shared.pr_store.lock() {
+            *s = Some(store);
+        }
+    }
+
+    /// Restores persistent reservations saved with APTPL (at start, before
+    /// sessions). False if `bytes` are not a saved state; empty bytes
+    /// restore nothing and succeed.
+    pub fn restore_reservations(&self, bytes: &[u8]) -> bool {
+        if bytes.is_empty() {
+            return true;
+        }
+        let Some(st) = PrState::decode(bytes) else {
+            return false;
+        };
+        self.shared
+            .pr_reserved
+            .store(st.res.is_some(), Ordering::Release);
+        if let Ok(mut pr) = self.shared.pr.lock() {
+            *pr = st;
+        }
+        true
+    }
+
+    /// A copy of the persistent reservation state (management, tests).
+    pub fn reservations(&self) -> PrState {
+        self.shared.pr.lock().map(|p| p.clone()).unwrap_or_default()
     }
 
     /// Capacity generation: changes whenever the capacity does.

@@ -94,6 +94,9 @@ pub enum Plan {
     },
     /// SPC-2 RESERVE (6)/(10) of the whole logical unit.
     Reserve,
+    /// PERSISTENT RESERVE OUT: fetch the `param_len`-byte parameter list,
+    /// then run the service action.
+    PrOut { param_len: u32, residual: Residual },
     /// SPC-2 RELEASE (6)/(10).
     Release,
 }
@@ -408,6 +411,24 @@ fn plan_lu(
             }
         }
         Opcode::COMPARE_AND_WRITE => plan_compare_and_write(cdb, e, expected_len, dir),
+        // SPC-4 §6.16: service actions past READ FULL STATUS are invalid.
+        Opcode::PERSISTENT_RESERVE_IN => {
+            if cdb[1] & 0x1f > crate::pr::in_sa::READ_FULL_STATUS {
+                fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(4)))
+            } else {
+                Plan::DataIn
+            }
+        }
+        Opcode::PERSISTENT_RESERVE_OUT => {
+            let param_len = u32::from_be_bytes([cdb[5], cdb[6], cdb[7], cdb[8]]);
+            match data_out_residual(param_len as u64, data_out_len(expected_len, dir)) {
+                Ok(residual) => Plan::PrOut {
+                    param_len,
+                    residual,
+                },
+                Err(p) => p,
+            }
+        }
         Opcode::SYNCHRONIZE_CACHE_10 | Opcode::SYNCHRONIZE_CACHE_16 => {
             let c = match BlockCdb::decode(cdb) {
                 Ok(c) => c,
@@ -763,6 +784,61 @@ const SUPPORTED: &[Supported] = &[
     cmd(0x56, &[0x56, 0, 0, 0, 0, 0, 0, 0, 0, 0x04]),
     cmd(0x57, &[0x57, 0, 0, 0, 0, 0, 0, 0, 0, 0x04]),
     cmd(0x5a, &[0x5a, 0x18, 0xff, 0xff, 0, 0, 0, 0xff, 0xff, 0x04]),
+    Supported {
+        opcode: 0x5e,
+        sa: Some(0),
+        usage: &[0x5e, 0x00, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04],
+    },
+    Supported {
+        opcode: 0x5e,
+        sa: Some(1),
+        usage: &[0x5e, 0x01, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04],
+    },
+    Supported {
+        opcode: 0x5e,
+        sa: Some(2),
+        usage: &[0x5e, 0x02, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04],
+    },
+    Supported {
+        opcode: 0x5e,
+        sa: Some(3),
+        usage: &[0x5e, 0x03, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04],
+    },
+    Supported {
+        opcode: 0x5f,
+        sa: Some(0),
+        usage: &[0x5f, 0x00, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
+    },
+    Supported {
+        opcode: 0x5f,
+        sa: Some(1),
+        usage: &[0x5f, 0x01, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
+    },
+    Supported {
+        opcode: 0x5f,
+        sa: Some(2),
+        usage: &[0x5f, 0x02, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
+    },
+    Supported {
+        opcode: 0x5f,
+        sa: Some(3),
+        usage: &[0x5f, 0x03, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
+    },
+    Supported {
+        opcode: 0x5f,
+        sa: Some(4),
+        usage: &[0x5f, 0x04, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
+    },
+    Supported {
+        opcode: 0x5f,
+        sa: Some(5),
+        usage: &[0x5f, 0x05, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
+    },
+    Supported {
+        opcode: 0x5f,
+        sa: Some(6),
+        usage: &[0x5f, 0x06, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
+    },
     cmd(
         0x88,
         &[
@@ -951,6 +1027,16 @@ pub fn data_in(cdb: &[u8], ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<u32, 
             let e = ctx.entry.ok_or(Sense::LOGICAL_UNIT_NOT_SUPPORTED)?;
             out.extend_from_slice(&capacity(e).read_capacity_10());
             Ok(8)
+        }
+        Opcode::PERSISTENT_RESERVE_IN => {
+            let e = ctx.entry.ok_or(Sense::LOGICAL_UNIT_NOT_SUPPORTED)?;
+            let pr = e
+                .device
+                .shared
+                .pr
+                .lock()
+                .map_err(|_| Sense::INTERNAL_TARGET_FAILURE)?;
+            pr.data_in(cdb, out)
         }
         // SBC-4 §5.19/§5.20: no defects are known. The header echoes the
         // lists and format asked for, each list empty.

@@ -21,6 +21,7 @@ pub mod backend;
 pub mod cmd;
 pub mod device;
 pub mod emulate;
+pub mod pr;
 pub mod shard;
 pub mod stats;
 

@@ -32,6 +32,7 @@ use crate::cmd::{
 };
 use crate::device::{Device, DeviceId, LunEntry, LunMap};
 use crate::emulate::{self, DataCtx, Plan, Rmw};
+use crate::pr::{PrError, PrNexus};
 use crate::stats::{Completion, IoDir, IoStats, ShardStats};
 
 /// Depth of each backend queue this shard opens.
@@ -271,6 +272,15 @@ fn cmd_id(key: usize, seq: u32) -> CmdId {
 
 fn tag_of(key: usize, seq: u32) -> u64 {
     ((seq as u64) << 32) | key as u64
+}
+
+/// The nexus as persistent reservations see it.
+fn pr_nexus(n: &Nexus) -> PrNexus {
+    PrNexus {
+        initiator_port: n.initiator_port.clone(),
+        target: n.target.clone(),
+        rel_port: n.rel_port_id,
+    }
 }
 
 /// The I_T nexus identifier SPC-2 reservations are held by.
@@ -577,6 +587,36 @@ impl Shard {
             {
                 early = Some(Response::check(ua));
             }
+            // SPC-4 §5.13.11: unit attentions a PERSISTENT RESERVE OUT of
+            // another nexus (on any core) raised for this one.
+            let mut pr_ua = Vec::new();
+            e.device
+                .shared
+                .take_pr_ua(&s.nexus.initiator_port, &s.nexus.target, &mut pr_ua);
+            for ua in pr_ua {
+                st.raise(ua);
+            }
+            if early.is_none()
+                && !emulate::passes_unit_attention(op)
+                && let Some(ua) = st.ua.pop_front()
+            {
+                early = Some(Response::check(ua));
+            }
+            // SPC-4 §5.13.1 table 66: a persistent reservation another nexus
+            // holds.
+            if early.is_none()
+                && e.device
+                    .shared
+                    .pr_reserved
+                    .load(std::sync::atomic::Ordering::Acquire)
+                && e.device
+                    .shared
+                    .pr
+                    .lock()
+                    .is_ok_and(|pr| pr.conflicts(&pr_nexus(&s.nexus), op))
+            {
+                early = Some(Response::status(ferrite_scsi::Status::RESERVATION_CONFLICT));
+            }
             // SPC-2 §5.5.1: a logical unit reserved by another I_T nexus
             // answers RESERVATION CONFLICT to all but a few commands.
             if early.is_none()
@@ -757,6 +797,8 @@ impl Shard {
             Plan::Unmap { param_len, .. } => self.fetch(key, param_len),
             Plan::Compare { data_len, .. } => self.fetch(key, data_len),
             Plan::ReadModifyWrite { data_len, .. } => self.fetch(key, data_len),
+            Plan::PrOut { param_len: 0, .. } => self.pr_out(key, &[]),
+            Plan::PrOut { param_len, .. } => self.fetch(key, param_len),
             Plan::Reserve | Plan::Release => {
                 let Some(s) = self.sessions.get(&c.session) else {
                     return;
@@ -1092,6 +1134,77 @@ impl Shard {
             }
         }
         progress
+    }
+
+    /// Runs a PERSISTENT RESERVE OUT with its parameter list (SPC-4 §6.17):
+    /// the state changes under the device's lock; unit attentions go to the
+    /// other nexuses on every core; PREEMPT AND ABORT aborts the preempted
+    /// nexuses' tasks of this device on this shard (SAM-5 §5.6; other cores
+    /// through [`Shard::abort_preempted`]).
+    fn pr_out(&mut self, key: usize, params: &[u8]) {
+        let c = &self.cmds[key];
+        let (Some(dev), Some(s)) = (
+            c.entry.as_ref().map(|e| e.device.clone()),
+            self.sessions.get(&c.session),
+        ) else {
+            return;
+        };
+        let residual = match c.plan {
+            Plan::PrOut { residual, .. } => residual,
+            _ => Residual::None,
+        };
+        let me = pr_nexus(&s.nexus);
+        let cdb = c.cdb.clone();
+        let result = match dev.shared.pr.lock() {
+            Ok(mut pr) => {
+                let r = pr.out(&me, &cdb, params);
+                if r.is_ok() {
+                    dev.shared
+                        .pr_reserved
+                        .store(pr.res.is_some(), std::sync::atomic::Ordering::Release);
+                    dev.shared.persist_pr(&pr);
+                }
+                r
+            }
+            Err(_) => Err(PrError::Check(Sense::INTERNAL_TARGET_FAILURE)),
+        };
+        match result {
+            Ok(fx) => {
+                if !fx.abort.is_empty() {
+                    self.abort_preempted(dev.id, &fx.abort);
+                }
+                dev.shared.queue_pr_ua(fx.ua);
+                self.respond(key, good(residual));
+            }
+            Err(PrError::Conflict) => self.respond(
+                key,
+                Response::status(ferrite_scsi::Status::RESERVATION_CONFLICT),
+            ),
+            Err(PrError::Check(sense)) => self.respond(key, check(sense, residual)),
+        }
+    }
+
+    /// Aborts the tasks of `device` from the `preempted` nexuses on this
+    /// shard (PREEMPT AND ABORT, SPC-4 §5.13.11.5). Aborted tasks send no
+    /// status. The core that ran the PERSISTENT RESERVE OUT calls it for its
+    /// own sessions; the daemon forwards it to the other cores.
+    pub fn abort_preempted(&mut self, device: DeviceId, preempted: &[PrNexus]) {
+        let sessions: SmallVec<[SessionId; 8]> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| {
+                preempted.iter().any(|n| {
+                    n.initiator_port == s.nexus.initiator_port && n.target == s.nexus.target
+                })
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        if sessions.is_empty() {
+            return;
+        }
+        let _ = self.abort_where(|c| {
+            sessions.contains(&c.session) && c.entry.as_ref().is_some_and(|e| e.device.id == device)
+        });
     }
 
     /// The owner token of a command in the device range locks: unique
@@ -1733,6 +1846,7 @@ impl Shard {
                     Plan::Unmap { param_len, .. } => param_len,
                     Plan::Compare { data_len, .. } => data_len,
                     Plan::ReadModifyWrite { data_len, .. } => data_len,
+                    Plan::PrOut { param_len, .. } => param_len,
                     _ => return,
                 };
                 if buf.len() < want as usize {
@@ -1747,6 +1861,10 @@ impl Shard {
                         self.submit_op(key, BlockOp::Write { offset, buf, fua })
                     }
                     Plan::WriteSame { .. } => self.write_same(key, Some(buf)),
+                    Plan::PrOut { .. } => {
+                        let params = buf.to_vec();
+                        self.pr_out(key, &params);
+                    }
                     Plan::ReadModifyWrite { offset, len, .. } => {
                         // Hold the range from the read to the write (SBC-4
                         // §5.3): the read waits while another command

@@ -1,0 +1,808 @@
+//! SPC-4 persistent reservations (§5.13) of one device: registrations,
+//! the reservation, PERSISTENT RESERVE IN parameter data, PERSISTENT RESERVE
+//! OUT service actions, the conflict rules, the unit attentions they raise
+//! on other nexuses, and the APTPL state as bytes.
+//!
+//! One [`PrState`] per device, shared by every core behind a mutex in
+//! [`DeviceShared`](crate::device): taken by PERSISTENT RESERVE commands,
+//! and by other commands only while a reservation exists or unit
+//! attentions wait for a nexus (two atomics say so).
+//!
+//! Persistence (APTPL): [`PrState::encode`] and [`PrState::decode`] give
+//! the state as bytes; a [`PrStore`] the daemon sets on the device writes
+//! them after every change while APTPL is set ([`DirStore`] writes one file
+//! atomically in a directory).
+//!
+//! Not supported, and reported so in REPORT CAPABILITIES: SPEC_I_PT
+//! (SIP_C = 0), REGISTER AND MOVE and REPLACE LOST RESERVATION (INVALID
+//! FIELD IN CDB).
+
+use std::io::Write as _;
+use std::path::PathBuf;
+
+use ferrite_scsi::{Opcode, Sense};
+
+/// PERSISTENT RESERVE OUT service actions (SPC-4 table 197).
+pub mod out_sa {
+    pub const REGISTER: u8 = 0;
+    pub const RESERVE: u8 = 1;
+    pub const RELEASE: u8 = 2;
+    pub const CLEAR: u8 = 3;
+    pub const PREEMPT: u8 = 4;
+    pub const PREEMPT_AND_ABORT: u8 = 5;
+    pub const REGISTER_AND_IGNORE: u8 = 6;
+}
+
+/// PERSISTENT RESERVE IN service actions (SPC-4 table 187).
+pub mod in_sa {
+    pub const READ_KEYS: u8 = 0;
+    pub const READ_RESERVATION: u8 = 1;
+    pub const REPORT_CAPABILITIES: u8 = 2;
+    pub const READ_FULL_STATUS: u8 = 3;
+}
+
+/// Reservation types (SPC-4 table 189).
+pub mod kind {
+    pub const WRITE_EXCLUSIVE: u8 = 1;
+    pub const EXCLUSIVE_ACCESS: u8 = 3;
+    pub const WRITE_EXCLUSIVE_RO: u8 = 5;
+    pub const EXCLUSIVE_ACCESS_RO: u8 = 6;
+    pub const WRITE_EXCLUSIVE_AR: u8 = 7;
+    pub const EXCLUSIVE_ACCESS_AR: u8 = 8;
+}
+
+fn valid_type(t: u8) -> bool {
+    matches!(t, 1 | 3 | 5 | 6 | 7 | 8)
+}
+
+fn all_registrants(t: u8) -> bool {
+    matches!(t, kind::WRITE_EXCLUSIVE_AR | kind::EXCLUSIVE_ACCESS_AR)
+}
+
+/// An I_T nexus as reservations see it: initiator port and target port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrNexus {
+    pub initiator_port: String,
+    pub target: String,
+    pub rel_port: u16,
+}
+
+/// One registration (SPC-4 §5.13.7).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Registration {
+    pub nexus: PrNexus,
+    /// Registered through every target port (ALL_TG_PT).
+    pub all_tg_pt: bool,
+    pub key: u64,
+}
+
+impl Registration {
+    fn matches(&self, n: &PrNexus) -> bool {
+        self.nexus.initiator_port == n.initiator_port
+            && (self.all_tg_pt || self.nexus.target == n.target)
+    }
+}
+
+/// The persistent reservation: its holder (a registration index is not
+/// stable, so the holder's nexus), type and scope (LU_SCOPE only).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    /// `None` for the all-registrants types: every registrant holds it.
+    pub holder: Option<PrNexus>,
+    pub kind: u8,
+}
+
+/// Where persistent reservation state goes when APTPL is set.
+pub trait PrStore: Send + Sync + std::fmt::Debug {
+    /// Replaces the saved state with `bytes` (empty: nothing persists).
+    fn save(&self, bytes: &[u8]) -> std::io::Result<()>;
+}
+
+/// A [`PrStore`] writing `<dir>/pr_state` atomically: temporary file,
+/// fsync, rename, fsync of the directory. PERSISTENT RESERVE OUT with APTPL
+/// is rare control traffic; the write happens on the core that runs it.
+#[derive(Debug, Clone)]
+pub struct DirStore {
+    pub dir: PathBuf,
+}
+
+impl DirStore {
+    /// The file the state lives in.
+    pub fn path(&self) -> PathBuf {
+        self.dir.join("pr_state")
+    }
+
+    /// The saved state, if any (for [`Device::restore_reservations`](crate::device::Device::restore_reservations)).
+    pub fn load(&self) -> std::io::Result<Option<Vec<u8>>> {
+        match std::fs::read(self.path()) {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl PrStore for DirStore {
+    fn save(&self, bytes: &[u8]) -> std::io::Result<()> {
+        std::fs::create_dir_all(&self.dir)?;
+        let tmp = self.dir.join("pr_state.tmp");
+        {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(bytes)?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, self.path())?;
+        std::fs::File::open(&self.dir)?.sync_all()
+    }
+}
+
+/// What a PERSISTENT RESERVE OUT did besides its status: unit attentions
+/// for other nexuses and nexuses whose tasks PREEMPT AND ABORT aborts.
+#[derive(Debug, Default)]
+pub struct OutEffects {
+    pub ua: Vec<(PrNexus, Sense)>,
+    pub abort: Vec<PrNexus>,
+}
+
+/// Why a PERSISTENT RESERVE OUT failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrError {
+    /// RESERVATION CONFLICT status.
+    Conflict,
+    /// CHECK CONDITION with this sense.
+    Check(Sense),
+}
+
+/// Persistent reservation state of one device.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PrState {
+    /// PRGENERATION: bumped by every registration change (SPC-4 §6.16.2).
+    pub generation: u32,
+    pub regs: Vec<Registration>,
+    pub res: Option<Reservation>,
+    /// Activate persist through power loss.
+    pub aptpl: bool,
+}
+
+/// How a command stands against a persistent reservation (SPC-4 table 66).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Access {
+    /// Allowed whatever the reservation (INQUIRY, PRIN, TUR, ...).
+    Always,
+    /// Reads the medium: conflicts under the exclusive access types.
+    Read,
+    /// Writes the medium or changes the LU: conflicts under every type.
+    Write,
+}
+
+fn access_of(op: u8) -> Access {
+    match Opcode(op) {
+        Opcode::INQUIRY
+        | Opcode::REPORT_LUNS
+        | Opcode::REQUEST_SENSE
+        | Opcode::TEST_UNIT_READY
+        | Opcode::READ_CAPACITY_10
+        | Opcode::SERVICE_ACTION_IN_16
+        | Opcode::MAINTENANCE_IN
+        | Opcode::PERSISTENT_RESERVE_IN
+        | Opcode::PERSISTENT_RESERVE_OUT => Access::Always,
+        Opcode::READ_6
+        | Opcode::READ_10
+        | Opcode::READ_12
+        | Opcode::READ_16
+        | Opcode::VERIFY_10
+        | Opcode::VERIFY_12
+        | Opcode::VERIFY_16
+        | Opcode::PRE_FETCH_10
+        | Opcode::PRE_FETCH_16
+        | Opcode::MODE_SENSE_6
+        | Opcode::MODE_SENSE_10
+        | Opcode::READ_DEFECT_DATA_10
+        | Opcode::READ_DEFECT_DATA_12
+        | Opcode::RECEIVE_COPY_RESULTS => Access::Read,
+        _ => Access::Write,
+    }
+}
+
+impl PrState {
+    fn reg_of(&self, n: &PrNexus) -> Option<usize> {
+        self.regs.iter().position(|r| r.matches(n))
+    }
+
+    fn is_holder(&self, n: &PrNexus) -> bool {
+        match &self.res {
+            None => false,
+            Some(r) => match &r.holder {
+                None => self.reg_of(n).is_some(),
+                Some(h) => h.initiator_port == n.initiator_port && h.target == n.target,
+            },
+        }
+    }
+
+    /// The key the holder registered (0 for the all-registrants types).
+    fn holder_key(&self) -> u64 {
+        match self.res.as_ref().and_then(|r| r.holder.as_ref()) {
+            Some(h) => self.reg_of(h).map_or(0, |i| self.regs[i].key),
+            None => 0,
+        }
+    }
+
+    /// SPC-4 §5.13.1 table 66: does `op` from `n` conflict with the
+    /// reservation?
+    pub fn conflicts(&self, n: &PrNexus, op: u8) -> bool {
+        let Some(r) = &self.res else {
+            return false;
+        };
+        if self.is_holder(n) {
+            return false;
+        }
+        let access = access_of(op);
+        if access == Access::Always {
+            return false;
+        }
+        let registered = self.reg_of(n).is_some();
+        match r.kind {
+            kind::WRITE_EXCLUSIVE => access == Access::Write,
+            kind::EXCLUSIVE_ACCESS => true,
+            kind::WRITE_EXCLUSIVE_RO | kind::WRITE_EXCLUSIVE_AR => {
+                !registered && access == Access::Write
+            }
+            _ => !registered,
+        }
+    }
+
+    /// The other registered nexuses (for unit attentions).
+    fn others(&self, n: &PrNexus) -> Vec<PrNexus> {
+        self.regs
+            .iter()
+            .filter(|r| !r.matches(n))
+            .map(|r| r.nexus.clone())
+            .collect()
+    }
+
+    /// Runs one PERSISTENT RESERVE OUT (SPC-4 §6.17) from `n`.
+    pub fn out(&mut self, n: &PrNexus, cdb: &[u8], params: &[u8]) -> Result<OutEffects, PrError> {
+        let sa = cdb[1] & 0x1f;
+        let scope = cdb[2] >> 4;
+        let rtype = cdb[2] & 0x0f;
+        let plen = u32::from_be_bytes([cdb[5], cdb[6], cdb[7], cdb[8]]) as usize;
+        if !matches!(sa, 0..=6) {
+            return Err(PrError::Check(
+                Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(4)),
+            ));
+        }
+        // SPC-4 §6.17.3: the basic parameter list is 24 bytes.
+        if plen != 24 || params.len() < 24 {
+            return Err(PrError::Check(Sense::PARAMETER_LIST_LENGTH_ERROR));
+        }
+        let key = u64::from_be_bytes(params[0..8].try_into().unwrap_or([0; 8]));
+        let sakey = u64::from_be_bytes(params[8..16].try_into().unwrap_or([0; 8]));
+        let flags = params[20];
+        let spec_i_pt = flags & 0x08 != 0;
+        let all_tg_pt = flags & 0x04 != 0;
+        let aptpl = flags & 0x01 != 0;
+        if spec_i_pt {
+            // SIP_C = 0.
+            return Err(PrError::Check(
+                Sense::INVALID_FIELD_IN_PARAMETER_LIST.param_field(20, Some(3)),
+            ));
+        }
+        let mut fx = OutEffects::default();
+        let me = self.reg_of(n);
+        match sa {
+            out_sa::REGISTER | out_sa::REGISTER_AND_IGNORE => {
+                let ignore = sa == out_sa::REGISTER_AND_IGNORE;
+                match me {
+                    None => {
+                        // SPC-4 §5.13.7.2: an unregistered nexus must give
+                        // a reservation key of zero.
+                        if !ignore && key != 0 {
+                            return Err(PrError::Conflict);
+                        }
+                        if sakey != 0 {
+                            self.regs.push(Registration {
+                                nexus: n.clone(),
+                                all_tg_pt,
+                                key: sakey,
+                            });
+                            self.generation = self.generation.wrapping_add(1);
+                        }
+                    }
+                    Some(i) => {
+                        if !ignore && key != self.regs[i].key {
+                            return Err(PrError::Conflict);
+                        }
+                        if sakey == 0 {
+                            self.unregister(i, &mut fx);
+                        } else {
+                            self.regs[i].key = sakey;
+                        }
+                        self.generation = self.generation.wrapping_add(1);
+                    }
+                }
+                self.aptpl = aptpl;
+            }
+            _ => {
+                let Some(i) = me else {
+                    return Err(PrError::Conflict);
+                };
+                if key != self.regs[i].key {
+                    return Err(PrError::Conflict);
+                }
+                match sa {
+                    out_sa::RESERVE => {
+                        check_scope_type(scope, rtype)?;
+                        match &self.res {
+                            None => {
+                                self.res = Some(Reservation {
+                                    holder: (!all_registrants(rtype)).then(|| n.clone()),
+                                    kind: rtype,
+                                })
+                            }
+                            Some(r) => {
+                                if !(self.is_holder(n) && r.kind == rtype) {
+                                    return Err(PrError::Conflict);
+                                }
+                            }
+                        }
+                    }
+                    out_sa::RELEASE => {
+                        let Some(r) = self.res.clone() else {
+                            return Ok(fx);
+                        };
+                        if !self.is_holder(n) {
+                            return Ok(fx);
+                        }
+                        // SPC-4 §5.13.11.2: a type or scope that differs is
+                        // INVALID RELEASE OF PERSISTENT RESERVATION.
+                        if r.kind != rtype || scope != 0 {
+                            return Err(PrError::Check(Sense::INVALID_RELEASE_OF_PR));
+                        }
+                        self.res = None;
+                        if !matches!(r.kind, kind::WRITE_EXCLUSIVE | kind::EXCLUSIVE_ACCESS) {
+                            for o in self.others(n) {
+                                fx.ua.push((o, Sense::RESERVATIONS_RELEASED));
+                            }
+                        }
+                    }
+                    out_sa::CLEAR => {
+                        for o in self.others(n) {
+                            fx.ua.push((o, Sense::RESERVATIONS_PREEMPTED));
+                        }
+                        self.regs.clear();
+                        self.res = None;
+                        self.generation = self.generation.wrapping_add(1);
+                    }
+                    _ => {
+                        // PREEMPT, PREEMPT AND ABORT (SPC-4 §5.13.11.4).
+                        let abort = sa == out_sa::PREEMPT_AND_ABORT;
+                        self.preempt(n, sakey, scope, rtype, abort, &mut fx)?;
+                        self.generation = self.generation.wrapping_add(1);
+                    }
+                }
+            }
+        }
+        Ok(fx)
+    }
+
+    /// Removes registration `i`; SPC-4 §5.13.11.2.3: the holder's
+    /// unregistration releases its reservation (the last registrant's, for
+    /// the all-registrants types).
+    fn unregister(&mut self, i: usize, fx: &mut OutEffects) {
+        let r = self.regs.remove(i);
+        let Some(res) = self.res.clone() else {
+            return;
+        };
+        let released = match &res.holder {
+            Some(h) => h.initiator_port == r.nexus.initiator_port && h.target == r.nexus.target,
+            None => self.regs.is_empty(),
+        };
+        if released {
+            self.res = None;
+            if matches!(
+                res.kind,
+                kind::WRITE_EXCLUSIVE_RO | kind::EXCLUSIVE_ACCESS_RO
+            ) {
+                for o in &self.regs {
+                    fx.ua.push((o.nexus.clone(), Sense::RESERVATIONS_RELEASED));
+                }
+            }
+        }
+    }
+
+    fn preempt(
+        &mut self,
+        n: &PrNexus,
+        sakey: u64,
+        scope: u8,
+        rtype: u8,
+        abort: bool,
+        fx: &mut OutEffects,
+    ) -> Result<(), PrError> {
+        let take = |st: &mut PrState, pred: &dyn Fn(&Registration) -> bool, fx: &mut OutEffects| {
+            let mut removed = 0;
+            st.regs.retain(|r| {
+                if !r.matches(n) && pred(r) {
+                    fx.ua
+                        .push((r.nexus.clone(), Sense::REGISTRATIONS_PREEMPTED));
+                    if abort {
+                        fx.abort.push(r.nexus.clone());
+                    }
+                    removed += 1;
+                    false
+                } else {
+                    true
+                }
+            });
+            removed
+        };
+        let res = self.res.clone();
+        match res {
+            Some(r) if r.holder.is_none() => {
+                // All-registrants reservation: a key of zero preempts every
+                // other registration and the reservation.
+                if sakey == 0 {
+                    check_scope_type(scope, rtype)?;
+                    take(self, &|_| true, fx);
+                    self.res = Some(Reservation {
+                        holder: (!all_registrants(rtype)).then(|| n.clone()),
+                        kind: rtype,
+                    });
+                } else {
+                    take(self, &|r| r.key == sakey, fx);
+                }
+            }
+            Some(_) if sakey == self.holder_key() => {
+                check_scope_type(scope, rtype)?;
+                take(self, &|r| r.key == sakey, fx);
+                self.res = Some(Reservation {
+                    holder: (!all_registrants(rtype)).then(|| n.clone()),
+                    kind: rtype,
+                });
+            }
+            _ => {
+                if sakey == 0 {
+                    return Err(PrError::Check(
+                        Sense::INVALID_FIELD_IN_PARAMETER_LIST.param_field(8, None),
+                    ));
+                }
+                if take(self, &|r| r.key == sakey, fx) == 0 {
+                    return Err(PrError::Conflict);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// PERSISTENT RESERVE IN parameter data (SPC-4 §6.16) into `out`;
+    /// returns the allocation length.
+    pub fn data_in(&self, cdb: &[u8], out: &mut Vec<u8>) -> Result<u32, Sense> {
+        let sa = cdb[1] & 0x1f;
+        let alloc = u16::from_be_bytes([cdb[7], cdb[8]]) as u32;
+        out.clear();
+        match sa {
+            in_sa::READ_KEYS => {
+                out.extend(self.generation.to_be_bytes());
+                out.extend(((self.regs.len() * 8) as u32).to_be_bytes());
+                for r in &self.regs {
+                    out.extend(r.key.to_be_bytes());
+                }
+            }
+            in_sa::READ_RESERVATION => {
+                out.extend(self.generation.to_be_bytes());
+                match &self.res {
+                    None => out.extend(0u32.to_be_bytes()),
+                    Some(r) => {
+                        out.extend(16u32.to_be_bytes());
+                        out.extend(self.holder_key().to_be_bytes());
+                        out.extend([0u8; 4]);
+                        out.push(0);
+                        out.push(r.kind & 0x0f);
+                        out.extend([0u8; 2]);
+                    }
+                }
+            }
+            in_sa::REPORT_CAPABILITIES => {
+                out.extend(8u16.to_be_bytes());
+                // CRH = 1 (RESERVE/RELEASE(6/10) with a persistent
+                // reservation: RESERVATION CONFLICT), ATP_C, PTPL_C.
+                out.push(0x10 | 0x04 | 0x01);
+                // TMV, ALLOW COMMANDS = 000b, PTPL_A.
+                out.push(0x80 | u8::from(self.aptpl));
+                // Type mask: WR_EX_AR, EX_AC_RO, WR_EX_RO, EX_AC, WR_EX;
+                // EX_AC_AR.
+                out.push(0x80 | 0x40 | 0x20 | 0x08 | 0x02);
+                out.push(0x01);
+                out.extend([0u8; 2]);
+            }
+            in_sa::READ_FULL_STATUS => {
+                out.extend(self.generation.to_be_bytes());
+                out.extend(0u32.to_be_bytes());
+                for r in &self.regs {
+                    let holder = self.is_holder(&r.nexus);
+                    out.extend(r.key.to_be_bytes());
+                    out.extend([0u8; 4]);
+                    out.push(u8::from(r.all_tg_pt) << 1 | u8::from(holder));
+                    out.push(if holder {
+                        self.res.as_ref().map_or(0, |x| x.kind)
+                    } else {
+                        0
+                    });
+                    out.extend([0u8; 4]);
+                    out.extend(r.nexus.rel_port.to_be_bytes());
+                    let tid = transport_id(&r.nexus.initiator_port);
+                    out.extend((tid.len() as u32).to_be_bytes());
+                    out.extend(tid);
+                }
+                let len = (out.len() - 8) as u32;
+                out[4..8].copy_from_slice(&len.to_be_bytes());
+            }
+            _ => return Err(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(4))),
+        }
+        Ok(alloc)
+    }
+
+    /// The state as bytes for a [`PrStore`] (a small line format: generation,
+    /// then one line per registration, then the reservation).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut s = format!("ferrite-pr 1\ngeneration {}\n", self.generation);
+        for r in &self.regs {
+            s.push_str(&format!(
+                "reg {:016x} {} {} {} {}\n",
+                r.key,
+                u8::from(r.all_tg_pt),
+                r.nexus.rel_port,
+                r.nexus.initiator_port,
+                r.nexus.target
+            ));
+        }
+        if let Some(r) = &self.res {
+            match &r.holder {
+                Some(h) => s.push_str(&format!(
+                    "res {} {} {}\n",
+                    r.kind, h.initiator_port, h.target
+                )),
+                None => s.push_str(&format!("res {} * *\n", r.kind)),
+            }
+        }
+        s.into_bytes()
+    }
+
+    /// Parses [`PrState::encode`]'s bytes; `None` if they are not that.
+    pub fn decode(b: &[u8]) -> Option<PrState> {
+        let text = std::str::from_utf8(b).ok()?;
+        let mut lines = text.lines();
+        if lines.next()? != "ferrite-pr 1" {
+            return None;
+        }
+        let mut st = PrState {
+            aptpl: true,
+            ..PrState::default()
+        };
+        for l in lines {
+            let f: Vec<&str> = l.split(' ').collect();
+            match f.as_slice() {
+                ["generation", g] => st.generation = g.parse().ok()?,
+                ["reg", key, atp, port, ip, tgt] => st.regs.push(Registration {
+                    key: u64::from_str_radix(key, 16).ok()?,
+                    all_tg_pt: *atp == "1",
+                    nexus: PrNexus {
+                        initiator_port: ip.to_string(),
+                        target: tgt.to_string(),
+                        rel_port: port.parse().ok()?,
+                    },
+                }),
+                ["res", k, ip, tgt] => {
+                    let kind: u8 = k.parse().ok()?;
+                    st.res = Some(Reservation {
+                        holder: (*ip != "*").then(|| PrNexus {
+                            initiator_port: ip.to_string(),
+                            target: tgt.to_string(),
+                            rel_port: 0,
+                        }),
+                        kind,
+                    });
+                }
+                [""] | [] => {}
+                _ => return None,
+            }
+        }
+        Some(st)
+    }
+}
+
+fn check_scope_type(scope: u8, rtype: u8) -> Result<(), PrError> {
+    // SPC-4 §6.17.2: LU_SCOPE only; unknown types are invalid.
+    if scope != 0 {
+        return Err(PrError::Check(
+            Sense::INVALID_FIELD_IN_CDB.cdb_field(2, Some(7)),
+        ));
+    }
+    if !valid_type(rtype) {
+        return Err(PrError::Check(
+            Sense::INVALID_FIELD_IN_CDB.cdb_field(2, Some(3)),
+        ));
+    }
+    Ok(())
+}
+
+/// An iSCSI TransportID (SPC-4 §7.6.4.6) for an initiator port named
+/// `iqn...,i,0x<isid>`: FORMAT CODE 01b (name and ISID), or 00b for a bare
+/// name; padded to a multiple of four bytes.
+fn transport_id(port: &str) -> Vec<u8> {
+    let format = if port.contains(",i,0x") { 0x40 } else { 0x00 };
+    let mut name = port.as_bytes().to_vec();
+    name.push(0);
+    while !(name.len() + 4).is_multiple_of(4) || name.len() + 4 < 24 {
+        name.push(0);
+    }
+    let mut v = vec![format | 0x05, 0];
+    v.extend((name.len() as u16).to_be_bytes());
+    v.extend(name);
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nx(i: u8) -> PrNexus {
+        PrNexus {
+            initiator_port: format!("iqn.test:i{i},i,0x00023d000001"),
+            target: "iqn.test:t".into(),
+            rel_port: 1,
+        }
+    }
+
+    fn cdb(sa: u8, rtype: u8) -> [u8; 10] {
+        [0x5f, sa, rtype, 0, 0, 0, 0, 0, 24, 0]
+    }
+
+    fn params(key: u64, sakey: u64, flags: u8) -> [u8; 24] {
+        let mut p = [0u8; 24];
+        p[0..8].copy_from_slice(&key.to_be_bytes());
+        p[8..16].copy_from_slice(&sakey.to_be_bytes());
+        p[20] = flags;
+        p
+    }
+
+    #[test]
+    fn register_reserve_conflicts_release() {
+        let mut st = PrState::default();
+        let (a, b) = (nx(1), nx(2));
+        // An unregistered nexus must give key 0.
+        assert_eq!(
+            st.out(&a, &cdb(0, 0), &params(5, 1, 0)).unwrap_err(),
+            PrError::Conflict
+        );
+        st.out(&a, &cdb(0, 0), &params(0, 0xa, 0)).unwrap();
+        st.out(&b, &cdb(6, 0), &params(0, 0xb, 0)).unwrap();
+        assert_eq!(st.generation, 2);
+        // RESERVE needs the right key.
+        assert_eq!(
+            st.out(&a, &cdb(1, 1), &params(0xb, 0, 0)).unwrap_err(),
+            PrError::Conflict
+        );
+        st.out(&a, &cdb(1, kind::WRITE_EXCLUSIVE), &params(0xa, 0, 0))
+            .unwrap();
+        assert!(!st.conflicts(&b, 0x28));
+        assert!(st.conflicts(&b, 0x2a));
+        assert!(!st.conflicts(&a, 0x2a));
+        assert!(!st.conflicts(&b, 0x12));
+        // B cannot reserve; A reserving again with the same type is GOOD.
+        assert_eq!(
+            st.out(&b, &cdb(1, 1), &params(0xb, 0, 0)).unwrap_err(),
+            PrError::Conflict
+        );
+        st.out(&a, &cdb(1, 1), &params(0xa, 0, 0)).unwrap();
+        // Releasing with another type is INVALID RELEASE.
+        assert_eq!(
+            st.out(&a, &cdb(2, 3), &params(0xa, 0, 0)).unwrap_err(),
+            PrError::Check(Sense::INVALID_RELEASE_OF_PR)
+        );
+        st.out(&a, &cdb(2, 1), &params(0xa, 0, 0)).unwrap();
+        assert!(st.res.is_none());
+        // Bad parameter list length.
+        let mut c = cdb(0, 0);
+        c[8] = 23;
+        assert_eq!(
+            st.out(&a, &c, &params(0xa, 0, 0)).unwrap_err(),
+            PrError::Check(Sense::PARAMETER_LIST_LENGTH_ERROR)
+        );
+    }
+
+    #[test]
+    fn exclusive_access_registrants_and_ownership() {
+        let mut st = PrState::default();
+        let (a, b, c) = (nx(1), nx(2), nx(3));
+        st.out(&a, &cdb(6, 0), &params(0, 1, 0)).unwrap();
+        st.out(&b, &cdb(6, 0), &params(0, 2, 0)).unwrap();
+        st.out(&a, &cdb(1, kind::EXCLUSIVE_ACCESS_RO), &params(1, 0, 0))
+            .unwrap();
+        assert!(!st.conflicts(&b, 0x28));
+        assert!(st.conflicts(&c, 0x28));
+        assert!(!st.conflicts(&c, 0x00));
+        // The holder unregisters: released, RESERVATIONS RELEASED to B.
+        let fx = st.out(&a, &cdb(0, 0), &params(1, 0, 0)).unwrap();
+        assert!(st.res.is_none());
+        assert_eq!(fx.ua, vec![(b.clone(), Sense::RESERVATIONS_RELEASED)]);
+        // All registrants: survives the reserving nexus leaving.
+        st.out(&a, &cdb(6, 0), &params(0, 1, 0)).unwrap();
+        st.out(&a, &cdb(1, kind::EXCLUSIVE_ACCESS_AR), &params(1, 0, 0))
+            .unwrap();
+        st.out(&a, &cdb(0, 0), &params(1, 0, 0)).unwrap();
+        assert!(st.res.is_some());
+        assert!(!st.conflicts(&b, 0x2a));
+        assert!(st.conflicts(&c, 0x2a));
+    }
+
+    #[test]
+    fn preempt_and_clear() {
+        let mut st = PrState::default();
+        let (a, b) = (nx(1), nx(2));
+        st.out(&a, &cdb(6, 0), &params(0, 1, 0)).unwrap();
+        st.out(&b, &cdb(6, 0), &params(0, 2, 0)).unwrap();
+        st.out(&b, &cdb(1, kind::WRITE_EXCLUSIVE), &params(2, 0, 0))
+            .unwrap();
+        let fx = st
+            .out(&a, &cdb(5, kind::EXCLUSIVE_ACCESS), &params(1, 2, 0))
+            .unwrap();
+        assert_eq!(fx.abort, vec![b.clone()]);
+        assert_eq!(fx.ua, vec![(b.clone(), Sense::REGISTRATIONS_PREEMPTED)]);
+        assert_eq!(st.regs.len(), 1);
+        assert_eq!(st.res.as_ref().unwrap().kind, kind::EXCLUSIVE_ACCESS);
+        assert!(st.conflicts(&b, 0x28));
+        // Preempting a key nobody has: RESERVATION CONFLICT.
+        assert_eq!(
+            st.out(&a, &cdb(4, 1), &params(1, 9, 0)).unwrap_err(),
+            PrError::Conflict
+        );
+        st.out(&b, &cdb(6, 0), &params(0, 2, 0)).unwrap();
+        let fx = st.out(&a, &cdb(3, 0), &params(1, 0, 0)).unwrap();
+        assert_eq!(fx.ua, vec![(b, Sense::RESERVATIONS_PREEMPTED)]);
+        assert!(st.regs.is_empty() && st.res.is_none());
+    }
+
+    #[test]
+    fn prin_pages_and_encoding_round_trip() {
+        let mut st = PrState::default();
+        let a = nx(1);
+        st.out(&a, &cdb(6, 0), &params(0, 0x1122, 0x05)).unwrap();
+        st.out(&a, &cdb(1, 3), &params(0x1122, 0, 0)).unwrap();
+        let mut out = Vec::new();
+        st.data_in(&[0x5e, 0, 0, 0, 0, 0, 0, 0, 255, 0], &mut out)
+            .unwrap();
+        assert_eq!(&out[4..8], &8u32.to_be_bytes());
+        assert_eq!(&out[8..16], &0x1122u64.to_be_bytes());
+        st.data_in(&[0x5e, 1, 0, 0, 0, 0, 0, 0, 255, 0], &mut out)
+            .unwrap();
+        assert_eq!((out.len(), out[21]), (24, 3));
+        st.data_in(&[0x5e, 2, 0, 0, 0, 0, 0, 0, 255, 0], &mut out)
+            .unwrap();
+        assert_eq!(out.len(), 8);
+        assert_eq!(out[3] & 1, 1); // PTPL_A
+        st.data_in(&[0x5e, 3, 0, 0, 0, 0, 0, 0, 255, 0], &mut out)
+            .unwrap();
+        assert_eq!(out[20], 0x01 | 0x02); // holder, ALL_TG_PT
+        assert!(
+            st.data_in(&[0x5e, 4, 0, 0, 0, 0, 0, 0, 255, 0], &mut out)
+                .is_err()
+        );
+        let back = PrState::decode(&st.encode()).unwrap();
+        assert_eq!(back.regs, st.regs);
+        assert_eq!(back.generation, st.generation);
+        assert_eq!(back.res.as_ref().unwrap().kind, 3);
+        assert!(back.is_holder(&a));
+        assert!(PrState::decode(b"nonsense").is_none());
+    }
+
+    #[test]
+    fn dir_store_writes_atomically() {
+        let dir = std::env::temp_dir().join(format!("ferrite-pr-{}", std::process::id()));
+        let s = DirStore { dir: dir.clone() };
+        assert_eq!(s.load().unwrap(), None);
+        s.save(b"abc").unwrap();
+        assert_eq!(s.load().unwrap().as_deref(), Some(&b"abc"[..]));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
