@@ -311,3 +311,57 @@ fn a_backing_file_that_vanishes_takes_its_lun_offline_only() {
     i.logout(0).expect("logout");
     assert!(f.alive());
 }
+
+/// The `fault` section is checked like the rest of a configuration: each
+/// mistake is named with its JSON path; a good section is accepted.
+#[test]
+fn fault_sections_are_validated() {
+    let bin = ferrite_tests::ferrited_path().with_file_name("ferritectl");
+    assert!(
+        bin.exists(),
+        "{} not found: build ferritectl",
+        bin.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let check = |rules: &str| {
+        let p = dir.path().join("c.json");
+        std::fs::write(
+            &p,
+            format!(
+                r#"{{ "devices": [ {{ "name": "d", "handler": "vdisk_nullio", "size": 1048576, "fault": {{ "rules": [ {rules} ] }} }} ] }}"#
+            ),
+        )
+        .unwrap();
+        let out = ferrite_tests::run_with_timeout(
+            std::process::Command::new(&bin).arg("check").arg(&p),
+            Duration::from_secs(30),
+        );
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    for (rules, at) in [
+        ("", "devices[0].fault.rules"),
+        (r#"{ "op": "read" }"#, "devices[0].fault.rules[0]"),
+        (r#"{ "op": "read", "error": "enospc" }"#, "rules[0].error"),
+        (r#"{ "error": "eio", "blocks": 0 }"#, "rules[0].blocks"),
+        (r#"{ "delay_ms": 60001 }"#, "rules[0].delay_ms"),
+        (r#"{ "error": "eio", "count": 0 }"#, "rules[0].count"),
+        (r#"{ "error": "eio", "lba": 1, "colour": "red" }"#, "colour"),
+        (r#"{ "error": "ebusy" }"#, "ebusy"),
+    ] {
+        let (ok, text) = check(rules);
+        assert!(!ok, "accepted {rules}: {text}");
+        assert!(
+            text.contains(at),
+            "{rules}: error does not name {at}: {text}"
+        );
+    }
+    let (ok, text) = check(
+        r#"{ "op": "write", "lba": 8, "blocks": 8, "error": "enospc", "after": 2, "count": 1 },
+           { "op": "flush", "error": "offline" }, { "op": "any", "delay_ms": 5 }"#,
+    );
+    assert!(ok, "a good fault section refused: {text}");
+}
