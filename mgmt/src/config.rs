@@ -541,6 +541,214 @@ pub fn parse_hex_u64(s: &str) -> Option<u64> {
 #[serde(deny_unknown_fields, default)]
 pub struct TargetsConfig {
     pub iscsi: Vec<IscsiTargetConfig>,
+    /// SRP target ports (`/targets/srp/<port>`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub srp: Vec<SrpTargetConfig>,
+}
+
+/// Where an SRP target port listens.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, tag = "kind", rename_all = "snake_case")]
+pub enum SrpProviderConfig {
+    /// The socket-backed test and development provider: `listen` is an
+    /// absolute Unix socket path or `ADDR:PORT`.
+    Soft { listen: String },
+    /// An HCA port through libibverbs and RDMA CM: `listen` is the
+    /// `ADDR:PORT` RDMA CM binds (an IPoIB or RoCE address); `device`
+    /// narrows it to one HCA by name.
+    Verbs {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        device: Option<String>,
+        #[serde(default = "default_srp_hca_port")]
+        port: u8,
+        listen: String,
+    },
+}
+
+fn default_srp_hca_port() -> u8 {
+    1
+}
+
+/// One SRP target port: what ib_srpt makes of one HCA port, or one soft
+/// provider endpoint.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SrpTargetConfig {
+    /// Port name (an object name; the tree path `/targets/srp/<name>`).
+    pub name: String,
+    /// Whether new logins are accepted.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// SRP target port identifier, 32 hex digits (SRP r16a §5.5.8). Absent:
+    /// derived from the name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port_id: Option<String>,
+    pub provider: SrpProviderConfig,
+    /// Request limit granted per channel (SRP_LOGIN_RSP REQUEST LIMIT DELTA).
+    #[serde(default = "default_srp_credits")]
+    pub credits: u32,
+    /// The default LUN map: for initiator ports in no group.
+    #[serde(default)]
+    pub luns: Vec<LunConfig>,
+    /// Groups of initiator port ids (`0x` and 32 hex digits, patterns
+    /// allowed) with their own LUN maps.
+    #[serde(default)]
+    pub ini_groups: Vec<GroupConfig>,
+}
+
+fn default_srp_credits() -> u32 {
+    128
+}
+
+impl SrpTargetConfig {
+    /// An enabled soft-provider port listening on `listen`, no LUN.
+    pub fn soft(name: impl Into<String>, listen: impl Into<String>) -> SrpTargetConfig {
+        SrpTargetConfig {
+            name: name.into(),
+            enabled: true,
+            port_id: None,
+            provider: SrpProviderConfig::Soft {
+                listen: listen.into(),
+            },
+            credits: default_srp_credits(),
+            luns: Vec::new(),
+            ini_groups: Vec::new(),
+        }
+    }
+
+    /// The 16-byte target port identifier: `port_id` if given (validated by
+    /// [`Config::validate`]), else a stable value derived from the name.
+    pub fn port_id_bytes(&self) -> [u8; 16] {
+        if let Some(b) = self.port_id.as_deref().and_then(parse_port_id) {
+            return b;
+        }
+        let d = Sha256::digest(format!("ferrite srp port {}", self.name).as_bytes());
+        let mut out = [0u8; 16];
+        out.copy_from_slice(&d[..16]);
+        out
+    }
+}
+
+/// 32 hex digits (an optional `0x` prefix) as a 16-byte SRP port id.
+pub fn parse_port_id(s: &str) -> Option<[u8; 16]> {
+    let h = s.strip_prefix("0x").unwrap_or(s);
+    if h.len() != 32 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(h.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Checks the SRP target ports of a configuration.
+fn validate_srp_targets(
+    targets: &[SrpTargetConfig],
+    devices: &BTreeSet<&str>,
+) -> Result<(), ConfigError> {
+    let mut names = BTreeMap::new();
+    let mut listens = BTreeMap::new();
+    for (i, t) in targets.iter().enumerate() {
+        let at = format!("targets.srp[{i}]");
+        validate_object_name(&t.name).map_err(|m| ConfigError::invalid(format!("{at}.name"), m))?;
+        if let Some(prev) = names.insert(t.name.as_str(), i) {
+            return Err(ConfigError::invalid(
+                format!("{at}.name"),
+                format!(
+                    "SRP port {:?} is already defined at targets.srp[{prev}]",
+                    t.name
+                ),
+            ));
+        }
+        if let Some(p) = &t.port_id
+            && parse_port_id(p).is_none()
+        {
+            return Err(ConfigError::invalid(
+                format!("{at}.port_id"),
+                format!("{p:?} is not 32 hex digits (an optional 0x before them)"),
+            ));
+        }
+        // SRP r16a §5.6.4: the request limit is a 32-bit count; a channel
+        // needs at least one credit, and each is a posted receive buffer.
+        if t.credits == 0 || t.credits > 4096 {
+            return Err(ConfigError::invalid(
+                format!("{at}.credits"),
+                format!("{}; valid: 1..4096", t.credits),
+            ));
+        }
+        let listen = match &t.provider {
+            SrpProviderConfig::Soft { listen } => {
+                let unix = listen.starts_with('/');
+                if !unix && listen.parse::<SocketAddr>().is_err() {
+                    return Err(ConfigError::invalid(
+                        format!("{at}.provider.listen"),
+                        format!(
+                            "{listen:?} is neither an absolute socket path nor an address:port"
+                        ),
+                    ));
+                }
+                // sockaddr_un holds 108 bytes with the terminating NUL.
+                if unix && listen.len() > 107 {
+                    return Err(ConfigError::invalid(
+                        format!("{at}.provider.listen"),
+                        "a Unix socket path is at most 107 bytes",
+                    ));
+                }
+                listen
+            }
+            SrpProviderConfig::Verbs { port, listen, .. } => {
+                if *port == 0 {
+                    return Err(ConfigError::invalid(
+                        format!("{at}.provider.port"),
+                        "HCA ports are numbered from 1",
+                    ));
+                }
+                if listen.parse::<SocketAddr>().is_err() {
+                    return Err(ConfigError::invalid(
+                        format!("{at}.provider.listen"),
+                        format!("{listen:?} is not an address:port"),
+                    ));
+                }
+                listen
+            }
+        };
+        if let Some(prev) = listens.insert(listen.as_str(), i) {
+            return Err(ConfigError::invalid(
+                format!("{at}.provider.listen"),
+                format!("{listen:?} is already used by targets.srp[{prev}]"),
+            ));
+        }
+        validate_lun_map(&t.luns, devices, &format!("{at}.luns"))?;
+        let mut groups = BTreeMap::new();
+        let mut patterns: BTreeMap<&str, &str> = BTreeMap::new();
+        for (j, g) in t.ini_groups.iter().enumerate() {
+            let gat = format!("{at}.ini_groups[{j}]");
+            validate_object_name(&g.name)
+                .map_err(|m| ConfigError::invalid(format!("{gat}.name"), m))?;
+            if let Some(prev) = groups.insert(g.name.as_str(), j) {
+                return Err(ConfigError::invalid(
+                    format!("{gat}.name"),
+                    format!(
+                        "group {:?} is already defined at {at}.ini_groups[{prev}]",
+                        g.name
+                    ),
+                ));
+            }
+            for (k, p) in g.initiators.iter().enumerate() {
+                validate_initiator_pattern(p)
+                    .map_err(|m| ConfigError::invalid(format!("{gat}.initiators[{k}]"), m))?;
+                if let Some(other) = patterns.insert(p.as_str(), g.name.as_str()) {
+                    return Err(ConfigError::invalid(
+                        format!("{gat}.initiators[{k}]"),
+                        format!("initiator {p:?} is already in group {other:?}"),
+                    ));
+                }
+            }
+            validate_lun_map(&g.luns, devices, &format!("{gat}.luns"))?;
+        }
+    }
+    Ok(())
 }
 
 /// One iSCSI target node.
@@ -1042,6 +1250,7 @@ impl Config {
                 validate_lun_map(&g.luns, &devices, &format!("{gat}.luns"))?;
             }
         }
+        validate_srp_targets(&self.targets.srp, &devices)?;
         self.iscsi.validate()?;
         if self.reactor.cores == Some(0) {
             return Err(ConfigError::invalid(
@@ -1128,6 +1337,7 @@ impl Config {
             devices: vec![disk],
             targets: TargetsConfig {
                 iscsi: vec![target],
+                srp: Vec::new(),
             },
             iscsi: IscsiParamsConfig::default(),
             reactor: ReactorConfig::default(),

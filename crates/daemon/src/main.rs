@@ -5,6 +5,7 @@
 
 mod portal;
 mod runtime;
+mod srp;
 mod system;
 mod worker;
 
@@ -147,6 +148,7 @@ fn run(
     for (name, t) in &system.snapshot.iscsi_targets {
         tracing::info!(target = %name, luns = t.luns.luns.len(), enabled = t.enabled, "target");
     }
+    let mut srp_ports = Some(srp::bind_ports(&cfg.targets.srp)?);
 
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -173,13 +175,19 @@ fn run(
         } else {
             Vec::new()
         };
+        let srp_ports = if core == 0 {
+            srp_ports.take().unwrap_or_default()
+        } else {
+            Vec::new()
+        };
         let (peers, snapshot, registry) = (txs.clone(), system.snapshot.clone(), registry.clone());
         let h = std::thread::Builder::new()
             .name(format!("reactor-{core}"))
             .spawn(move || {
                 // The worker is built on its own thread: backend queues and
                 // sessions never leave the core that created them.
-                let w = CoreWorker::new(core, ls, peers, snapshot, registry);
+                let w =
+                    CoreWorker::new(core, ls, peers, snapshot, registry).with_srp_ports(srp_ports);
                 ring::run(core, rcfg, rx, w).map(|_| ())
             })
             .context("spawning reactor thread")?;

@@ -34,6 +34,8 @@ struct State {
     params: IscsiParamsConfig,
     /// Listening portals and how many targets use each.
     portals: BTreeMap<SocketAddr, usize>,
+    /// SRP target ports as built at start-up (republished unchanged).
+    srp_targets: BTreeMap<String, Arc<crate::srp::SrpTarget>>,
 }
 
 /// The running system, as the management tree sees it.
@@ -85,6 +87,7 @@ impl DaemonRuntime {
                 targets,
                 params: cfg.iscsi.clone(),
                 portals,
+                srp_targets: system.snapshot.srp_targets.clone(),
             }),
             cores,
             registry,
@@ -119,6 +122,7 @@ impl DaemonRuntime {
         let snap = Arc::new(Snapshot {
             iscsi_targets,
             iscsi,
+            srp_targets: st.srp_targets.clone(),
         });
         for c in &self.cores {
             let _ = c.send(Msg::Snapshot(snap.clone()));

@@ -25,6 +25,8 @@ use ferrite_scsi::Lun;
 pub struct Snapshot {
     pub iscsi_targets: BTreeMap<String, Arc<Target>>,
     pub iscsi: Arc<IscsiConfig>,
+    /// SRP target ports by name (`crate::srp`).
+    pub srp_targets: BTreeMap<String, Arc<crate::srp::SrpTarget>>,
 }
 
 /// The devices and targets built from a configuration.
@@ -239,13 +241,46 @@ impl System {
             targets.insert(t.name.clone(), Arc::new(target));
         }
         let iscsi = Arc::new(iscsi_config(cfg, &targets));
+        let srp_targets = srp_targets(cfg, &devices, targets.len())?;
         Ok(System {
             devices,
             snapshot: Arc::new(Snapshot {
                 iscsi_targets: targets,
                 iscsi,
+                srp_targets,
             }),
             portals,
         })
     }
+}
+
+/// The SRP target ports of a configuration; their relative port ids follow
+/// the iSCSI targets' (`first_rel` of them) so that VPD page 83h tells
+/// ports apart.
+pub fn srp_targets(
+    cfg: &Config,
+    devices: &BTreeMap<String, Arc<Device>>,
+    first_rel: usize,
+) -> Result<BTreeMap<String, Arc<crate::srp::SrpTarget>>> {
+    let mut out = BTreeMap::new();
+    for (i, t) in cfg.targets.srp.iter().enumerate() {
+        let at = format!("targets.srp[{i}]");
+        let mut groups = Vec::new();
+        for g in &t.ini_groups {
+            groups.push(AccessGroup {
+                name: g.name.clone(),
+                initiators: g.initiators.clone(),
+                luns: lun_map(&g.luns, devices, &format!("{at}.ini_groups.{}", g.name))?,
+            });
+        }
+        let target = Arc::new(Target {
+            name: t.name.clone(),
+            rel_port_id: u16::try_from(first_rel + i + 1).unwrap_or(u16::MAX),
+            enabled: t.enabled,
+            luns: lun_map(&t.luns, devices, &at)?,
+            groups,
+        });
+        out.insert(t.name.clone(), Arc::new(crate::srp::srp_target(t, target)));
+    }
+    Ok(out)
 }

@@ -34,6 +34,8 @@ pub enum Msg {
     Unlisten(std::net::SocketAddr),
     /// Close the session with this TSIH if it lives here.
     CloseSession(u16),
+    /// For this core's SRP fabric.
+    Srp(crate::srp::SrpMsg),
     /// Close every connection and stop.
     Stop,
 }
@@ -56,6 +58,7 @@ pub struct CoreWorker {
     ready: Vec<SessionId>,
     next_timer: Option<Instant>,
     seed: u64,
+    srp: crate::srp::SrpCore,
 }
 
 impl CoreWorker {
@@ -83,6 +86,12 @@ impl CoreWorker {
             next_timer: None,
             seed: 0x9e37_79b9_7f4a_7c15 ^ (core as u64),
         }
+    }
+
+    /// Gives this core the SRP target ports to accept logins on.
+    pub fn with_srp_ports(mut self, ports: Vec<crate::srp::SrpPort>) -> CoreWorker {
+        self.srp.set_ports(ports);
+        self
     }
 
     fn add_conn(&mut self, ctx: &mut Ctx, fd: OwnedFd) {
@@ -217,6 +226,13 @@ impl Worker for CoreWorker {
             Msg::Snapshot(s) => {
                 self.snapshot = s;
                 self.apply_snapshot(ctx);
+                self.srp
+                    .apply_snapshot(&mut self.shard, &self.snapshot.srp_targets);
+            }
+            Msg::Srp(crate::srp::SrpMsg::Incoming { port, req }) => {
+                let now = ctx.now();
+                self.srp
+                    .incoming(now, &mut self.shard, &self.snapshot.srp_targets, &port, req);
             }
             Msg::Listen(l) => {
                 let idx = self.listeners.len();
@@ -256,6 +272,7 @@ impl Worker for CoreWorker {
             }
             Msg::Stop => {
                 self.stopping = true;
+                self.srp.stop();
                 let portal = CorePortal {
                     snapshot: &self.snapshot,
                     registry: &self.registry,
@@ -315,6 +332,12 @@ impl Worker for CoreWorker {
         for key in touched {
             self.after_conn(key);
         }
+        progress |= self.srp.poll(
+            now,
+            &mut self.shard,
+            &self.snapshot.srp_targets,
+            &self.peers,
+        );
         self.next_timer = self
             .conns
             .iter()
@@ -324,7 +347,10 @@ impl Worker for CoreWorker {
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        self.next_timer
+        match (self.next_timer, self.srp.next_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     fn wants_spin(&self) -> bool {
@@ -333,9 +359,10 @@ impl Worker for CoreWorker {
 
     fn wake_fds(&self, out: &mut Vec<RawFd>) {
         self.shard.notify_fds(out);
+        self.srp.wake_fds(out);
     }
 
     fn running(&self) -> bool {
-        !(self.stopping && self.conns.is_empty())
+        !(self.stopping && self.conns.is_empty() && self.srp.is_empty())
     }
 }

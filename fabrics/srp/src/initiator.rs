@@ -413,6 +413,28 @@ impl Initiator {
         Ok(tag)
     }
 
+    /// Sends an SRP_CMD the caller encodes itself (fault tests: a
+    /// descriptor with a bad rkey, a forged table). `build` gets the tag to
+    /// use; a credit is taken as for [`Initiator::submit`]. No memory is
+    /// registered for it: the descriptors name whatever the caller chose.
+    pub fn submit_raw(&mut self, build: impl FnOnce(u64) -> Vec<u8>) -> Result<u64, InitError> {
+        self.check_open()?;
+        self.take_credit()?;
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        let bytes = build(tag);
+        self.outstanding.insert(
+            tag,
+            Outstanding {
+                data_in: None,
+                _data_out: None,
+                _tables: Vec::new(),
+            },
+        );
+        self.send_iu(&bytes)?;
+        Ok(tag)
+    }
+
     /// Waits for the response to `tag`.
     pub fn wait(&mut self, tag: u64) -> Result<Completed, InitError> {
         let deadline = Instant::now() + self.cfg.timeout;

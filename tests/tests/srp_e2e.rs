@@ -1,0 +1,868 @@
+//! SRP end to end against a real ferrited: the project's SRP initiator over
+//! the soft RDMA provider (a Unix socket), beside the iSCSI initiator on the
+//! same LUN. Also the start-up line of a machine without an HCA.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
+
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use ferrite_iscsi::initiator::{
+    Command as IscsiCmd, Initiator as IscsiIni, InitiatorConfig as IscsiCfg,
+};
+use ferrite_rdma::soft::{SoftAddr, SoftCq, SoftDevice};
+use ferrite_scsi::Lun;
+use ferrite_srp::initiator::{self, Completed, InitError, Initiator, InitiatorConfig, Layout};
+use ferrite_srp::iu::{self, RspCode, TskFunc};
+use ferrite_tests::{Ferrited, Options, free_port, run_with_timeout};
+
+const IQN: &str = "iqn.2026-11.org.ferrite:srp-e2e";
+const PORT_ID: &str = "0x66657272697465207372702070307430";
+const BS: usize = 512;
+const DISK: u64 = 64 << 20;
+
+fn port_id() -> [u8; 16] {
+    let h = PORT_ID.trim_start_matches("0x");
+    let mut out = [0u8; 16];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&h[2 * i..2 * i + 2], 16).unwrap();
+    }
+    out
+}
+
+struct Rig {
+    f: Ferrited,
+    sock: PathBuf,
+    img: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// ferrited with one file-backed disk behind an iSCSI target and an SRP
+/// soft port; `fault` is an optional fault section for the device.
+fn rig(fault: Option<&str>) -> Rig {
+    let dir = tempfile::Builder::new()
+        .prefix("fsrp")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let img = dir.path().join("disk0.img");
+    let sock = dir.path().join("srp.sock");
+    let port = free_port();
+    let fault = fault
+        .map(|f| format!(", \"fault\": {f}"))
+        .unwrap_or_default();
+    let cfg = format!(
+        r#"{{
+  "devices": [{{"name": "disk0", "handler": "vdisk_fileio", "filename": "{img}", "size": {DISK}{fault}}}],
+  "targets": {{
+    "iscsi": [{{"name": "{IQN}", "portals": ["127.0.0.1:{port}"], "luns": [{{"lun": 0, "device": "disk0"}}]}}],
+    "srp": [{{"name": "srp0", "port_id": "{PORT_ID}", "provider": {{"kind": "soft", "listen": "{sock}"}},
+              "luns": [{{"lun": 0, "device": "disk0"}}]}}]
+  }}
+}}"#,
+        img = img.display(),
+        sock = sock.display(),
+    );
+    let cfg_path = dir.path().join("ferrite.json");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let f = Ferrited::start(
+        dir.path(),
+        port,
+        Options {
+            config: Some(cfg_path),
+            args: vec!["--cores".into(), "2".into()],
+        },
+    );
+    Rig {
+        f,
+        sock,
+        img,
+        _dir: dir,
+    }
+}
+
+/// An SRP initiator and the soft device it lives on.
+struct Srp {
+    ini: Initiator,
+    _dev: SoftDevice,
+}
+
+fn srp_login(sock: &Path, ini_id: u8) -> Srp {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let dev = SoftDevice::new("ini");
+        let pd = dev.alloc_pd();
+        let cq = SoftCq::new().unwrap();
+        let cfg = InitiatorConfig {
+            initiator_port_id: [ini_id; 16],
+            target_port_id: port_id(),
+            recv_count: 160,
+            ..InitiatorConfig::default()
+        };
+        match initiator::connect_soft(&pd, &cq, &SoftAddr::Unix(sock.into()), cfg) {
+            Ok(ini) => return Srp { ini, _dev: dev },
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => panic!("SRP login to {}: {e}", sock.display()),
+        }
+    }
+}
+
+/// Takes the unit attentions a new nexus starts with.
+fn clear_ua(s: &mut Srp) {
+    for _ in 0..8 {
+        let c = s
+            .ini
+            .command(Lun(0), &[0u8; 6], None, 0, Layout::default())
+            .unwrap();
+        if c.rsp.status == 0 {
+            return;
+        }
+    }
+    panic!("unit attentions never cleared");
+}
+
+fn iscsi_login(f: &Ferrited) -> IscsiIni<TcpStream> {
+    let mut i = ferrite_iscsi::initiator::connect(
+        f.addr,
+        IscsiCfg {
+            target_name: Some(IQN.into()),
+            ..IscsiCfg::default()
+        },
+    )
+    .unwrap();
+    i.t.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    for _ in 0..8 {
+        let r = i
+            .command(&IscsiCmd {
+                cdb: &[0u8; 6],
+                attr: 1,
+                ..IscsiCmd::default()
+            })
+            .unwrap();
+        if r.status == 0 {
+            return i;
+        }
+    }
+    panic!("iSCSI unit attentions never cleared");
+}
+
+fn rw(op: u8, lba: u64, blocks: u32) -> Vec<u8> {
+    let mut c = vec![0u8; 16];
+    c[0] = op;
+    c[2..10].copy_from_slice(&lba.to_be_bytes());
+    c[10..14].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+fn rw10(op: u8, lba: u32, blocks: u16) -> Vec<u8> {
+    let mut c = vec![0u8; 10];
+    c[0] = op;
+    c[2..6].copy_from_slice(&lba.to_be_bytes());
+    c[7..9].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+fn pattern(seed: u32, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 13) as u8)
+        .collect()
+}
+
+fn ctl(f: &Ferrited, args: &[&str]) -> String {
+    let exe = ferrite_tests::ferrited_path().with_file_name("ferritectl");
+    let out = run_with_timeout(
+        Command::new(exe)
+            .arg("--socket")
+            .arg(f.control())
+            .args(args),
+        Duration::from_secs(30),
+    );
+    assert!(
+        out.status.success(),
+        "ferritectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn no_hca_is_logged_once_and_iscsi_still_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("d.img");
+    let port = free_port();
+    // A verbs SRP port on a machine without an HCA: configured, idle.
+    let cfg = format!(
+        r#"{{"devices": [{{"name": "d", "handler": "vdisk_fileio", "filename": "{}", "size": 1048576}}],
+  "targets": {{"iscsi": [{{"name": "{IQN}", "portals": ["127.0.0.1:{port}"], "luns": [{{"lun": 0, "device": "d"}}]}}],
+              "srp": [{{"name": "hca0", "provider": {{"kind": "verbs", "port": 1, "listen": "127.0.0.1:0"}},
+                        "luns": [{{"lun": 0, "device": "d"}}]}}]}}}}"#,
+        img.display()
+    );
+    let cfg_path = dir.path().join("ferrite.json");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let f = Ferrited::start(
+        dir.path(),
+        port,
+        Options {
+            config: Some(cfg_path),
+            args: Vec::new(),
+        },
+    );
+    let mut i = iscsi_login(&f);
+    let r = i
+        .command(&IscsiCmd {
+            cdb: &[0x12, 0, 0, 0, 36, 0],
+            read_len: 36,
+            attr: 1,
+            ..IscsiCmd::default()
+        })
+        .unwrap();
+    assert_eq!(r.status, 0);
+    assert_eq!(r.data.len(), 36);
+    let log = f.log_text();
+    let has_hca = Path::new("/sys/class/infiniband")
+        .read_dir()
+        .is_ok_and(|mut d| d.next().is_some());
+    if has_hca {
+        eprintln!("this machine has an RDMA device; the idle line is not expected");
+        return;
+    }
+    assert_eq!(
+        log.matches("RDMA fabrics idle: no RDMA device found")
+            .count(),
+        1,
+        "{log}"
+    );
+}
+
+#[test]
+fn reads_and_writes_verify_with_direct_and_indirect_descriptors() {
+    let r = rig(None);
+    let mut s = srp_login(&r.sock, 1);
+    assert_eq!(s.ini.login_rsp.req_lim_delta, 128);
+    clear_ua(&mut s);
+    let layouts = [
+        Layout {
+            segments: 1,
+            inline_max: 16,
+        }, // direct descriptor
+        Layout {
+            segments: 4,
+            inline_max: 16,
+        }, // indirect, all in the SRP_CMD
+        Layout {
+            segments: 8,
+            inline_max: 2,
+        }, // indirect, table fetched by RDMA READ
+    ];
+    let mut lba = 0u64;
+    for (k, layout) in layouts.iter().enumerate() {
+        for size in [4usize << 10, 64 << 10, 256 << 10, 1 << 20] {
+            let blocks = (size / BS) as u32;
+            let data = pattern((k * 7 + size) as u32, size);
+            let w = s
+                .ini
+                .command(Lun(0), &rw(0x8a, lba, blocks), Some(&data), 0, *layout)
+                .unwrap();
+            assert_eq!(w.rsp.status, 0, "write {size} {layout:?}: {:?}", w.rsp);
+            let rd = s
+                .ini
+                .command(Lun(0), &rw(0x88, lba, blocks), None, size as u32, *layout)
+                .unwrap();
+            assert_eq!(rd.rsp.status, 0);
+            assert!(
+                rd.data == data,
+                "read back differs: {size} bytes, {layout:?}"
+            );
+            lba += blocks as u64;
+        }
+    }
+    s.ini.logout().unwrap();
+    // The data reached the disk image, not only a cache in front of it.
+    drop(r.f);
+    let img = std::fs::read(&r.img).unwrap();
+    let first = pattern(4096, 4096);
+    assert_eq!(&img[..4096], &first[..]);
+}
+
+#[test]
+fn queue_depth_128_never_overruns_credits() {
+    let r = rig(None);
+    let mut s = srp_login(&r.sock, 2);
+    clear_ua(&mut s);
+    let credits = s.ini.credits();
+    assert_eq!(credits, 128);
+    let mut tags = std::collections::VecDeque::new();
+    let mut done = 0;
+    let mut max_out = 0;
+    for n in 0..1024u32 {
+        let lba = u64::from(n % 512) * 8;
+        let tag = if n % 2 == 0 {
+            s.ini.submit(
+                Lun(0),
+                &rw(0x8a, lba, 8),
+                Some(&pattern(n, 4096)),
+                0,
+                Layout::default(),
+                iu::TASK_ATTR_SIMPLE,
+            )
+        } else {
+            s.ini.submit(
+                Lun(0),
+                &rw(0x88, lba, 8),
+                None,
+                4096,
+                Layout::default(),
+                iu::TASK_ATTR_SIMPLE,
+            )
+        }
+        .unwrap();
+        tags.push_back(tag);
+        max_out = max_out.max(s.ini.outstanding());
+        if tags.len() >= 128 {
+            let t = tags.pop_front().unwrap();
+            let c = s.ini.wait(t).unwrap();
+            assert_eq!(c.rsp.status, 0, "{:?}", c.rsp);
+            done += 1;
+        }
+    }
+    while let Some(t) = tags.pop_front() {
+        assert_eq!(s.ini.wait(t).unwrap().rsp.status, 0);
+        done += 1;
+    }
+    assert_eq!(done, 1024);
+    assert_eq!(max_out, 128, "queue depth 128 was reached");
+    assert!(s.ini.credits() <= 128, "credits returned above the grant");
+    assert!(s.ini.closed().is_none(), "channel closed: credit overrun?");
+    let log = r.f.log_text();
+    assert!(!log.contains("overrun"), "{log}");
+}
+
+/// Writes to LBAs 8192.. are held 1.5 s by the device's fault rule, so they
+/// are in flight when task management arrives.
+const SLOW: &str = r#"{"rules": [{"op": "write", "lba": 8192, "blocks": 1024, "delay_ms": 1500}]}"#;
+
+#[test]
+fn abort_task_and_lun_reset_with_commands_in_flight() {
+    let r = rig(Some(SLOW));
+    let mut s = srp_login(&r.sock, 3);
+    clear_ua(&mut s);
+    // ABORT TASK of one slow write.
+    let victim = s
+        .ini
+        .submit(
+            Lun(0),
+            &rw(0x8a, 8192, 8),
+            Some(&pattern(1, 4096)),
+            0,
+            Layout::default(),
+            iu::TASK_ATTR_SIMPLE,
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let rsp = s
+        .ini
+        .task_mgmt(Lun(0), TskFunc::ABORT_TASK, victim)
+        .unwrap();
+    let code = rsp.resp_data.get(3).copied();
+    assert!(
+        code == Some(RspCode::COMPLETE.0) || code == Some(RspCode::SUCCEEDED.0),
+        "ABORT TASK: {rsp:?}"
+    );
+    // SAM-5 §7.2: an aborted command gets no response on its nexus.
+    assert!(!s.ini.has_response(victim));
+    // LUN RESET with several in flight.
+    let mut slow = Vec::new();
+    for k in 0..4u64 {
+        slow.push(
+            s.ini
+                .submit(
+                    Lun(0),
+                    &rw(0x8a, 8192 + k * 8, 8),
+                    Some(&pattern(2, 4096)),
+                    0,
+                    Layout::default(),
+                    iu::TASK_ATTR_SIMPLE,
+                )
+                .unwrap(),
+        );
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let rsp = s.ini.task_mgmt(Lun(0), TskFunc::LUN_RESET, 0).unwrap();
+    let code = rsp.resp_data.get(3).copied();
+    assert!(
+        code == Some(RspCode::COMPLETE.0) || code == Some(RspCode::SUCCEEDED.0),
+        "LUN RESET: {rsp:?}"
+    );
+    for t in &slow {
+        assert!(!s.ini.has_response(*t), "a reset command answered");
+    }
+    // The channel goes on: the reset raised a unit attention, then I/O works.
+    clear_ua(&mut s);
+    let c = s
+        .ini
+        .command(Lun(0), &rw(0x88, 0, 8), None, 4096, Layout::default())
+        .unwrap();
+    assert_eq!(c.rsp.status, 0);
+    assert!(s.ini.closed().is_none());
+}
+
+#[test]
+fn resize_sends_an_aer_and_logout_reconnect_works() {
+    let r = rig(None);
+    let mut s = srp_login(&r.sock, 4);
+    clear_ua(&mut s);
+    ctl(
+        &r.f,
+        &["set", "/devices/disk0/size", &(DISK * 2).to_string()],
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.ini.aens.is_empty() && Instant::now() < deadline {
+        let _ = s.ini.progress(Instant::now() + Duration::from_millis(100));
+    }
+    let aer = s.ini.aens.first().expect("no SRP_AER_REQ after the resize");
+    // SBC-4 §4.10: CAPACITY DATA HAS CHANGED (2Ah/09h), UNIT ATTENTION.
+    assert_eq!(aer.sense.get(2).map(|k| k & 0x0f), Some(0x06), "{aer:?}");
+    assert_eq!(aer.sense.get(12..14), Some(&[0x2a, 0x09][..]), "{aer:?}");
+    // The new capacity is visible.
+    let rc = s.ini.command(
+        Lun(0),
+        &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        None,
+        8,
+        Layout::default(),
+    );
+    let mut rc = rc.unwrap();
+    if rc.rsp.status != 0 {
+        rc = s
+            .ini
+            .command(
+                Lun(0),
+                &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                None,
+                8,
+                Layout::default(),
+            )
+            .unwrap();
+    }
+    assert_eq!(rc.rsp.status, 0);
+    let last = u32::from_be_bytes(rc.data[0..4].try_into().unwrap());
+    assert_eq!(u64::from(last) + 1, DISK * 2 / BS as u64);
+    // Logout, then the same initiator port logs in again and works.
+    let data = pattern(9, 8192);
+    let w = s
+        .ini
+        .command(
+            Lun(0),
+            &rw10(0x2a, 100, 16),
+            Some(&data),
+            0,
+            Layout::default(),
+        )
+        .unwrap();
+    assert_eq!(w.rsp.status, 0);
+    s.ini.logout().unwrap();
+    for _ in 0..3 {
+        let mut s2 = srp_login(&r.sock, 4);
+        clear_ua(&mut s2);
+        let rd = s2
+            .ini
+            .command(Lun(0), &rw10(0x28, 100, 16), None, 8192, Layout::default())
+            .unwrap();
+        assert_eq!(rd.rsp.status, 0);
+        assert!(rd.data == data);
+        s2.ini.logout().unwrap();
+    }
+}
+
+/// The SCSI answer of a command, fabric-neutral: status, sense, and the data
+/// bytes the target transferred.
+#[derive(Debug, PartialEq, Eq)]
+struct Answer {
+    status: u8,
+    sense: Vec<u8>,
+    /// Data-in of a GOOD command (a failed one carries none).
+    data: Vec<u8>,
+    residual: u32,
+}
+
+fn srp_answer(c: Completed, read_len: u32) -> Answer {
+    let residual = if read_len > 0 {
+        c.rsp.data_in_res_cnt
+    } else {
+        c.rsp.data_out_res_cnt
+    };
+    let mut data = c.data;
+    if c.rsp.status == 0 {
+        data.truncate(read_len.saturating_sub(residual) as usize);
+    } else {
+        data.clear();
+    }
+    Answer {
+        status: c.rsp.status,
+        sense: c.rsp.sense,
+        data,
+        residual,
+    }
+}
+
+#[test]
+fn scsi_conformance_cases_answer_the_same_over_iscsi_and_srp() {
+    let r = rig(None);
+    let mut s = srp_login(&r.sock, 5);
+    clear_ua(&mut s);
+    let mut i = iscsi_login(&r.f);
+    let blocks = DISK / BS as u64;
+    let block = pattern(77, BS);
+    let cases: Vec<(&str, Vec<u8>, u32, Option<Vec<u8>>)> = vec![
+        ("INQUIRY standard", vec![0x12, 0, 0, 0, 96, 0], 96, None),
+        ("INQUIRY VPD 00h", vec![0x12, 1, 0x00, 0, 255, 0], 255, None),
+        ("INQUIRY VPD 80h", vec![0x12, 1, 0x80, 0, 255, 0], 255, None),
+        ("INQUIRY VPD 86h", vec![0x12, 1, 0x86, 0, 255, 0], 255, None),
+        ("INQUIRY VPD B0h", vec![0x12, 1, 0xb0, 0, 255, 0], 255, None),
+        ("INQUIRY VPD B1h", vec![0x12, 1, 0xb1, 0, 255, 0], 255, None),
+        ("INQUIRY VPD B2h", vec![0x12, 1, 0xb2, 0, 255, 0], 255, None),
+        (
+            "INQUIRY unknown VPD page",
+            vec![0x12, 1, 0x7f, 0, 255, 0],
+            255,
+            None,
+        ),
+        (
+            "INQUIRY EVPD=0 page code set",
+            vec![0x12, 0, 0x80, 0, 255, 0],
+            255,
+            None,
+        ),
+        (
+            "READ CAPACITY(10)",
+            vec![0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            8,
+            None,
+        ),
+        (
+            "READ CAPACITY(16)",
+            vec![0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0],
+            32,
+            None,
+        ),
+        ("WRITE(10) LBA 7", rw10(0x2a, 7, 1), 0, Some(block.clone())),
+        ("READ(10) LBA 7", rw10(0x28, 7, 1), BS as u32, None),
+        (
+            "WRITE(16) last LBA",
+            rw(0x8a, blocks - 1, 1),
+            0,
+            Some(block.clone()),
+        ),
+        (
+            "READ(16) last LBA",
+            rw(0x88, blocks - 1, 1),
+            BS as u32,
+            None,
+        ),
+        ("READ(10) zero length", rw10(0x28, 0, 0), 0, None),
+        (
+            "READ(16) past the end",
+            rw(0x88, blocks, 1),
+            BS as u32,
+            None,
+        ),
+        (
+            "READ(16) straddling the end",
+            rw(0x88, blocks - 1, 2),
+            2 * BS as u32,
+            None,
+        ),
+        (
+            "READ(10) LBA out of range",
+            rw10(0x28, blocks as u32, 1),
+            BS as u32,
+            None,
+        ),
+        (
+            "WRITE(16) past the end",
+            rw(0x8a, blocks, 1),
+            0,
+            Some(block.clone()),
+        ),
+        ("READ(16) huge LBA", rw(0x88, u64::MAX, 1), BS as u32, None),
+        ("invalid opcode", vec![0xff, 0, 0, 0, 0, 0], 0, None),
+        ("unassigned opcode 0x02", vec![0x02, 0, 0, 0, 0, 0], 0, None),
+        (
+            "REPORT LUNS",
+            vec![0xa0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0],
+            256,
+            None,
+        ),
+        (
+            "REPORT LUNS bad select report",
+            vec![0xa0, 0, 0x7f, 0, 0, 0, 0, 0, 1, 0, 0, 0],
+            256,
+            None,
+        ),
+        (
+            "MODE SENSE(6) all pages",
+            vec![0x1a, 0, 0x3f, 0, 255, 0],
+            255,
+            None,
+        ),
+        (
+            "MODE SENSE(10) all pages",
+            vec![0x5a, 0, 0x3f, 0, 0, 0, 0, 0x10, 0, 0],
+            4096,
+            None,
+        ),
+        (
+            "MODE SENSE(6) caching page",
+            vec![0x1a, 0, 0x08, 0, 255, 0],
+            255,
+            None,
+        ),
+        (
+            "MODE SENSE(6) unknown page",
+            vec![0x1a, 0, 0x2e, 0, 255, 0],
+            255,
+            None,
+        ),
+        ("TEST UNIT READY", vec![0, 0, 0, 0, 0, 0], 0, None),
+        ("REQUEST SENSE", vec![0x03, 0, 0, 0, 252, 0], 252, None),
+    ];
+    let mut compared = 0;
+    for (name, cdb, read_len, write) in &cases {
+        let ia = {
+            let res = i
+                .command(&IscsiCmd {
+                    cdb,
+                    read_len: *read_len,
+                    write: write.as_deref().unwrap_or(&[]),
+                    attr: 1,
+                    ..IscsiCmd::default()
+                })
+                .unwrap_or_else(|e| panic!("{name} over iSCSI: {e:?}"));
+            Answer {
+                status: res.status,
+                sense: res.sense,
+                data: if res.status == 0 {
+                    res.data
+                } else {
+                    Vec::new()
+                },
+                residual: res.residual,
+            }
+        };
+        let sa = srp_answer(
+            s.ini
+                .command(Lun(0), cdb, write.as_deref(), *read_len, Layout::default())
+                .unwrap_or_else(|e| panic!("{name} over SRP: {e}")),
+            *read_len,
+        );
+        assert_eq!(ia, sa, "{name}: iSCSI and SRP answers differ");
+        compared += 1;
+    }
+    assert_eq!(compared, cases.len());
+    // VPD 83h names the target port, which differs by design (SPC-4 §7.8.6:
+    // relative target port and target port designators); the logical unit
+    // designators are the same.
+    let cdb = [0x12, 1, 0x83, 0, 255, 0];
+    let ia = i
+        .command(&IscsiCmd {
+            cdb: &cdb,
+            read_len: 255,
+            attr: 1,
+            ..IscsiCmd::default()
+        })
+        .unwrap();
+    let sa = srp_answer(
+        s.ini
+            .command(Lun(0), &cdb, None, 255, Layout::default())
+            .unwrap(),
+        255,
+    );
+    assert_eq!((ia.status, sa.status), (0, 0));
+    let lu_ids = |d: &[u8]| -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut p = 4;
+        while p + 4 <= d.len() {
+            let len = d[p + 3] as usize;
+            // ASSOCIATION (byte 1 bits 5:4) 00b: the logical unit.
+            if (d[p + 1] >> 4) & 3 == 0 {
+                out.push(d[p..(p + 4 + len).min(d.len())].to_vec());
+            }
+            p += 4 + len;
+        }
+        out
+    };
+    assert!(!lu_ids(&ia.data).is_empty());
+    assert_eq!(lu_ids(&ia.data), lu_ids(&sa.data));
+}
+
+#[test]
+fn bad_rkey_fails_the_channel_and_spares_another() {
+    let r = rig(None);
+    let mut good = srp_login(&r.sock, 6);
+    clear_ua(&mut good);
+    let mut bad = srp_login(&r.sock, 7);
+    clear_ua(&mut bad);
+    // A WRITE whose data-out descriptor names memory under an rkey that
+    // the initiator never registered.
+    let tag = bad
+        .ini
+        .submit_raw(|tag| {
+            iu::CmdBuilder {
+                tag,
+                lun: Lun(0).encode(),
+                task_attr: iu::TASK_ATTR_SIMPLE,
+                cdb: &rw10(0x2a, 50, 8),
+                data_out: &[ferrite_rdma::RemoteSeg {
+                    addr: 0x1000,
+                    rkey: 0xdead_beef,
+                    len: 4096,
+                }],
+                data_in: &[],
+                out_table: None,
+                in_table: None,
+                inline_max: 16,
+            }
+            .encode()
+        })
+        .unwrap();
+    // The remote access error breaks the queue pair, as on hardware: the
+    // command fails and the channel is closed.
+    match bad.ini.wait(tag) {
+        Err(InitError::Closed(_)) | Err(InitError::Completion(_)) | Err(InitError::Timeout) => {}
+        Ok(c) => assert_ne!(
+            c.rsp.status, 0,
+            "a write from bad memory succeeded: {:?}",
+            c.rsp
+        ),
+        Err(e) => panic!("unexpected: {e}"),
+    }
+    let again = bad
+        .ini
+        .command(Lun(0), &[0u8; 6], None, 0, Layout::default());
+    assert!(again.is_err(), "the channel with the bad rkey still works");
+    // Nothing reached the disk for it (LBA 50 still zero) and the other
+    // channel is unaffected.
+    let rd = good
+        .ini
+        .command(Lun(0), &rw10(0x28, 50, 8), None, 4096, Layout::default())
+        .unwrap();
+    assert_eq!(rd.rsp.status, 0);
+    assert!(rd.data.iter().all(|b| *b == 0));
+    let data = pattern(3, 4096);
+    let w = good
+        .ini
+        .command(
+            Lun(0),
+            &rw10(0x2a, 60, 8),
+            Some(&data),
+            0,
+            Layout::default(),
+        )
+        .unwrap();
+    assert_eq!(w.rsp.status, 0);
+    assert!(good.ini.closed().is_none());
+}
+
+#[test]
+fn dropped_connection_mid_transfer_frees_everything_and_acks_nothing() {
+    let r = rig(None);
+    let mut s = srp_login(&r.sock, 8);
+    clear_ua(&mut s);
+    // Many 1 MiB writes in flight, then the initiator vanishes (its queue
+    // pair is dropped: a disconnect with no logout).
+    let mut tags = Vec::new();
+    for k in 0..16u64 {
+        tags.push(
+            s.ini
+                .submit(
+                    Lun(0),
+                    &rw(0x8a, k * 2048, 2048),
+                    Some(&pattern(k as u32 + 100, 1 << 20)),
+                    0,
+                    Layout {
+                        segments: 8,
+                        inline_max: 2,
+                    },
+                    iu::TASK_ATTR_SIMPLE,
+                )
+                .unwrap(),
+        );
+    }
+    let acked: Vec<u64> = tags
+        .iter()
+        .copied()
+        .filter(|t| s.ini.has_response(*t))
+        .collect();
+    drop(s);
+    // The daemon logs the channel closed and goes on serving new channels
+    // many times over (a leak of pool buffers per dropped channel would run
+    // the pool dry).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !r.f.log_text().contains("SRP channel closed") {
+        assert!(
+            Instant::now() < deadline,
+            "channel never closed:\n{}",
+            r.f.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for round in 0..5u32 {
+        let mut t = srp_login(&r.sock, 9);
+        clear_ua(&mut t);
+        let mut inflight = Vec::new();
+        for k in 0..16u64 {
+            inflight.push(
+                t.ini
+                    .submit(
+                        Lun(0),
+                        &rw(0x8a, 64 * 2048 + k * 2048, 2048),
+                        Some(&pattern(round, 1 << 20)),
+                        0,
+                        Layout::default(),
+                        iu::TASK_ATTR_SIMPLE,
+                    )
+                    .unwrap(),
+            );
+        }
+        drop(t);
+    }
+    let mut t = srp_login(&r.sock, 10);
+    clear_ua(&mut t);
+    // Every block the dropped channel touched holds either its old data
+    // (zeros) or the complete new data of its command, and every
+    // acknowledged write is complete.
+    for (k, tag) in tags.iter().enumerate() {
+        let rd = t
+            .ini
+            .command(
+                Lun(0),
+                &rw(0x88, k as u64 * 2048, 2048),
+                None,
+                1 << 20,
+                Layout::default(),
+            )
+            .unwrap();
+        assert_eq!(rd.rsp.status, 0);
+        let new = pattern(k as u32 + 100, 1 << 20);
+        for (b, chunk) in rd.data.chunks(BS).enumerate() {
+            let want = &new[b * BS..(b + 1) * BS];
+            assert!(
+                chunk == want || chunk.iter().all(|x| *x == 0),
+                "block {b} of command {k} is half written"
+            );
+            if acked.contains(tag) {
+                assert_eq!(chunk, want, "acknowledged write {k} incomplete");
+            }
+        }
+    }
+    let big = t
+        .ini
+        .command(Lun(0), &rw(0x88, 0, 2048), None, 1 << 20, Layout::default())
+        .unwrap();
+    assert_eq!(big.rsp.status, 0);
+}
