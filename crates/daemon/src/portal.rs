@@ -1,8 +1,18 @@
-//! Login decisions shared by every core: target lookup, LUN map choice and
-//! TSIH allocation. Logins are control path, so a mutex here is fine.
+//! Login decisions shared by every core: target lookup, the initiator ACL,
+//! LUN map choice, TSIH allocation and the per-address backoff after failed
+//! logins. Logins are control path, so a mutex here is fine.
+//!
+//! The ACL rule (SCST-like): a target admits every initiator unless it has
+//! initiator groups and an empty default LUN map; then only initiators
+//! matching some group's name patterns log in, and the others are refused
+//! with 0202 (authorization failure, RFC 7143 §11.13.5).
 
 use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ferrite_core::device::{Target, wildcard_match};
 
 use ferrite_mgmt::runtime::{SessionInfo, Stats};
 
@@ -16,6 +26,44 @@ use crate::system::Snapshot;
 pub struct Registry {
     tsihs: Mutex<TsihState>,
     sessions: Mutex<HashMap<u16, SessionInfo>>,
+    /// Recent failed logins by source address.
+    failures: Mutex<HashMap<IpAddr, Failures>>,
+}
+
+/// Failed logins from one address.
+#[derive(Debug, Clone, Copy)]
+struct Failures {
+    count: u32,
+    last: Instant,
+}
+
+/// Failures older than this are forgotten.
+const FAILURE_MEMORY: Duration = Duration::from_secs(300);
+/// The first failure's delay; each further one doubles it.
+const FAILURE_BASE_DELAY: Duration = Duration::from_millis(250);
+/// The longest a failure response is held back.
+const FAILURE_MAX_DELAY: Duration = Duration::from_secs(8);
+
+/// The delay before answering the `count`-th recent failure: 0 for the
+/// first (a mistyped secret costs nothing), then doubling up to the cap.
+fn backoff(count: u32) -> Duration {
+    if count <= 1 {
+        return Duration::ZERO;
+    }
+    let shift = (count - 2).min(16);
+    FAILURE_BASE_DELAY
+        .saturating_mul(1 << shift)
+        .min(FAILURE_MAX_DELAY)
+}
+
+/// The ACL rule of this module's doc: may `initiator` log in to `target`?
+pub fn initiator_allowed(target: &Target, initiator: &str) -> bool {
+    target.groups.is_empty()
+        || !target.luns.luns.is_empty()
+        || target
+            .groups
+            .iter()
+            .any(|g| g.initiators.iter().any(|p| wildcard_match(p, initiator)))
 }
 
 #[derive(Debug, Default)]
@@ -47,6 +95,29 @@ impl Registry {
         }
         if let Ok(mut s) = self.sessions.lock() {
             s.remove(&tsih);
+        }
+    }
+
+    /// Counts a failed login from `ip`; the answer is how long to hold its
+    /// response back.
+    pub fn login_failed(&self, ip: IpAddr, now: Instant) -> Duration {
+        let Ok(mut f) = self.failures.lock() else {
+            return Duration::ZERO;
+        };
+        f.retain(|_, v| now.saturating_duration_since(v.last) < FAILURE_MEMORY);
+        let e = f.entry(ip).or_insert(Failures {
+            count: 0,
+            last: now,
+        });
+        e.count = e.count.saturating_add(1);
+        e.last = now;
+        backoff(e.count)
+    }
+
+    /// A successful login from `ip` forgets its failures.
+    fn login_succeeded(&self, ip: IpAddr) {
+        if let Ok(mut f) = self.failures.lock() {
+            f.remove(&ip);
         }
     }
 
@@ -114,6 +185,12 @@ impl Portal for CorePortal<'_> {
         if !target.enabled {
             return Err(LoginStatus::SERVICE_UNAVAILABLE);
         }
+        if !initiator_allowed(target, req.initiator) {
+            tracing::warn!(initiator = req.initiator, peer = %req.peer, target = name,
+                "initiator outside the target's ACL");
+            // RFC 7143 §11.13.5: 0202, the initiator is not allowed access.
+            return Err(LoginStatus::AUTHORIZATION_FAILURE);
+        }
         let luns = target.map_for(req.initiator);
         let tsih = self
             .registry
@@ -124,6 +201,7 @@ impl Portal for CorePortal<'_> {
             .iter()
             .find(|g| Arc::ptr_eq(&g.luns, &luns))
             .map(|g| g.name.clone());
+        self.registry.login_succeeded(req.peer.ip());
         self.registry.record(SessionInfo {
             target: name.to_string(),
             initiator: req.initiator.to_string(),
@@ -142,5 +220,72 @@ impl Portal for CorePortal<'_> {
 
     fn session_closed(&self, tsih: u16) {
         self.registry.release(tsih);
+    }
+
+    fn login_failed(
+        &self,
+        peer: SocketAddr,
+        initiator: Option<&str>,
+        status: LoginStatus,
+    ) -> Duration {
+        let delay = self.registry.login_failed(peer.ip(), Instant::now());
+        tracing::warn!(%peer, initiator = initiator.unwrap_or("?"), class = status.class,
+            detail = status.detail, delay_ms = delay.as_millis() as u64, "login failed");
+        delay
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferrite_core::device::{AccessGroup, LunMap};
+
+    /// A target whose default LUN map is empty, with one group per pattern.
+    fn target(groups: &[&str]) -> Target {
+        let luns = Arc::new(LunMap::default());
+        Target {
+            name: "iqn.t".into(),
+            rel_port_id: 1,
+            enabled: true,
+            luns: luns.clone(),
+            groups: groups
+                .iter()
+                .map(|p| AccessGroup {
+                    name: "g".into(),
+                    initiators: vec![p.to_string()],
+                    luns: luns.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn acl_without_groups_admits_everyone() {
+        assert!(initiator_allowed(&target(&[]), "iqn.any"));
+    }
+
+    #[test]
+    fn acl_with_groups_and_empty_default_admits_members_only() {
+        let t = target(&["iqn.2026-01.ok:*"]);
+        assert!(initiator_allowed(&t, "iqn.2026-01.ok:host1"));
+        assert!(!initiator_allowed(&t, "iqn.2026-01.other:host1"));
+    }
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        assert_eq!(backoff(1), Duration::ZERO);
+        assert_eq!(backoff(2), FAILURE_BASE_DELAY);
+        assert_eq!(backoff(3), FAILURE_BASE_DELAY * 2);
+        assert_eq!(backoff(1000), FAILURE_MAX_DELAY);
+        let r = Registry::default();
+        let ip: IpAddr = "192.0.2.1".parse().unwrap();
+        let now = Instant::now();
+        assert_eq!(r.login_failed(ip, now), Duration::ZERO);
+        assert_eq!(r.login_failed(ip, now), FAILURE_BASE_DELAY);
+        r.login_succeeded(ip);
+        assert_eq!(r.login_failed(ip, now), Duration::ZERO);
+        // Forgotten after a while.
+        r.login_failed(ip, now);
+        assert_eq!(r.login_failed(ip, now + FAILURE_MEMORY * 2), Duration::ZERO);
     }
 }

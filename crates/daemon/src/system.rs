@@ -11,6 +11,7 @@ use ferrite_blockio::{BlockBackend, BlockOptions};
 use ferrite_core::backend::Backend;
 use ferrite_core::device::{AccessGroup, Device, DeviceId, LunEntry, LunMap, Target};
 use ferrite_fileio::{FileBackend, FileOptions};
+use ferrite_iscsi::chap::{ChapAuth, ChapUser};
 use ferrite_iscsi::conn::{IscsiConfig, IscsiTarget};
 use ferrite_iscsi::keys::Digest;
 use ferrite_mgmt::config::Digest as ConfigDigest;
@@ -191,9 +192,30 @@ pub fn iscsi_config_from(
             alias: t.alias.clone(),
             tpgt: t.tpgt,
             portals: t.portal_addrs(),
+            auth: chap_auth(&t.incoming_users, t.outgoing_user.as_ref()),
         })
         .collect();
+    ic.discovery_auth = chap_auth(
+        &p.discovery_incoming_users,
+        p.discovery_outgoing_user.as_ref(),
+    );
     ic
+}
+
+/// CHAP credentials as the iSCSI fabric takes them (validated by mgmt:
+/// secrets of 12 to 255 bytes).
+fn chap_auth(
+    incoming: &[ferrite_mgmt::config::ChapUser],
+    outgoing: Option<&ferrite_mgmt::config::ChapUser>,
+) -> ChapAuth {
+    let user = |u: &ferrite_mgmt::config::ChapUser| ChapUser {
+        user: u.user.clone(),
+        secret: u.secret.as_bytes().to_vec(),
+    };
+    ChapAuth {
+        incoming: incoming.iter().map(user).collect(),
+        outgoing: outgoing.map(user),
+    }
 }
 
 impl System {

@@ -40,6 +40,19 @@ pub enum Msg {
     Stop,
 }
 
+/// A seed nobody can predict (CHAP challenges derive from it): the
+/// process's randomly keyed SipHash over the time.
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
 pub struct CoreWorker {
     core: usize,
     shard: Shard,
@@ -84,7 +97,8 @@ impl CoreWorker {
             stopping: false,
             ready: Vec::new(),
             next_timer: None,
-            seed: 0x9e37_79b9_7f4a_7c15 ^ (core as u64),
+            seed: random_seed() ^ (core as u64),
+            srp: crate::srp::SrpCore::new(core),
         }
     }
 

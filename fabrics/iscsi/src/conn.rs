@@ -20,6 +20,7 @@ use ferrite_core::{TmfFunction, TmfRequest, TmfResponse};
 use ferrite_reactor::buf::SgList;
 use ferrite_scsi::{Lun, Sense, Status};
 
+use crate::chap::{ChapAuth, ChapRng};
 use crate::keys::{Digest, Limits, Params, SessionType, encode_text, parse_text};
 use crate::login::{Login, LoginReply, LoginStep};
 use crate::pdu::{
@@ -37,6 +38,8 @@ pub struct IscsiTarget {
     /// Portals announced by SendTargets; empty means the connection's local
     /// address. A wildcard address is replaced by the local address.
     pub portals: Vec<SocketAddr>,
+    /// CHAP credentials of the target (RFC 7143 §12.1.3).
+    pub auth: ChapAuth,
 }
 
 /// The fabric's configuration: targets, and what we offer in negotiation.
@@ -57,6 +60,8 @@ pub struct IscsiConfig {
     pub queue_depth: u32,
     /// Digests accepted (header and data), in order of preference.
     pub digests: Vec<Digest>,
+    /// CHAP credentials of discovery sessions.
+    pub discovery_auth: ChapAuth,
 }
 
 impl Default for IscsiConfig {
@@ -78,6 +83,7 @@ impl Default for IscsiConfig {
             login_timeout: Duration::from_secs(15),
             queue_depth: 128,
             digests: vec![Digest::Crc32c, Digest::None],
+            discovery_auth: ChapAuth::default(),
         }
     }
 }
@@ -141,6 +147,12 @@ pub enum ConnEvent {
     },
     /// Full feature phase reached (normal session): open the core session.
     LoggedIn,
+    /// The login failed authentication (0201) or authorization (0202): the
+    /// driver tells the portal, which slows this address down.
+    LoginFailed {
+        initiator: Option<String>,
+        status: LoginStatus,
+    },
     /// `session.submit(now, req)`.
     Command(CmdRequest),
     /// `session.data_out_done(id, data)`.
@@ -389,10 +401,15 @@ impl Conn {
         peer: SocketAddr,
         seed: u64,
     ) -> Conn {
-        let mut rng = seed ^ 0x9e37_79b9_7f4a_7c15;
-        let login = Login::new(cfg.limits(), cfg.clone());
-        let stat = StatSn(next_rand(&mut rng) as u32);
-        let ttt = next_rand(&mut rng) as u32;
+        // One generator for everything random on this connection: SHA-256
+        // in counter mode, so the StatSN and TTT an initiator sees reveal
+        // nothing about the CHAP challenges drawn after them.
+        let mut rng = ChapRng::new(seed);
+        let mut w = [0u8; 8];
+        rng.fill(&mut w);
+        let stat = StatSn(u32::from_le_bytes([w[0], w[1], w[2], w[3]]));
+        let ttt = u32::from_le_bytes([w[4], w[5], w[6], w[7]]);
+        let login = Login::with_rng(cfg.limits(), cfg.clone(), rng);
         Conn {
             login_deadline: later(now, cfg.login_timeout),
             seq: SessionSeq::new(CmdSn(0), cfg.queue_depth),
@@ -947,7 +964,13 @@ impl Conn {
     }
 
     fn login_fail(&mut self, status: LoginStatus, itt: u32) {
-        tracing::info!(peer = %self.peer, class = status.class, detail = status.detail, "login rejected");
+        let initiator = self.login.params().initiator_name.clone();
+        tracing::info!(peer = %self.peer, initiator = initiator.as_deref().unwrap_or("?"),
+            class = status.class, detail = status.detail, "login rejected");
+        if status == LoginStatus::AUTH_FAILURE || status == LoginStatus::AUTHORIZATION_FAILURE {
+            self.events
+                .push_back(ConnEvent::LoginFailed { initiator, status });
+        }
         let sns = self.take_sns();
         let b = pdu::login_response(false, false, 0, 0, self.login.isid(), 0, itt, sns, status);
         self.send(&b, &[]);
@@ -1780,19 +1803,6 @@ fn later(now: Instant, d: Duration) -> Instant {
     now.checked_add(d)
         .or_else(|| now.checked_add(Duration::from_secs(1 << 32)))
         .unwrap_or(now)
-}
-
-/// xorshift64*: the connection's only randomness, from the driver's seed.
-fn next_rand(s: &mut u64) -> u64 {
-    let mut x = *s;
-    if x == 0 {
-        x = 0x2545_f491_4f6c_dd1d;
-    }
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *s = x;
-    x.wrapping_mul(0x2545_f491_4f6c_dd1d)
 }
 
 #[cfg(test)]

@@ -44,6 +44,7 @@ fn conn(now: Instant) -> Conn {
             alias: None,
             tpgt: 1,
             portals: vec![],
+            auth: Default::default(),
         }],
         nop_in_interval: Some(Duration::from_secs(1)),
         ..IscsiConfig::default()

@@ -1,6 +1,6 @@
 //! ferrite-iscsi: iSCSI over TCP (RFC 7143).
 //!
-//! Owns: the PDU codec ([`pdu`]: BHS views, builders, digests, sequence
+//! Owns: CHAP ([`chap`]), the PDU codec ([`pdu`]: BHS views, builders, digests, sequence
 //! numbers), text key negotiation ([`keys`]), the login state machine
 //! ([`login`]), the sans-IO connection ([`conn`]), the project's own
 //! initiator ([`initiator`], for tools and tests), entry points for fuzz
@@ -9,6 +9,7 @@
 //! (backends); everything but the driver reads no clock and opens no socket.
 #![forbid(unsafe_code)]
 
+pub mod chap;
 pub mod conn;
 pub mod fuzzing;
 pub mod initiator;

@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use crate::chap::{ChapAuth, ChapExchange, ChapRng};
 use crate::conn::{IscsiConfig, IscsiTarget};
 use crate::keys::{
     AuthMethod, Limits, MAX_TEXT, Negotiator, Params, Phase, SessionType, encode_text, parse_text,
@@ -94,11 +95,29 @@ pub struct Login {
     declared_target: bool,
     /// The targets a login may name (shared, not copied per connection).
     cfg: Arc<IscsiConfig>,
+    /// Whether the credentials for this login were looked up (first text).
+    auth_looked_up: bool,
+    /// The credentials the target requires (None: no authentication).
+    auth: Option<ChapAuth>,
+    /// The CHAP exchange, once AuthMethod=CHAP is agreed.
+    chap: Option<ChapExchange>,
+    /// Challenge randomness, from the connection's seed.
+    rng: ChapRng,
 }
 
 impl Login {
     pub fn new(limits: Limits, cfg: Arc<IscsiConfig>) -> Login {
+        Login::with_rng(limits, cfg, ChapRng::new(0))
+    }
+
+    /// A login whose CHAP challenges come from `rng` (seeded by the
+    /// connection).
+    pub fn with_rng(limits: Limits, cfg: Arc<IscsiConfig>, rng: ChapRng) -> Login {
         Login {
+            auth_looked_up: false,
+            auth: None,
+            chap: None,
+            rng,
             neg: Negotiator::new(limits),
             state: State::Stage(STAGE_SECURITY),
             id: None,
@@ -125,6 +144,24 @@ impl Login {
 
     pub fn is_done(&self) -> bool {
         self.state == State::Done
+    }
+
+    /// The CHAP name the initiator authenticated as, if it did.
+    pub fn chap_user(&self) -> Option<&str> {
+        self.chap.as_ref().and_then(|c| c.user())
+    }
+
+    /// The credentials a login names in its first text: the discovery
+    /// service's or the target's.
+    fn auth_for(&self, pairs: &[(&str, &str)]) -> ChapAuth {
+        let get = |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| *v);
+        if get("SessionType") == Some("Discovery") {
+            return self.cfg.discovery_auth.clone();
+        }
+        get("TargetName")
+            .and_then(|n| self.cfg.targets.iter().find(|t| t.name == n))
+            .map(|t| t.auth.clone())
+            .unwrap_or_default()
     }
 
     fn fail(&mut self, status: LoginStatus, itt: u32) -> LoginStep {
@@ -171,13 +208,12 @@ impl Login {
             return self.fail(LoginStatus::INITIATOR_ERROR, itt);
         }
         // RFC 7143 §6.3: the first request may skip the security stage
-        // (CSG=1) when the target needs no authentication.
-        let csg_ok = csg == csg_now
-            || (csg == STAGE_OPERATIONAL
-                && csg_now == STAGE_SECURITY
-                && self.neg.params.auth_method.is_none()
-                && self.neg.limits.auth_methods.contains(&AuthMethod::None));
-        if !csg_ok {
+        // (CSG=1) when the target needs no authentication (checked once the
+        // text names the target).
+        let skips_security = csg == STAGE_OPERATIONAL
+            && csg_now == STAGE_SECURITY
+            && self.neg.params.auth_method.is_none();
+        if csg != csg_now && !skips_security {
             return self.fail(LoginStatus::INITIATOR_ERROR, itt);
         }
         // RFC 7143 §11.12.3: NSG 2 is reserved, and a transition goes forward.
@@ -210,6 +246,27 @@ impl Login {
                 return self.fail(LoginStatus::INITIATOR_ERROR, itt);
             }
         };
+        if !self.auth_looked_up {
+            self.auth_looked_up = true;
+            let auth = self.auth_for(&pairs);
+            if auth.required() {
+                // RFC 7143 §12: a target that requires CHAP offers nothing else.
+                self.neg.limits.auth_methods = vec![AuthMethod::Chap];
+                self.auth = Some(auth);
+            }
+        }
+        if skips_security && !self.neg.limits.auth_methods.contains(&AuthMethod::None) {
+            // RFC 7143 §6.3: skipping the security stage is only possible
+            // when the target needs no authentication.
+            tracing::warn!(
+                initiator = self.initiator_for_log(&pairs),
+                "login skipped the security stage of a target requiring CHAP"
+            );
+            return self.fail(LoginStatus::AUTH_FAILURE, itt);
+        }
+        type Pairs<'a> = Vec<(&'a str, &'a str)>;
+        let (chap_keys, pairs): (Pairs<'_>, Pairs<'_>) =
+            pairs.into_iter().partition(|(k, _)| k.starts_with("CHAP_"));
         let phase = if csg == STAGE_SECURITY {
             Phase::Security
         } else {
@@ -237,10 +294,41 @@ impl Login {
                 }
             }
         }
+        let mut transit = transit;
+        let mut chap_done = false;
+        if csg == STAGE_SECURITY && self.neg.params.auth_method == Some(AuthMethod::Chap) {
+            let auth = self.auth.clone().unwrap_or_default();
+            let x = self.chap.get_or_insert_with(|| ChapExchange::new(auth));
+            match x.step(&chap_keys, &mut self.rng) {
+                Ok(step) => {
+                    rsp.extend(step.keys);
+                    chap_done = step.done;
+                }
+                Err(e) => {
+                    // RFC 7143 §11.13.5: 0201 authentication failure.
+                    tracing::warn!(
+                        initiator = self.neg.params.initiator_name.as_deref().unwrap_or("?"),
+                        reason = e.why,
+                        "CHAP authentication failed"
+                    );
+                    return self.fail(e.status, itt);
+                }
+            }
+            // RFC 7143 §12.1.3: the security stage ends only after the
+            // exchange; until then the target answers with T=0.
+            if !chap_done {
+                transit = false;
+            }
+        } else if !chap_keys.is_empty() {
+            // CHAP keys without an agreed CHAP method, or outside the
+            // security stage.
+            return self.fail(LoginStatus::INITIATOR_ERROR, itt);
+        }
         if csg == STAGE_SECURITY && transit {
             // RFC 7143 §12: leaving the security stage needs an agreed method.
             match self.neg.params.auth_method {
                 Some(AuthMethod::None) => {}
+                Some(AuthMethod::Chap) if chap_done => {}
                 None if self.neg.limits.auth_methods.contains(&AuthMethod::None)
                     && !self.neg.seen("AuthMethod") =>
                 {
@@ -257,7 +345,7 @@ impl Login {
             self.neg.params.max_recv_data_segment_length = n;
             rsp.push(("MaxRecvDataSegmentLength".into(), n.to_string()));
         }
-        let (mut transit, mut nsg) = (transit, nsg);
+        let mut nsg = nsg;
         if transit && nsg == STAGE_FULL_FEATURE && normal {
             if csg == STAGE_SECURITY && self.neg.has_offers() {
                 // Operational keys wait for the operational stage: go there.
@@ -296,6 +384,15 @@ impl Login {
         }
         self.state = State::Stage(if transit { nsg } else { csg });
         LoginStep::Reply(reply)
+    }
+
+    fn initiator_for_log<'a>(&'a self, pairs: &[(&'a str, &'a str)]) -> &'a str {
+        pairs
+            .iter()
+            .find(|(k, _)| *k == "InitiatorName")
+            .map(|(_, v)| *v)
+            .or(self.neg.params.initiator_name.as_deref())
+            .unwrap_or("?")
     }
 
     fn target(&self) -> Option<&IscsiTarget> {
@@ -353,6 +450,7 @@ mod tests {
             alias: Some("disk".into()),
             tpgt: 7,
             portals: vec![],
+            auth: Default::default(),
         }
     }
 
@@ -618,6 +716,140 @@ mod tests {
             l.handle(b.view(), &[]),
             LoginStep::Fail {
                 status: LoginStatus::INITIATOR_ERROR,
+                ..
+            }
+        ));
+    }
+
+    fn chap_login() -> Login {
+        use crate::chap::ChapUser;
+        let mut t = target();
+        t.auth = ChapAuth {
+            incoming: vec![ChapUser {
+                user: "ini".into(),
+                secret: b"initiator-secret".to_vec(),
+            }],
+            outgoing: Some(ChapUser {
+                user: "tgt".into(),
+                secret: b"target-secret-x".to_vec(),
+            }),
+        };
+        let cfg = Arc::new(IscsiConfig {
+            targets: vec![t],
+            ..IscsiConfig::default()
+        });
+        Login::with_rng(Limits::default(), cfg, ChapRng::new(5))
+    }
+
+    fn first_chap_request(l: &mut Login) -> LoginReply {
+        let b = req(true, false, 0, 1);
+        reply(l.handle(
+            b.view(),
+            &text(&[
+                ("InitiatorName", "iqn.i"),
+                ("TargetName", "iqn.2026-01.test:disk"),
+                ("AuthMethod", "CHAP,None"),
+            ]),
+        ))
+    }
+
+    /// CHAP_I and CHAP_C of a reply.
+    fn challenge(r: &LoginReply) -> (u8, Vec<u8>) {
+        let keys = parse_text(&r.data).unwrap();
+        let i = keys.iter().find(|(k, _)| *k == "CHAP_I").unwrap().1;
+        let c = keys.iter().find(|(k, _)| *k == "CHAP_C").unwrap().1;
+        (i.parse().unwrap(), crate::chap::decode_binary(c).unwrap())
+    }
+
+    #[test]
+    fn chap_target_holds_the_security_stage_until_the_response() {
+        use crate::chap::{ChapAlg, encode_hex};
+        let mut l = chap_login();
+        let r = first_chap_request(&mut l);
+        assert!(!r.transit, "no transit before CHAP");
+        assert!(
+            parse_text(&r.data)
+                .unwrap()
+                .contains(&("AuthMethod", "CHAP"))
+        );
+        let b = req(false, false, 0, 0);
+        let r = reply(l.handle(b.view(), &text(&[("CHAP_A", "5")])));
+        assert!(!r.transit);
+        assert!(parse_text(&r.data).unwrap().contains(&("CHAP_A", "5")));
+        let (id, c) = challenge(&r);
+        let resp = encode_hex(&ChapAlg::Md5.response(id, b"initiator-secret", &c));
+        let mine = [0x42u8; 16];
+        let b = req(true, false, 0, 1);
+        let r = reply(l.handle(
+            b.view(),
+            &text(&[
+                ("CHAP_N", "ini"),
+                ("CHAP_R", &resp),
+                ("CHAP_I", "9"),
+                ("CHAP_C", &encode_hex(&mine)),
+            ]),
+        ));
+        assert!(r.transit);
+        assert_eq!((r.csg, r.nsg), (0, 1));
+        let want = encode_hex(&ChapAlg::Md5.response(9, b"target-secret-x", &mine));
+        let keys = parse_text(&r.data).unwrap();
+        assert!(keys.contains(&("CHAP_N", "tgt")));
+        assert!(keys.contains(&("CHAP_R", want.as_str())));
+        assert_eq!(l.chap_user(), Some("ini"));
+    }
+
+    #[test]
+    fn chap_wrong_secret_is_0201() {
+        use crate::chap::{ChapAlg, encode_hex};
+        let mut l = chap_login();
+        first_chap_request(&mut l);
+        let b = req(false, false, 0, 0);
+        let r = reply(l.handle(b.view(), &text(&[("CHAP_A", "7")])));
+        let (id, c) = challenge(&r);
+        let resp = encode_hex(&ChapAlg::Sha256.response(id, b"not-the-secret", &c));
+        let b = req(true, false, 0, 1);
+        let s = l.handle(b.view(), &text(&[("CHAP_N", "ini"), ("CHAP_R", &resp)]));
+        assert!(matches!(
+            s,
+            LoginStep::Fail {
+                status: LoginStatus::AUTH_FAILURE,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn chap_target_refuses_none_and_skipping_security() {
+        let mut l = chap_login();
+        let b = req(true, false, 0, 1);
+        let s = l.handle(
+            b.view(),
+            &text(&[
+                ("InitiatorName", "iqn.i"),
+                ("TargetName", "iqn.2026-01.test:disk"),
+                ("AuthMethod", "None"),
+            ]),
+        );
+        assert!(matches!(
+            s,
+            LoginStep::Fail {
+                status: LoginStatus::AUTH_FAILURE,
+                ..
+            }
+        ));
+        let mut l = chap_login();
+        let b = req(true, false, 1, 3);
+        let s = l.handle(
+            b.view(),
+            &text(&[
+                ("InitiatorName", "iqn.i"),
+                ("TargetName", "iqn.2026-01.test:disk"),
+            ]),
+        );
+        assert!(matches!(
+            s,
+            LoginStep::Fail {
+                status: LoginStatus::AUTH_FAILURE,
                 ..
             }
         ));

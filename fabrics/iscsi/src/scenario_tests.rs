@@ -64,6 +64,9 @@ impl FakeCore {
                 None => conn.accept_session(0x0102),
             },
             ConnEvent::LoggedIn => self.events.push("logged-in".into()),
+            ConnEvent::LoginFailed { status, .. } => self
+                .events
+                .push(format!("login-failed {}/{}", status.class, status.detail)),
             ConnEvent::Command(req) => self.command(req),
             ConnEvent::DataOutDone { id, data } => {
                 let Some((tag, at)) = self.writes.remove(&id) else {
@@ -248,6 +251,7 @@ fn cfg() -> IscsiConfig {
             alias: Some("disk zero".into()),
             tpgt: 1,
             portals: vec![],
+            auth: Default::default(),
         }],
         max_recv_data_segment_length: 16 * 1024,
         max_burst_length: 64 * 1024,
@@ -420,6 +424,7 @@ fn discovery_send_targets() {
             "0.0.0.0:3261".parse().unwrap(),
             "[2001:db8::1]:3260".parse().unwrap(),
         ],
+        auth: Default::default(),
     });
     let mut i = logged_in(c, ic);
     // Discovery sessions do not open a core session.
@@ -460,6 +465,7 @@ fn long_text_response_continues() {
             alias: None,
             tpgt: 1,
             portals: vec![],
+            auth: Default::default(),
         });
     }
     let mut i = logged_in(c, ic);
@@ -475,6 +481,7 @@ fn normal_session_send_targets_shows_current_target() {
         alias: None,
         tpgt: 1,
         portals: vec![],
+        auth: Default::default(),
     });
     let mut i = logged_in(c, ini_cfg());
     let keys = i.text(&[("SendTargets", "All")]).unwrap();

@@ -52,6 +52,17 @@ pub struct Grant {
 pub trait Portal {
     fn session_request(&self, req: &SessionRequest<'_>) -> Result<Grant, LoginStatus>;
     fn session_closed(&self, tsih: u16);
+    /// A login from `peer` failed authentication or authorization; the
+    /// answer is how long to hold the failure response back (a per-address
+    /// backoff against guessing).
+    fn login_failed(
+        &self,
+        _peer: SocketAddr,
+        _initiator: Option<&str>,
+        _status: LoginStatus,
+    ) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
 }
 
 /// One iSCSI connection on a TCP socket.
@@ -75,6 +86,8 @@ pub struct TcpConn {
     nexus: Option<(String, String, Arc<LunMap>)>,
     closing: bool,
     shut: bool,
+    /// Nothing is sent before this instant (backoff after a failed login).
+    hold_tx: Option<Instant>,
 }
 
 impl TcpConn {
@@ -103,6 +116,7 @@ impl TcpConn {
             nexus: None,
             closing: false,
             shut: false,
+            hold_tx: None,
         })
     }
 
@@ -248,11 +262,18 @@ impl TcpConn {
 
     /// Timers: keepalive, login and logout timeouts.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.conn.poll_timeout()
+        match (self.conn.poll_timeout(), self.hold_tx) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Fires the `Conn`'s timers if due.
     pub fn on_timer(&mut self, ctx: &mut Ctx, key: u64, shard: &mut Shard, portal: &dyn Portal) {
+        if self.hold_tx.is_some_and(|t| t <= ctx.now()) {
+            self.hold_tx = None;
+            self.pump(ctx, key, shard, portal);
+        }
         if self.conn.poll_timeout().is_some_and(|t| t <= ctx.now()) {
             self.conn.handle_timeout(ctx.now());
             self.pump(ctx, key, shard, portal);
@@ -321,6 +342,14 @@ impl TcpConn {
                             class = status.class, detail = status.detail, "login refused");
                         self.conn.reject_session(status);
                     }
+                }
+            }
+            ConnEvent::LoginFailed { initiator, status } => {
+                let delay = portal.login_failed(self.peer, initiator.as_deref(), status);
+                if !delay.is_zero() {
+                    tracing::info!(peer = %self.peer, delay_ms = delay.as_millis() as u64,
+                        "failed login answered late (backoff)");
+                    self.hold_tx = Some(now + delay);
                 }
             }
             ConnEvent::LoggedIn => {
@@ -392,7 +421,7 @@ impl TcpConn {
     fn flush(&mut self, ctx: &mut Ctx, key: u64) {
         self.conn.poll_transmit(&mut self.txq);
         self.tx.extend(self.txq.segs.drain(..));
-        if self.sending {
+        if self.sending || self.hold_tx.is_some() {
             return;
         }
         if self.tx.is_empty() {
