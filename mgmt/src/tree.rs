@@ -2041,7 +2041,14 @@ impl Tree {
             .ok_or_else(|| {
                 MgmtError::Refused("no file given and ferrited has no configuration file".into())
             })?;
-        self.cfg.save_atomic(&p)?;
+        self.cfg.save_atomic(&p).map_err(|e| match e {
+            // An I/O failure is not the configuration's fault: say which
+            // file could not be written.
+            ConfigError::Io { .. } => {
+                MgmtError::Refused(format!("cannot save to {}: {e}", p.display()))
+            }
+            other => MgmtError::Config(other),
+        })?;
         Ok(p)
     }
 }

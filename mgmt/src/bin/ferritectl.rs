@@ -149,6 +149,27 @@ fn print_response(cmd: &Cmd, rsp: &Response) -> Result<()> {
         }
         Cmd::Stats => {
             if let Some(st) = &rsp.stats {
+                if st.devices.is_empty() && st.targets.is_empty() {
+                    writeln!(out, "no counters")?;
+                }
+                for (dev, hs) in &st.latency {
+                    for h in hs {
+                        let q = |q: f64| {
+                            h.percentile(q)
+                                .map_or_else(|| "-".to_string(), |us| format!("<={us}us"))
+                        };
+                        writeln!(
+                            out,
+                            "latency {dev} {} {}: count={} p50={} p99={} p999={}",
+                            h.dir.as_str(),
+                            h.size_class,
+                            h.count(),
+                            q(0.5),
+                            q(0.99),
+                            q(0.999)
+                        )?;
+                    }
+                }
                 for (kind, map) in [("device", &st.devices), ("target", &st.targets)] {
                     for (name, s) in map {
                         writeln!(
@@ -248,7 +269,31 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            let kind = e.kind();
+            let _ = e.print();
+            if matches!(
+                kind,
+                ErrorKind::InvalidSubcommand
+                    | ErrorKind::MissingSubcommand
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
+                let names: Vec<String> = Cli::command()
+                    .get_subcommands()
+                    .map(|c| c.get_name().to_string())
+                    .collect();
+                eprintln!("valid commands: {}", names.join(", "));
+            }
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -1,0 +1,296 @@
+//! Shared by the `mgmt_*` end-to-end tests: a ferrited started from a
+//! configuration file (it may have no portal at all, so readiness is the
+//! control socket answering), `ferritectl` runs, raw control-socket requests
+//! and the project's initiator.
+#![allow(dead_code)] // each test binary uses a part
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ferrite_iscsi::initiator::{
+    Command as ScsiCmd, Initiator, InitiatorConfig, ScsiResult, connect,
+};
+use ferrite_tests::{ferrited_path, free_port, run_with_timeout};
+
+/// `ferritectl`: `$FERRITECTL`, else next to ferrited.
+pub fn ctl_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("FERRITECTL") {
+        return PathBuf::from(p);
+    }
+    let p = ferrited_path().with_file_name("ferritectl");
+    assert!(
+        p.exists(),
+        "{} not found: cargo build --release --bin ferritectl (same profile as ferrited) or set FERRITECTL",
+        p.display()
+    );
+    p
+}
+
+/// A free loopback portal.
+pub fn portal() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], free_port()))
+}
+
+/// A ferrited started with `--config FILE`, stopped when dropped.
+pub struct Daemon {
+    child: Option<Child>,
+    pub socket: PathBuf,
+    pub dir: PathBuf,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Daemon {
+    pub fn start(dir: &Path, config: &Path, extra: &[&str]) -> Daemon {
+        let socket = dir.join("ferrited.sock");
+        let _ = std::fs::remove_file(&socket);
+        let mut child = Command::new(ferrited_path())
+            .arg("--config")
+            .arg(config)
+            .arg("--state-dir")
+            .arg(dir)
+            .arg("--control")
+            .arg(&socket)
+            .arg("--cores")
+            .arg("2")
+            .args(extra)
+            .env(
+                "RUST_LOG",
+                std::env::var("FERRITE_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn ferrited");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        if let Some(err) = child.stderr.take() {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(err).lines().map_while(Result::ok) {
+                    if std::env::var_os("FERRITE_TEST_ECHO").is_some() {
+                        eprintln!("[ferrited] {line}");
+                    }
+                    if let Ok(mut l) = log.lock() {
+                        l.push(line);
+                    }
+                }
+            });
+        }
+        let mut d = Daemon {
+            child: Some(child),
+            socket,
+            dir: dir.to_path_buf(),
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if d.socket.exists() && raw(&d.socket, r#"{"op":"config"}"#).is_ok() {
+                return d;
+            }
+            if let Some(c) = d.child.as_mut()
+                && let Ok(Some(st)) = c.try_wait()
+            {
+                panic!("ferrited exited with {st}:\n{}", d.log_text());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "ferrited's control socket did not answer within 60 s:\n{}",
+                d.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        self.log.lock().map(|l| l.join("\n")).unwrap_or_default()
+    }
+
+    /// Runs ferritectl against this daemon; returns its output.
+    pub fn ctl(&self, args: &[&str]) -> Output {
+        run_with_timeout(
+            Command::new(ctl_path())
+                .arg("--socket")
+                .arg(&self.socket)
+                .args(args),
+            Duration::from_secs(60),
+        )
+    }
+
+    /// Runs ferritectl and requires success; returns standard output.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let o = self.ctl(args);
+        assert!(
+            o.status.success(),
+            "ferritectl {args:?} failed: {}\n--- ferrited log ---\n{}",
+            String::from_utf8_lossy(&o.stderr),
+            self.log_text()
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    /// The running configuration as ferritectl prints it.
+    pub fn config(&self) -> String {
+        self.ok(&["config"])
+    }
+
+    /// SIGTERM and wait.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(c.id().to_string())
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// One request line on the control socket; returns the answer line.
+pub fn raw(socket: &Path, line: &str) -> std::io::Result<String> {
+    let mut s = UnixStream::connect(socket)?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    s.write_all(line.as_bytes())?;
+    s.write_all(b"\n")?;
+    s.shutdown(std::net::Shutdown::Write)?;
+    let mut answer = String::new();
+    BufReader::new(s).read_line(&mut answer)?;
+    Ok(answer)
+}
+
+/// Writes a configuration file with no device and no target.
+pub fn empty_config(dir: &Path) -> PathBuf {
+    let p = dir.join("empty.json");
+    std::fs::write(&p, "{}\n").unwrap();
+    p
+}
+
+/// Logs in as `initiator` to `target` and takes the POWER ON unit attention.
+pub fn login(
+    addr: SocketAddr,
+    initiator: &str,
+    target: &str,
+    isid_last: u8,
+) -> Initiator<TcpStream> {
+    let mut i = connect(
+        addr,
+        InitiatorConfig {
+            initiator_name: initiator.into(),
+            target_name: Some(target.into()),
+            isid: [0x80, 0, 0, 0, 0x4d, isid_last],
+            ..InitiatorConfig::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("login of {initiator} to {target} at {addr}: {e:?}"));
+    i.t.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    for _ in 0..4 {
+        let r = scsi(&mut i, 0, &[0u8; 6], 0, &[]);
+        if r.status == 0 {
+            return i;
+        }
+        assert!(is_ua(&r), "TEST UNIT READY: {r:?}");
+    }
+    panic!("TEST UNIT READY kept failing");
+}
+
+pub fn scsi(
+    i: &mut Initiator<TcpStream>,
+    lun: u64,
+    cdb: &[u8],
+    read_len: u32,
+    write: &[u8],
+) -> ScsiResult {
+    i.command(&ScsiCmd {
+        lun,
+        cdb,
+        read_len,
+        write,
+        attr: 1,
+        ..ScsiCmd::default()
+    })
+    .unwrap_or_else(|e| panic!("command {:02x} to LUN {lun}: {e:?}", cdb[0]))
+}
+
+/// SAM-5 §5.14: CHECK CONDITION with sense key UNIT ATTENTION (6h).
+pub fn is_ua(r: &ScsiResult) -> bool {
+    r.status == 2 && r.sense.get(2).map(|k| k & 0x0f) == Some(6)
+}
+
+/// (ASC, ASCQ) of fixed-format sense data.
+pub fn asc(r: &ScsiResult) -> (u8, u8) {
+    (
+        r.sense.get(12).copied().unwrap_or(0),
+        r.sense.get(13).copied().unwrap_or(0),
+    )
+}
+
+/// SPC-4 §6.29: REPORT LUNS, the LUN numbers (single level, peripheral).
+pub fn report_luns(i: &mut Initiator<TcpStream>) -> Vec<u64> {
+    let mut cdb = [0u8; 12];
+    cdb[0] = 0xa0;
+    cdb[6..10].copy_from_slice(&4096u32.to_be_bytes());
+    let mut r = scsi(i, 0, &cdb, 4096, &[]);
+    for _ in 0..4 {
+        if !is_ua(&r) {
+            break;
+        }
+        r = scsi(i, 0, &cdb, 4096, &[]);
+    }
+    assert_eq!(r.status, 0, "REPORT LUNS: {r:?}");
+    let len = u32::from_be_bytes(r.data[0..4].try_into().unwrap()) as usize;
+    r.data[8..8 + len]
+        .chunks(8)
+        .map(|e| u64::from(u16::from_be_bytes([e[0] & 0x3f, e[1]])))
+        .collect()
+}
+
+/// `iscsi-ls -s` as `initiator`: the LUN numbers listed for `target`.
+pub fn iscsi_ls_luns(addr: SocketAddr, initiator: &str, target: &str) -> Vec<u64> {
+    ferrite_tests::require_tool("iscsi-ls", "libiscsi-bin");
+    let o = run_with_timeout(
+        Command::new("iscsi-ls")
+            .arg("-i")
+            .arg(initiator)
+            .arg("-s")
+            .arg(format!("iscsi://{addr}")),
+        Duration::from_secs(60),
+    );
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "iscsi-ls -i {initiator}: {out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let mut luns = Vec::new();
+    let mut in_target = false;
+    for line in out.lines() {
+        if let Some(rest) = line.strip_prefix("Target:") {
+            in_target = rest.split_whitespace().next() == Some(target);
+        } else if in_target && let Some(rest) = line.trim().strip_prefix("Lun:") {
+            let n = rest.split_whitespace().next().unwrap_or("");
+            luns.push(
+                n.parse()
+                    .unwrap_or_else(|_| panic!("iscsi-ls line {line:?}")),
+            );
+        }
+    }
+    luns
+}
