@@ -510,6 +510,9 @@ fn srp_answer(c: Completed, read_len: u32) -> Answer {
     }
 }
 
+/// A conformance case: name, CDB, bytes to read, data to write.
+type Case = (&'static str, Vec<u8>, u32, Option<Vec<u8>>);
+
 #[test]
 fn scsi_conformance_cases_answer_the_same_over_iscsi_and_srp() {
     let r = rig(None);
@@ -518,7 +521,7 @@ fn scsi_conformance_cases_answer_the_same_over_iscsi_and_srp() {
     let mut i = iscsi_login(&r.f);
     let blocks = DISK / BS as u64;
     let block = pattern(77, BS);
-    let cases: Vec<(&str, Vec<u8>, u32, Option<Vec<u8>>)> = vec![
+    let cases: Vec<Case> = vec![
         ("INQUIRY standard", vec![0x12, 0, 0, 0, 96, 0], 96, None),
         ("INQUIRY VPD 00h", vec![0x12, 1, 0x00, 0, 255, 0], 255, None),
         ("INQUIRY VPD 80h", vec![0x12, 1, 0x80, 0, 255, 0], 255, None),
