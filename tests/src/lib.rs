@@ -249,6 +249,67 @@ pub fn run_with_timeout(cmd: &mut Command, limit: Duration) -> Output {
     }
 }
 
+/// The initiator names libiscsi's suites log in with (`-i` and `-I`).
+pub const CU_INITIATORS: [&str; 2] = [
+    "iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test",
+    "iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test-2",
+];
+
+/// What running libiscsi suites one at a time found.
+#[derive(Debug, Default)]
+pub struct SuiteRun {
+    pub passed: usize,
+    pub skipped: Vec<String>,
+    /// `SUITE: TEST` for every failure, and suites where no test ran.
+    pub failures: Vec<String>,
+}
+
+/// Runs each of `suites` in its own `iscsi-test-cu -d` process against
+/// `url` (each bounded in time), checks `f` survives each, and collects the
+/// verdicts. `label` prefixes the progress lines.
+pub fn run_cu_suites(f: &mut Ferrited, url: &str, suites: &[&str], label: &str) -> SuiteRun {
+    require_tool("iscsi-test-cu", "libiscsi-bin");
+    let mut run = SuiteRun::default();
+    for suite in suites {
+        let out = run_with_timeout(
+            Command::new("iscsi-test-cu")
+                .arg("-d")
+                .arg("-i")
+                .arg(CU_INITIATORS[0])
+                .arg("-I")
+                .arg(CU_INITIATORS[1])
+                .arg("-t")
+                .arg(suite)
+                .arg(url),
+            Duration::from_secs(300),
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        let r = parse_cu(&text);
+        eprintln!(
+            "{label}{suite}: {} passed, {} skipped, {} failed",
+            r.passed.len(),
+            r.skipped.len(),
+            r.failed.len()
+        );
+        for s in &r.skipped {
+            eprintln!("  skipped: {s}");
+        }
+        run.passed += r.passed.len();
+        if r.passed.is_empty() && r.skipped.is_empty() && r.failed.is_empty() {
+            run.failures.push(format!("{suite}: no test ran\n{text}"));
+        }
+        if !r.failed.is_empty() && std::env::var_os("FERRITE_TEST_ECHO").is_some() {
+            eprintln!("{text}");
+        }
+        run.failures
+            .extend(r.failed.iter().map(|t| format!("{suite}: {t}")));
+        run.skipped.extend(r.skipped);
+        assert!(f.alive(), "ferrited died during {suite}:\n{}", f.log_text());
+    }
+    run
+}
+
 /// Verdicts of one `iscsi-test-cu` run.
 #[derive(Debug, Default)]
 pub struct CuResult {

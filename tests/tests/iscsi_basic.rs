@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use ferrite_tests::{Ferrited, Options, free_port, parse_cu, require_tool, run_with_timeout};
+use ferrite_tests::{Ferrited, Options, free_port, require_tool, run_cu_suites, run_with_timeout};
 
 const DEFAULT_IQN: &str = "iqn.2026-11.org.ferrite:default";
 
@@ -120,56 +120,17 @@ const SUITES: &[&str] = &[
 
 #[test]
 fn libiscsi_foundation_suites_pass() {
-    require_tool("iscsi-test-cu", "libiscsi-bin");
     let dir = tempfile::tempdir().unwrap();
     let mut f = Ferrited::start_default(dir.path());
     let url = f.url(DEFAULT_IQN, 0);
-    let mut failures = Vec::new();
-    let mut passed = 0;
-    for suite in SUITES {
-        let out = run_with_timeout(
-            Command::new("iscsi-test-cu")
-                .arg("-d")
-                .arg("-i")
-                .arg("iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test")
-                .arg("-I")
-                .arg("iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test-2")
-                .arg("-t")
-                .arg(suite)
-                .arg(&url),
-            Duration::from_secs(300),
-        );
-        let text = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
-        let r = parse_cu(&text);
-        eprintln!(
-            "{suite}: {} passed, {} skipped, {} failed",
-            r.passed.len(),
-            r.skipped.len(),
-            r.failed.len()
-        );
-        for s in &r.skipped {
-            eprintln!("  skipped: {s}");
-        }
-        passed += r.passed.len();
-        if r.passed.is_empty() && r.skipped.is_empty() && r.failed.is_empty() {
-            failures.push(format!("{suite}: no test ran\n{text}"));
-        }
-        for t in r.failed {
-            failures.push(format!("{suite}: {t}"));
-        }
-        if !failures.is_empty() && std::env::var_os("FERRITE_TEST_ECHO").is_some() {
-            eprintln!("{text}");
-        }
-        assert!(f.alive(), "ferrited died during {suite}:\n{}", f.log_text());
-    }
+    let run = run_cu_suites(&mut f, &url, SUITES, "");
     assert!(
-        failures.is_empty(),
+        run.failures.is_empty(),
         "{} failures:\n{}",
-        failures.len(),
-        failures.join("\n")
+        run.failures.len(),
+        run.failures.join("\n")
     );
-    assert!(passed > 50, "only {passed} tests passed");
+    assert!(run.passed > 50, "only {} tests passed", run.passed);
 }
 
 fn config_with_fileio(dir: &Path, port: u16, mib: u64) -> std::path::PathBuf {
