@@ -1986,4 +1986,99 @@ mod tests {
         let e = Config::load(&dir.path().join("none.json")).unwrap_err();
         assert!(matches!(e, ConfigError::Io { .. }));
     }
+
+    fn with_srp(t: SrpTargetConfig) -> Config {
+        let mut cfg = sample();
+        cfg.targets.srp.push(t);
+        cfg
+    }
+
+    #[test]
+    fn srp_ports_validate_and_round_trip() {
+        let mut t = SrpTargetConfig::soft("srp0", "/run/ferrite/srp0.sock");
+        t.luns.push(LunConfig {
+            lun: 0,
+            device: "disk0".into(),
+            read_only: false,
+        });
+        t.ini_groups.push(GroupConfig {
+            name: "hosts".into(),
+            initiators: vec!["0x0707*".into()],
+            luns: Vec::new(),
+        });
+        let cfg = with_srp(t.clone());
+        cfg.validate().unwrap();
+        let back: Config = serde_json::from_str(&cfg.to_json()).unwrap();
+        assert_eq!(back, cfg);
+        // Configurations without SRP keep their old shape.
+        assert!(!sample().to_json().contains("\"srp\""));
+
+        let bad = |f: &dyn Fn(&mut SrpTargetConfig), field: &str| {
+            let mut b = t.clone();
+            f(&mut b);
+            let e = with_srp(b).validate().unwrap_err();
+            assert!(e.to_string().contains(field), "{field}: {e}");
+        };
+        bad(&|b| b.name = "a b".into(), "targets.srp[0].name");
+        bad(
+            &|b| b.port_id = Some("0x12".into()),
+            "targets.srp[0].port_id",
+        );
+        bad(&|b| b.credits = 0, "targets.srp[0].credits");
+        bad(
+            &|b| {
+                b.provider = SrpProviderConfig::Soft {
+                    listen: "relative.sock".into(),
+                }
+            },
+            "targets.srp[0].provider.listen",
+        );
+        bad(
+            &|b| {
+                b.provider = SrpProviderConfig::Verbs {
+                    device: None,
+                    port: 0,
+                    listen: "0.0.0.0:0".into(),
+                }
+            },
+            "targets.srp[0].provider.port",
+        );
+        bad(
+            &|b| b.luns[0].device = "nosuch".into(),
+            "targets.srp[0].luns",
+        );
+        bad(
+            &|b| b.ini_groups.push(b.ini_groups[0].clone()),
+            "targets.srp[0].ini_groups[1].name",
+        );
+        // Two ports on one endpoint, or with one name.
+        let mut cfg = with_srp(t.clone());
+        let mut t2 = t.clone();
+        t2.name = "srp1".into();
+        cfg.targets.srp.push(t2);
+        let e = cfg.validate().unwrap_err();
+        assert!(
+            e.to_string().contains("targets.srp[1].provider.listen"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn srp_port_ids() {
+        assert_eq!(
+            parse_port_id("0x000102030405060708090a0b0c0d0e0f"),
+            Some([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15])
+        );
+        assert_eq!(parse_port_id("000102030405060708090a0b0c0d0e0"), None);
+        assert_eq!(parse_port_id("0x000102030405060708090a0b0c0d0e0g"), None);
+        let mut a = SrpTargetConfig::soft("a", "/x");
+        let b = SrpTargetConfig::soft("b", "/y");
+        assert_ne!(a.port_id_bytes(), b.port_id_bytes());
+        assert_eq!(
+            a.port_id_bytes(),
+            SrpTargetConfig::soft("a", "/z").port_id_bytes()
+        );
+        a.port_id = Some("ff".repeat(16));
+        assert_eq!(a.port_id_bytes(), [0xff; 16]);
+    }
 }

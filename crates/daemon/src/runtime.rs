@@ -171,6 +171,28 @@ impl DaemonRuntime {
                 }
             }
         }
+        // SRP ports map the same devices.
+        for t in st.srp_targets.values_mut() {
+            let mut nt = (*t.target).clone();
+            let mut changed = false;
+            if let Some(m) = swap(&nt.luns) {
+                nt.luns = m;
+                changed = true;
+            }
+            for g in &mut nt.groups {
+                if let Some(m) = swap(&g.luns) {
+                    g.luns = m;
+                    changed = true;
+                }
+            }
+            if changed {
+                *t = Arc::new(crate::srp::SrpTarget {
+                    target: Arc::new(nt),
+                    port_id: t.port_id,
+                    credits: t.credits,
+                });
+            }
+        }
     }
 
     fn listen(&self, st: &mut State, addrs: &[SocketAddr]) -> Result<(), RuntimeError> {
@@ -242,6 +264,14 @@ impl Runtime for DaemonRuntime {
                     .iter()
                     .any(|g| g.luns.luns.values().any(|e| Arc::ptr_eq(&e.device, dev)))
         });
+        let used = used
+            || st.srp_targets.values().any(|t| {
+                let t = &t.target;
+                t.luns.luns.values().any(|e| Arc::ptr_eq(&e.device, dev))
+                    || t.groups
+                        .iter()
+                        .any(|g| g.luns.luns.values().any(|e| Arc::ptr_eq(&e.device, dev)))
+            });
         if used {
             return Err(failed(format!("device {name} is still mapped")));
         }

@@ -530,3 +530,47 @@ fn drive(now: Instant, c: &mut SrpConn, shard: &mut Shard) -> bool {
     }
     any
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn initiator_port_ids_are_named_like_ib_srpt() {
+        let mut id = [0u8; 16];
+        id[0] = 0xfe;
+        id[15] = 0x01;
+        assert_eq!(hex(&id), "0xfe000000000000000000000000000001");
+    }
+
+    #[test]
+    fn soft_listen_addresses() {
+        assert!(
+            matches!(soft_addr("/run/x.sock").unwrap(), SoftAddr::Unix(p) if p == std::path::Path::new("/run/x.sock"))
+        );
+        assert!(
+            matches!(soft_addr("127.0.0.1:4000").unwrap(), SoftAddr::Tcp(a) if a.port() == 4000)
+        );
+        assert!(soft_addr("x.sock").is_err());
+    }
+
+    #[test]
+    fn bind_serves_soft_ports_only() {
+        let dir = std::env::temp_dir().join(format!("fsrp-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join("p.sock");
+        let soft = SrpTargetConfig::soft("p0", sock.to_string_lossy());
+        let mut verbs = SrpTargetConfig::soft("h0", "/unused");
+        verbs.provider = SrpProviderConfig::Verbs {
+            device: None,
+            port: 1,
+            listen: "127.0.0.1:0".into(),
+        };
+        let ports = bind_ports(&[soft, verbs]).unwrap();
+        assert_eq!(ports.len(), 1);
+        assert_eq!(ports[0].name, "p0");
+        assert!(sock.exists());
+        drop(ports);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
