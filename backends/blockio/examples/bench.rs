@@ -12,7 +12,8 @@
 
 use std::error::Error;
 use std::fs::OpenOptions;
-use std::os::unix::fs::FileExt;
+use std::io::{Seek, SeekFrom};
+use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::time::{Duration, Instant};
 
 use ferrite_blockio::{BlockBackend, BlockOptions};
@@ -98,7 +99,10 @@ fn main() -> Result<(), Box<dyn Error>> {
         .create(true)
         .truncate(false)
         .open(&path)?;
-    if f.metadata()?.len() < size {
+    // The end of a block device is its size (its metadata says 0).
+    let is_device = f.metadata()?.file_type().is_block_device();
+    let have = (&f).seek(SeekFrom::End(0))?;
+    if have < size {
         let chunk = vec![0x5au8; 1 << 20];
         for i in 0..mib {
             f.write_all_at(&chunk, i << 20)?;
@@ -133,6 +137,10 @@ fn main() -> Result<(), Box<dyn Error>> {
         bench(&format!("blockio {mode}"), &mut q, blocks, secs, qd, sleep);
     }
 
+    if is_device {
+        println!("fileio skipped: {path} is a block device");
+        return Ok(());
+    }
     let f = FileBackend::open(
         &path,
         FileOptions {
