@@ -365,3 +365,54 @@ fn fault_sections_are_validated() {
     );
     assert!(ok, "a good fault section refused: {text}");
 }
+
+/// The same on blockio over a file (O_DIRECT): deleting the image takes the
+/// LUN offline at the next SYNCHRONIZE CACHE, with its log line.
+#[test]
+fn a_deleted_blockio_image_takes_its_lun_offline_only() {
+    let Some(dir) = direct_io_dir() else {
+        eprintln!("skipping: no directory here accepts O_DIRECT");
+        return;
+    };
+    let img = dir.path().join("direct.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    let dev = device_json(
+        "direct",
+        "vdisk_blockio",
+        &format!(r#""filename": "{}""#, img.display()),
+    );
+    let healthy = device_json("healthy", "vdisk_nullio", r#""size": 8388608, "mem": true"#);
+    let mut f = start(dir.path(), &[dev, healthy]);
+    let (l0, l1) = (lun(0), lun(1));
+    let mut i = login(f.addr, "vanish-direct", 1);
+    for l in [l0, l1] {
+        clear_ua(&mut i, l);
+        witness(&mut i, l, 16, 1);
+    }
+    std::fs::remove_file(&img).unwrap();
+    assert_check(
+        &run(&mut i, l0, &sync16(), &[], 0),
+        NOT_READY,
+        0x04,
+        0x00,
+        "SYNCHRONIZE CACHE of a deleted O_DIRECT image",
+    );
+    assert_check(
+        &write(&mut i, l0, 16, 8, 2),
+        NOT_READY,
+        0x04,
+        0x00,
+        "write to a deleted O_DIRECT image",
+    );
+    witness(&mut i, l1, 32, 2);
+    let log = f.log_text();
+    assert!(
+        log.contains("backing store vanished") && log.contains("direct.img"),
+        "no log line for the deleted image:\n{log}"
+    );
+    i.logout(0).expect("logout");
+    assert!(f.alive());
+}
