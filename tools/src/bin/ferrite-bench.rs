@@ -61,6 +61,13 @@ struct Args {
     /// Size of the file and null LUNs in MiB.
     #[arg(long, default_value_t = 1024)]
     lun_mib: u64,
+    /// Run only the workloads whose name starts or ends with one of these
+    /// (comma separated), e.g. "QD 1" or "4 KiB random read".
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// LUNs to run: null, file or both.
+    #[arg(long, value_delimiter = ',', default_value = "null,file")]
+    luns: Vec<String>,
     /// Skip the block-size sweep.
     #[arg(long)]
     no_sweep: bool,
@@ -361,6 +368,14 @@ fn machine_header(ctx: &Ctx, notes: &[String], targets: &[TargetProc]) -> String
     s
 }
 
+fn selected(args: &Args, c: &Case) -> bool {
+    args.only.is_empty()
+        || args
+            .only
+            .iter()
+            .any(|o| c.name.starts_with(o.as_str()) || c.name.ends_with(o.as_str()))
+}
+
 fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
@@ -467,7 +482,18 @@ fn main() -> Result<()> {
     let mut cells: HashMap<(LunKind, usize, Kind), Cell> = HashMap::new();
     let started = Instant::now();
     'outer: for k in [LunKind::Null, LunKind::File] {
+        if !ctx
+            .args
+            .luns
+            .iter()
+            .any(|l| k.name().starts_with(l.as_str()))
+        {
+            continue;
+        }
         for (ci, c) in CASES.iter().enumerate() {
+            if !selected(&ctx.args, c) {
+                continue;
+            }
             for rep in 0..ctx.reps {
                 for j in 0..targets.len() {
                     if stop.load(Ordering::Relaxed) {
@@ -727,7 +753,18 @@ fn main() -> Result<()> {
     );
     let _ = writeln!(ratios, "|---|---|---:|---:|---:|---:|");
     for k in [LunKind::Null, LunKind::File] {
+        if !ctx
+            .args
+            .luns
+            .iter()
+            .any(|l| k.name().starts_with(l.as_str()))
+        {
+            continue;
+        }
         for (ci, c) in CASES.iter().enumerate() {
+            if !selected(&ctx.args, c) {
+                continue;
+            }
             let initiator = if c.tool == Tool::IscsiPerf {
                 "iscsi-perf"
             } else {
@@ -975,7 +1012,7 @@ fn main() -> Result<()> {
         let svg = plot::latency_model_svg(
             "ferrited vs tgtd vs istgt: QD 1 on a null LUN over loopback",
             &format!(
-                "ferrite initiator, mean of each point; {}",
+                "ferrite initiator; each point the median over passes of the mean latency of one bounded run; {}",
                 std::fs::read_to_string("/proc/cpuinfo")
                     .ok()
                     .and_then(|s| procfs::parse_cpu_model(&s))
