@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use ferrite_scsi::Lun;
 
@@ -87,7 +87,18 @@ pub(crate) struct DeviceShared {
     pub(crate) pr_ua_count: AtomicUsize,
     /// Where the APTPL state is saved.
     pub(crate) pr_store: Mutex<Option<Arc<dyn PrStore>>>,
+    /// Control mode page bits MODE SELECT changed: [`MODE_D_SENSE`],
+    /// [`MODE_SWP`].
+    pub(crate) mode: AtomicU8,
+    /// Bumped by every MODE SELECT that changes a value; each nexus
+    /// compares it with the last it saw to raise MODE PARAMETERS CHANGED.
+    pub(crate) mode_gen: AtomicU32,
 }
+
+/// Control page D_SENSE: sense data in descriptor format.
+pub(crate) const MODE_D_SENSE: u8 = 1;
+/// Control page SWP: software write protect.
+pub(crate) const MODE_SWP: u8 = 2;
 
 impl DeviceShared {
     /// Queues unit attentions for other nexuses.
@@ -308,6 +319,16 @@ impl Device {
         self.shared.pr.lock().map(|p| p.clone()).unwrap_or_default()
     }
 
+    /// Software write protect (Control mode page SWP, SPC-4 §7.5.7).
+    pub fn swp(&self) -> bool {
+        self.shared.mode.load(Ordering::Acquire) & MODE_SWP != 0
+    }
+
+    /// Descriptor-format sense data (Control mode page D_SENSE).
+    pub fn d_sense(&self) -> bool {
+        self.shared.mode.load(Ordering::Acquire) & MODE_D_SENSE != 0
+    }
+
     /// Capacity generation: changes whenever the capacity does.
     pub fn generation(&self) -> u32 {
         self.generation.load(Ordering::Acquire)
@@ -320,6 +341,14 @@ pub struct LunEntry {
     pub device: Arc<Device>,
     /// Read-only for this mapping even if the device is writable.
     pub read_only: bool,
+}
+
+impl LunEntry {
+    /// SBC-4 §4.11: writes through this LUN fail with WRITE PROTECTED: a
+    /// read-only device, a read-only mapping, or SWP set.
+    pub fn write_protected(&self) -> bool {
+        self.read_only || self.device.flags.read_only || self.device.swp()
+    }
 }
 
 /// LUN -> device.

@@ -94,6 +94,9 @@ pub enum Plan {
     },
     /// SPC-2 RESERVE (6)/(10) of the whole logical unit.
     Reserve,
+    /// MODE SELECT (6)/(10): fetch the `param_len`-byte parameter list,
+    /// then apply it.
+    ModeSelect { param_len: u32, residual: Residual },
     /// PERSISTENT RESERVE OUT: fetch the `param_len`-byte parameter list,
     /// then run the service action.
     PrOut { param_len: u32, residual: Residual },
@@ -411,6 +414,29 @@ fn plan_lu(
             }
         }
         Opcode::COMPARE_AND_WRITE => plan_compare_and_write(cdb, e, expected_len, dir),
+        Opcode::MODE_SELECT_6 | Opcode::MODE_SELECT_10 => {
+            // SPC-4 §6.9: PF must be one (SPC pages); SP: no page is
+            // saveable.
+            if cdb[1] & 0x01 != 0 {
+                return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(0)));
+            }
+            if cdb[1] & 0x10 == 0 {
+                return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(4)));
+            }
+            let param_len = if op == Opcode::MODE_SELECT_6 {
+                cdb[4] as u32
+            } else {
+                u16::from_be_bytes([cdb[7], cdb[8]]) as u32
+            };
+            match data_out_residual(param_len as u64, data_out_len(expected_len, dir)) {
+                Ok(residual) if param_len == 0 => Plan::Good(residual),
+                Ok(residual) => Plan::ModeSelect {
+                    param_len,
+                    residual,
+                },
+                Err(p) => p,
+            }
+        }
         // SPC-4 §6.16: service actions past READ FULL STATUS are invalid.
         Opcode::PERSISTENT_RESERVE_IN => {
             if cdb[1] & 0x1f > crate::pr::in_sa::READ_FULL_STATUS {
@@ -474,7 +500,7 @@ fn plan_write(
     }
     // SBC-4 §4.11: writes to a write-protected medium fail with
     // DATA PROTECT, WRITE PROTECTED.
-    if dev.flags.read_only || e.read_only {
+    if e.write_protected() {
         return fail(Sense::WRITE_PROTECTED);
     }
     // Write data can only arrive on a Data-Out transfer.
@@ -535,7 +561,7 @@ fn plan_compare_and_write(cdb: &[u8], e: &LunEntry, expected_len: u32, dir: Data
         Some(end) if end <= geo.num_blocks => {}
         _ => return fail(Sense::LBA_OUT_OF_RANGE),
     }
-    if dev.flags.read_only || e.read_only {
+    if e.write_protected() {
         return fail(Sense::WRITE_PROTECTED);
     }
     // The Data-Out is the verify instance and the write instance, exactly:
@@ -628,7 +654,7 @@ fn plan_write_same(
     if blocks > MAX_WRITE_SAME_BLOCKS {
         return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(xfer_len_byte(len), None));
     }
-    if e.device.flags.read_only || e.read_only {
+    if e.write_protected() {
         return fail(Sense::WRITE_PROTECTED);
     }
     let need = if ndob { 0 } else { bs };
@@ -665,7 +691,7 @@ fn plan_unmap(cdb: &[u8], e: &LunEntry, expected_len: u32, dir: DataDir) -> Plan
     if cdb[1] & 0x01 != 0 {
         return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(0)));
     }
-    if e.device.flags.read_only || e.read_only {
+    if e.write_protected() {
         return fail(Sense::WRITE_PROTECTED);
     }
     let param_len = u16::from_be_bytes([cdb[7], cdb[8]]) as u32;
@@ -745,6 +771,7 @@ const SUPPORTED: &[Supported] = &[
     cmd(0x08, &[0x08, 0x1f, 0xff, 0xff, 0xff, 0x04]),
     cmd(0x0a, &[0x0a, 0x1f, 0xff, 0xff, 0xff, 0x04]),
     cmd(0x12, &[0x12, 0x03, 0xff, 0xff, 0xff, 0x04]),
+    cmd(0x15, &[0x15, 0x11, 0, 0, 0xff, 0x04]),
     cmd(0x16, &[0x16, 0, 0, 0, 0, 0x04]),
     cmd(0x17, &[0x17, 0, 0, 0, 0, 0x04]),
     cmd(0x1a, &[0x1a, 0x08, 0xff, 0xff, 0xff, 0x04]),
@@ -781,6 +808,7 @@ const SUPPORTED: &[Supported] = &[
         &[0x41, 0xfe, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0x04],
     ),
     cmd(0x42, &[0x42, 0x01, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04]),
+    cmd(0x55, &[0x55, 0x11, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04]),
     cmd(0x56, &[0x56, 0, 0, 0, 0, 0, 0, 0, 0, 0x04]),
     cmd(0x57, &[0x57, 0, 0, 0, 0, 0, 0, 0, 0, 0x04]),
     cmd(0x5a, &[0x5a, 0x18, 0xff, 0xff, 0, 0, 0, 0xff, 0xff, 0x04]),
@@ -1016,9 +1044,10 @@ pub fn data_in(cdb: &[u8], ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<u32, 
             let st = ModeState {
                 num_blocks: g.num_blocks,
                 block_size: g.block_size,
-                write_protect: e.read_only || e.device.flags.read_only,
+                write_protect: e.write_protected(),
                 write_cache: !e.device.flags.write_through,
-                d_sense: false,
+                d_sense: e.device.d_sense(),
+                swp: e.device.swp(),
             };
             mode::mode_sense(&c, &st, out)?;
             Ok(c.alloc_len as u32)

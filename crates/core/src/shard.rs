@@ -138,6 +138,8 @@ struct Cmd {
 struct LuState {
     ua: VecDeque<Sense>,
     generation: Option<u32>,
+    /// The device's mode generation last seen (MODE PARAMETERS CHANGED).
+    mode_gen: Option<u32>,
     /// Active tasks in arrival order (slab keys).
     tasks: VecDeque<usize>,
     /// ORDERED tasks among `tasks`.
@@ -272,6 +274,31 @@ fn cmd_id(key: usize, seq: u32) -> CmdId {
 
 fn tag_of(key: usize, seq: u32) -> u64 {
     ((seq as u64) << 32) | key as u64
+}
+
+/// Rewrites fixed-format sense data (SPC-4 §4.5.3) in descriptor format
+/// (§4.5.2) for a device whose Control page sets D_SENSE: the key and
+/// codes, an information descriptor if VALID, a sense-key specific
+/// descriptor if SKSV.
+fn descriptor_sense(sense: &mut SmallVec<[u8; 32]>) {
+    if sense.len() < 18 || sense[0] & 0x7f != 0x70 {
+        return;
+    }
+    let f: [u8; 18] = match sense[..18].try_into() {
+        Ok(f) => f,
+        Err(_) => return,
+    };
+    let mut d: SmallVec<[u8; 32]> =
+        SmallVec::from_slice(&[0x72, f[2] & 0x0f, f[12], f[13], 0, 0, 0, 0]);
+    if f[0] & 0x80 != 0 {
+        d.extend_from_slice(&[0x00, 0x0a, 0x80, 0, 0, 0, 0, 0]);
+        d.extend_from_slice(&f[3..7]);
+    }
+    if f[15] & 0x80 != 0 {
+        d.extend_from_slice(&[0x02, 0x06, 0, 0, f[15], f[16], f[17], 0]);
+    }
+    d[7] = (d.len() - 8) as u8;
+    *sense = d;
 }
 
 /// The nexus as persistent reservations see it.
@@ -580,6 +607,18 @@ impl Shard {
                 _ => {}
             }
             st.generation = Some(g);
+            // SPC-4 §5.12: MODE PARAMETERS CHANGED for the nexuses that did
+            // not change them.
+            let mg = e
+                .device
+                .shared
+                .mode_gen
+                .load(std::sync::atomic::Ordering::Acquire);
+            match st.mode_gen {
+                Some(old) if old != mg => st.raise(Sense::MODE_PARAMETERS_CHANGED),
+                _ => {}
+            }
+            st.mode_gen = Some(mg);
             // SAM-5 §5.14: a pending unit attention fails the next command,
             // except INQUIRY, REPORT LUNS and REQUEST SENSE, and is cleared.
             if !emulate::passes_unit_attention(op)
@@ -798,6 +837,7 @@ impl Shard {
             Plan::Compare { data_len, .. } => self.fetch(key, data_len),
             Plan::ReadModifyWrite { data_len, .. } => self.fetch(key, data_len),
             Plan::PrOut { param_len: 0, .. } => self.pr_out(key, &[]),
+            Plan::ModeSelect { param_len, .. } => self.fetch(key, param_len),
             Plan::PrOut { param_len, .. } => self.fetch(key, param_len),
             Plan::Reserve | Plan::Release => {
                 let Some(s) = self.sessions.get(&c.session) else {
@@ -1184,6 +1224,50 @@ impl Shard {
         }
     }
 
+    /// Applies MODE SELECT parameter data (SPC-4 §6.9): D_SENSE and SWP of
+    /// the Control page are shared by every nexus; a change raises MODE
+    /// PARAMETERS CHANGED on the others (through the device's mode
+    /// generation).
+    fn mode_select(&mut self, key: usize, params: &[u8]) {
+        let c = &self.cmds[key];
+        let (Some(e), Plan::ModeSelect { residual, .. }) = (c.entry.clone(), c.plan) else {
+            return;
+        };
+        let ten = c.cdb.first() == Some(&ferrite_scsi::Opcode::MODE_SELECT_10.0);
+        let dev = &e.device;
+        let g = dev.geometry();
+        let st = ferrite_scsi::mode::ModeState {
+            num_blocks: g.num_blocks,
+            block_size: g.block_size,
+            write_protect: e.write_protected(),
+            write_cache: !dev.flags.write_through,
+            d_sense: dev.d_sense(),
+            swp: dev.swp(),
+        };
+        match ferrite_scsi::mode::mode_select(ten, params, &st) {
+            Err(s) => self.respond(key, check(s, residual)),
+            Ok(ch) => {
+                let bits = (u8::from(ch.d_sense) * crate::device::MODE_D_SENSE)
+                    | (u8::from(ch.swp) * crate::device::MODE_SWP);
+                let old = dev
+                    .shared
+                    .mode
+                    .swap(bits, std::sync::atomic::Ordering::AcqRel);
+                if old != bits {
+                    let mg = dev
+                        .shared
+                        .mode_gen
+                        .fetch_add(1, std::sync::atomic::Ordering::AcqRel)
+                        .wrapping_add(1);
+                    if let Some(st) = self.lu_mut(key) {
+                        st.mode_gen = Some(mg);
+                    }
+                }
+                self.respond(key, good(residual));
+            }
+        }
+    }
+
     /// Aborts the tasks of `device` from the `preempted` nexuses on this
     /// shard (PREEMPT AND ABORT, SPC-4 §5.13.11.5). Aborted tasks send no
     /// status. The core that ran the PERSISTENT RESERVE OUT calls it for its
@@ -1372,6 +1456,7 @@ impl Shard {
         };
         c.state = CmdState::Respond;
         let (sid, tag, id) = (c.session, c.tag, cmd_id(key, c.seq));
+        let d_sense = c.entry.as_ref().is_some_and(|e| e.device.d_sense());
         if c.locked {
             c.locked = false;
             let owner = ((self.core as u64) << 32) | c.seq as u64;
@@ -1389,6 +1474,12 @@ impl Shard {
             };
             let dev = c.entry.as_ref().map(|e| e.device.id);
             self.count_finished(sid, dev, &done);
+        }
+        let mut rsp = rsp;
+        if let Some(sense) = rsp.sense.as_mut()
+            && d_sense
+        {
+            descriptor_sense(sense);
         }
         self.push_action(sid, Action::Respond { id, tag, rsp });
         self.leave_task_set(key);
@@ -1847,6 +1938,7 @@ impl Shard {
                     Plan::Compare { data_len, .. } => data_len,
                     Plan::ReadModifyWrite { data_len, .. } => data_len,
                     Plan::PrOut { param_len, .. } => param_len,
+                    Plan::ModeSelect { param_len, .. } => param_len,
                     _ => return,
                 };
                 if buf.len() < want as usize {
@@ -1864,6 +1956,10 @@ impl Shard {
                     Plan::PrOut { .. } => {
                         let params = buf.to_vec();
                         self.pr_out(key, &params);
+                    }
+                    Plan::ModeSelect { .. } => {
+                        let params = buf.to_vec();
+                        self.mode_select(key, &params);
                     }
                     Plan::ReadModifyWrite { offset, len, .. } => {
                         // Hold the range from the read to the write (SBC-4

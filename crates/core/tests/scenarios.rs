@@ -2129,3 +2129,52 @@ fn prefetch_and_read_defect_data() {
     );
     assert_eq!(data_of(&r), vec![0, 0x0d, 0, 0, 0, 0, 0, 0]);
 }
+
+#[test]
+fn mode_select_swp_and_d_sense_with_unit_attention_elsewhere() {
+    let mut h = H::ready();
+    let other = h.shard.open_session(h.now, nexus(2), h.map.clone(), false);
+    let _ = h.run_as(other, &[0; 6], DataDir::None, 0, &[]); // POWER ON
+    // Current Control page, then SWP and D_SENSE set.
+    let r = h.run(&[0x1a, 0x08, 0x0a, 0, 255, 0], DataDir::Read, 255, &[]);
+    let page = data_of(&r)[4..].to_vec();
+    assert_eq!(page[0], 0x0a);
+    let mut data = vec![0u8, 0, 0, 0];
+    data.extend(&page);
+    data[4] &= 0x3f;
+    data[4 + 2] |= 0x04;
+    data[4 + 4] |= 0x08;
+    let n = data.len() as u8;
+    good(&h.run(&[0x15, 0x10, 0, 0, n, 0], DataDir::Write, n as u32, &data));
+    // Writes are refused (DATA PROTECT) and sense is in descriptor format.
+    let r = h.run(&rw10(0x2a, 0, 1, 0), DataDir::Write, BS, &[0; 512]);
+    let s = r.sense.as_ref().unwrap();
+    assert_eq!((s[0], s[1], s[2], s[3]), (0x72, 0x07, 0x27, 0x00));
+    // MODE SENSE reports WP.
+    let r = h.run(&[0x1a, 0x08, 0x0a, 0, 255, 0], DataDir::Read, 255, &[]);
+    assert_eq!(data_of(&r)[2] & 0x80, 0x80);
+    // The other nexus sees MODE PARAMETERS CHANGED once.
+    let r = h.run_as(other, &[0; 6], DataDir::None, 0, &[]);
+    let s = r.sense.as_ref().unwrap();
+    assert_eq!((s[1], s[2], s[3]), (0x06, 0x2a, 0x01));
+    good(&h.run_as(other, &[0; 6], DataDir::None, 0, &[]));
+    // A non-changeable bit is refused; SP is refused.
+    let mut bad = data.clone();
+    bad[4 + 3] ^= 0x02;
+    let r = h.run(&[0x15, 0x10, 0, 0, n, 0], DataDir::Write, n as u32, &bad);
+    assert_eq!(r.status, Status::CHECK_CONDITION);
+    let r = h.run(&[0x15, 0x11, 0, 0, n, 0], DataDir::Write, n as u32, &data);
+    assert_eq!(r.status, Status::CHECK_CONDITION);
+    // Clearing both restores writes and fixed sense.
+    data[4 + 2] &= !0x04;
+    data[4 + 4] &= !0x08;
+    good(&h.run(&[0x15, 0x10, 0, 0, n, 0], DataDir::Write, n as u32, &data));
+    good(&h.run(&rw10(0x2a, 0, 1, 0), DataDir::Write, BS, &[0; 512]));
+    let r = h.run(
+        &rw10(0x2a, BLOCKS as u32, 1, 0),
+        DataDir::Write,
+        BS,
+        &[0; 512],
+    );
+    assert_eq!(sense_of(&r), (0x05, 0x21, 0x00));
+}

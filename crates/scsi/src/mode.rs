@@ -22,6 +22,8 @@ pub struct ModeState {
     pub write_cache: bool,
     /// D_SENSE in the Control page: descriptor-format sense data.
     pub d_sense: bool,
+    /// SWP in the Control page: software write protect.
+    pub swp: bool,
 }
 
 fn caching_page(s: &ModeState, pc: PageControl, out: &mut Vec<u8>) {
@@ -40,9 +42,16 @@ fn control_page(s: &ModeState, pc: PageControl, out: &mut Vec<u8>) {
     let mut p = [0u8; 12];
     p[0] = page::CONTROL;
     p[1] = 0x0a;
-    if pc != PageControl::Changeable {
+    if pc == PageControl::Changeable {
+        // D_SENSE and SWP are changeable (MODE SELECT).
+        p[2] = 0x04;
+        p[4] = 0x08;
+    } else {
         // TST = 001b: a task set per I_T nexus.
         p[2] = 0x20;
+        if s.swp {
+            p[4] |= 0x08;
+        }
         if s.d_sense {
             p[2] |= 0x04;
         }
@@ -119,6 +128,97 @@ pub fn mode_sense(cdb: &ModeSenseCdb, s: &ModeState, out: &mut Vec<u8>) -> Resul
     Ok(())
 }
 
+/// What a MODE SELECT may change: the Control page's D_SENSE and SWP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModeChange {
+    pub d_sense: bool,
+    pub swp: bool,
+}
+
+/// Checks MODE SELECT (6)/(10) parameter data against the current state `s`
+/// (SPC-4 §6.9, §7.5.2): a header with MODE DATA LENGTH zero, block
+/// descriptors that repeat the current block length, then Caching and
+/// Control pages in which only the changeable bits (D_SENSE, SWP) may
+/// differ from the current values. Returns the new changeable values.
+pub fn mode_select(ten: bool, data: &[u8], s: &ModeState) -> Result<ModeChange, Sense> {
+    let bad = |at: usize| Err(Sense::INVALID_FIELD_IN_PARAMETER_LIST.param_field(at as u16, None));
+    let hdr = if ten { 8 } else { 4 };
+    if data.len() < hdr {
+        return Err(Sense::PARAMETER_LIST_LENGTH_ERROR);
+    }
+    let mdl = if ten {
+        u16::from_be_bytes([data[0], data[1]]) as usize
+    } else {
+        data[0] as usize
+    };
+    if mdl != 0 {
+        return bad(0);
+    }
+    let bdl = if ten {
+        u16::from_be_bytes([data[6], data[7]]) as usize
+    } else {
+        data[3] as usize
+    };
+    let mut at = hdr + bdl;
+    if at > data.len() {
+        return Err(Sense::PARAMETER_LIST_LENGTH_ERROR);
+    }
+    // Block descriptors: the block length must be the current one.
+    let desc = if ten && data[4] & 1 != 0 { 16 } else { 8 };
+    let mut d = hdr;
+    while d + desc <= hdr + bdl {
+        let bl = &data[d + desc - 3..d + desc];
+        let len = u32::from_be_bytes([0, bl[0], bl[1], bl[2]]);
+        if len != 0 && len != s.block_size {
+            return bad(d + desc - 3);
+        }
+        d += desc;
+    }
+    let mut change = ModeChange {
+        d_sense: s.d_sense,
+        swp: s.swp,
+    };
+    while at < data.len() {
+        if at + 2 > data.len() {
+            return Err(Sense::PARAMETER_LIST_LENGTH_ERROR);
+        }
+        let code = data[at] & 0x3f;
+        let spf = data[at] & 0x40 != 0;
+        let plen = data[at + 1] as usize;
+        if at + 2 + plen > data.len() {
+            return Err(Sense::PARAMETER_LIST_LENGTH_ERROR);
+        }
+        let page = &data[at..at + 2 + plen];
+        let mut cur = Vec::new();
+        match (code, spf) {
+            (page::CACHING, false) => caching_page(s, PageControl::Current, &mut cur),
+            (page::CONTROL, false) => control_page(s, PageControl::Current, &mut cur),
+            _ => return bad(at),
+        }
+        if cur.len() != page.len() {
+            return bad(at + 1);
+        }
+        let mut mask = Vec::new();
+        if code == page::CONTROL {
+            control_page(s, PageControl::Changeable, &mut mask);
+        } else {
+            caching_page(s, PageControl::Changeable, &mut mask);
+        }
+        // The PS bit (byte 0 bit 7) is reserved in MODE SELECT data.
+        for i in 2..page.len() {
+            if (page[i] ^ cur[i]) & !mask[i] != 0 {
+                return bad(at + i);
+            }
+        }
+        if code == page::CONTROL {
+            change.d_sense = page[2] & 0x04 != 0;
+            change.swp = page[4] & 0x08 != 0;
+        }
+        at += 2 + plen;
+    }
+    Ok(change)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,7 +241,47 @@ mod tests {
         write_protect: true,
         write_cache: true,
         d_sense: false,
+        swp: false,
     };
+
+    #[test]
+    fn mode_select_changes_only_changeable_bits() {
+        let mut cur = Vec::new();
+        control_page(&S, PageControl::Current, &mut cur);
+        let mut data = vec![0u8, 0, 0, 0];
+        data.extend(&cur);
+        data[4 + 2] |= 0x04;
+        data[4 + 4] |= 0x08;
+        let c = mode_select(false, &data, &S).unwrap();
+        assert_eq!(
+            c,
+            ModeChange {
+                d_sense: true,
+                swp: true
+            }
+        );
+        // A bit that is not changeable: QERR.
+        data[4 + 3] |= 0x02;
+        assert!(mode_select(false, &data, &S).is_err());
+        // MODE SELECT (10) with a block descriptor of the current length.
+        let mut d10 = vec![0u8, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 2, 0];
+        d10.extend(&cur);
+        assert_eq!(
+            mode_select(true, &d10, &S).unwrap(),
+            ModeChange {
+                d_sense: false,
+                swp: false
+            }
+        );
+        d10[14] = 0x10;
+        assert!(mode_select(true, &d10, &S).is_err());
+        // An unknown page, a short list.
+        assert!(mode_select(false, &[0, 0, 0, 0, 0x19, 0], &S).is_err());
+        assert_eq!(
+            mode_select(false, &[0, 0], &S),
+            Err(Sense::PARAMETER_LIST_LENGTH_ERROR)
+        );
+    }
 
     #[test]
     fn all_pages_six() {
