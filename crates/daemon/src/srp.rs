@@ -35,7 +35,7 @@ use ferrite_mgmt::config::{SrpProviderConfig, SrpTargetConfig};
 use ferrite_rdma::soft::{
     ConnRequest, QpAttrs, SoftAddr, SoftCq, SoftDevice, SoftListener, SoftPd, SoftQp,
 };
-use ferrite_rdma::{CompletionQueue, QueuePair, WorkCompletion};
+use ferrite_rdma::{CompletionQueue, QueuePair, WcStatus, WorkCompletion};
 use ferrite_scsi::{Lun, Sense};
 use ferrite_srp::channel::{self, ChannelConfig, Event, Login};
 use ferrite_srp::iu;
@@ -416,6 +416,12 @@ impl SrpCore {
                 progress = true;
             }
             for wc in &self.wcs {
+                if !matches!(wc.status, WcStatus::Success | WcStatus::WrFlushErr) {
+                    // A remote access error (bad rkey, bounds) or a transport
+                    // failure breaks the queue pair: the channel ends.
+                    tracing::warn!(core = self.core, qpn = wc.qp_num, status = ?wc.status,
+                        opcode = ?wc.opcode, "SRP channel: work request failed; closing the channel");
+                }
                 if let Some(&key) = self.by_qpn.get(&wc.qp_num)
                     && let Some(c) = self.conns.get_mut(key)
                 {
