@@ -340,6 +340,15 @@ fn queue_depth_128_never_overruns_credits() {
     assert!(s.ini.closed().is_none(), "channel closed: credit overrun?");
     let log = r.f.log_text();
     assert!(!log.contains("overrun"), "{log}");
+    // SIGTERM with the channel still logged in: the target logs it out
+    // (SRP_T_LOGOUT) and exits by itself.
+    let mut r = r;
+    assert!(r.f.stop(), "ferrited did not stop with an SRP channel open");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while s.ini.closed().is_none() && Instant::now() < deadline {
+        let _ = s.ini.progress(Instant::now() + Duration::from_millis(50));
+    }
+    assert!(s.ini.closed().is_some(), "no target logout seen");
 }
 
 /// Writes to LBAs 8192.. are held 1.5 s by the device's fault rule, so they
@@ -772,7 +781,11 @@ fn bad_rkey_fails_the_channel_and_spares_another() {
     assert!(good.ini.closed().is_none());
     // The target saw the remote access error on its RDMA READ.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while !r.f.log_text().contains("status=RemAccessErr opcode=RdmaRead") {
+    while !r
+        .f
+        .log_text()
+        .contains("status=RemAccessErr opcode=RdmaRead")
+    {
         assert!(Instant::now() < deadline, "{}", r.f.log_text());
         std::thread::sleep(Duration::from_millis(20));
     }
