@@ -1764,13 +1764,10 @@ impl Shard {
                     }
                     let w =
                         self.abort_where(|c| c.entry.as_ref().is_some_and(|e| e.device.id == dev));
-                    // SAM-5 §6.3.3: BUS DEVICE RESET FUNCTION OCCURRED for the
-                    // other nexuses of the logical unit.
-                    self.raise_where(
-                        |sess_id, _| sess_id != sid,
-                        |e| e.device.id == dev,
-                        Sense::BUS_DEVICE_RESET,
-                    );
+                    // SAM-5 §6.3.3: BUS DEVICE RESET FUNCTION OCCURRED for
+                    // every I_T nexus of the logical unit, the one that asked
+                    // included (libiscsi's MultipathIO.Reset checks each path).
+                    self.raise_where(|_, _| true, |e| e.device.id == dev, Sense::BUS_DEVICE_RESET);
                     (TmfResponse::Complete, w)
                 }
             },

@@ -1110,7 +1110,7 @@ fn abort_cancels_unsent_fetch_and_blocked_commands() {
 }
 
 #[test]
-fn lu_reset_raises_unit_attention_on_other_nexus_only() {
+fn lu_reset_raises_unit_attention_on_every_nexus() {
     let mut h = H::ready();
     let other = h.shard.open_session(h.now, nexus(2), h.map.clone(), false);
     {
@@ -1138,6 +1138,11 @@ fn lu_reset_raises_unit_attention_on_other_nexus_only() {
             ..
         }]
     ));
+    // SAM-5 §6.3.3: the nexus that asked sees it too, once.
+    assert_eq!(
+        sense_of(&h.run(&[0; 6], DataDir::None, 0, &[])),
+        (0x06, 0x29, 0x03)
+    );
     good(&h.run(&[0; 6], DataDir::None, 0, &[]));
     let r = h.req(0, &[0; 6], DataDir::None, 0, TaskAttr::Simple);
     let mut s = h.shard.session(other).unwrap();
