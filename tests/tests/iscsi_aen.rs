@@ -1,0 +1,93 @@
+//! Asynchronous event notification (RFC 7143 §11.9, AsyncEvent 0): a LUN
+//! added live with `ferritectl do` reaches a logged-in session as an Async
+//! Message carrying REPORTED LUNS DATA HAS CHANGED sense data, without the
+//! initiator sending a command.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
+
+use std::process::Command as Proc;
+use std::time::{Duration, Instant};
+
+use ferrite_iscsi::initiator::{Command, InitiatorConfig, connect};
+use ferrite_iscsi::pdu::Opcode;
+use ferrite_tests::{Ferrited, ferrited_path, run_with_timeout};
+
+const IQN: &str = "iqn.2026-11.org.ferrite:default";
+
+fn ctl(f: &Ferrited, args: &[&str]) {
+    let out = run_with_timeout(
+        Proc::new(ferrited_path().with_file_name("ferritectl"))
+            .arg("--socket")
+            .arg(f.control())
+            .args(args),
+        Duration::from_secs(30),
+    );
+    assert!(
+        out.status.success(),
+        "ferritectl {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn lun_added_live_is_announced_by_an_async_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = Ferrited::start_default(dir.path());
+    let mut i = connect(
+        f.addr,
+        InitiatorConfig {
+            initiator_name: "iqn.2026-11.org.ferrite.test:aen".into(),
+            target_name: Some(IQN.into()),
+            ..InitiatorConfig::default()
+        },
+    )
+    .expect("login");
+    i.t.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let tur = [0u8; 6];
+    // The first command takes the nexus' POWER ON unit attention.
+    let _ = i.command(&Command {
+        cdb: &tur,
+        attr: 1,
+        ..Command::default()
+    });
+    assert!(i.async_msgs.is_empty());
+
+    ctl(
+        &f,
+        &[
+            "do",
+            "/handlers/vdisk_nullio/mgmt",
+            "add_device n1 size=16M",
+        ],
+    );
+    ctl(
+        &f,
+        &["do", &format!("/targets/iscsi/{IQN}/luns/mgmt"), "add n1 1"],
+    );
+
+    // NOP-Out pings let the initiator read what the target sent meanwhile.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while i.async_msgs.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "no Async Message within 10 s of adding LUN 1:\n{}",
+            f.log_text()
+        );
+        i.nop(b"ping", false).expect("NOP-Out");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let m = &i.async_msgs[0];
+    let b = m.bhs();
+    assert_eq!(b.opcode(), Opcode::ASYNC_MSG);
+    assert_eq!(b.0[36], 0, "AsyncEvent 0: SCSI asynchronous event");
+    // Data segment: SenseLength, then fixed-format sense data.
+    let sense = &m.data[2..];
+    assert_eq!(sense[0] & 0x7f, 0x70, "fixed sense: {sense:02x?}");
+    assert_eq!(sense[2] & 0x0f, 0x06, "UNIT ATTENTION: {sense:02x?}");
+    assert_eq!(
+        (sense[12], sense[13]),
+        (0x3f, 0x0e),
+        "REPORTED LUNS DATA HAS CHANGED: {sense:02x?}"
+    );
+}
