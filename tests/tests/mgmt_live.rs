@@ -1,6 +1,6 @@
 //! Live changes under I/O: while the project's initiator writes and reads
 //! back on LUN 0, another LUN of the same target is added, resized and
-//! removed 20 times (its device created and deleted each time). The running
+//! removed 20 times (its fileio device created and deleted each time). The running
 //! I/O sees no error other than the REPORTED LUNS DATA HAS CHANGED unit
 //! attention the changes raise on its nexus (retried, as an initiator does),
 //! never stops for a whole second, and an observer session on the target
@@ -56,6 +56,57 @@ fn with_ua_retry(
     r
 }
 
+/// Like [`with_ua_retry`] but a transport failure is an error value.
+fn try_with_ua_retry(
+    i: &mut Initiator<TcpStream>,
+    cdb: &[u8],
+    read_len: u32,
+    write: &[u8],
+    uas: &mut Vec<(u8, u8)>,
+) -> Result<ferrite_iscsi::initiator::ScsiResult, String> {
+    let c = ferrite_iscsi::initiator::Command {
+        lun: 0,
+        cdb,
+        read_len,
+        write,
+        attr: 1,
+        ..ferrite_iscsi::initiator::Command::default()
+    };
+    let mut r = i.command(&c).map_err(|e| format!("{e:?}"))?;
+    for _ in 0..8 {
+        if !is_ua(&r) {
+            break;
+        }
+        uas.push(asc(&r));
+        r = i.command(&c).map_err(|e| format!("{e:?}"))?;
+    }
+    Ok(r)
+}
+
+/// Polls with TEST UNIT READY on LUN 0 until a unit attention `want`
+/// arrives (an initiator learns of LUN changes this way); returns the
+/// unit attentions seen, or None after `limit`.
+fn wait_for_ua(
+    i: &mut Initiator<TcpStream>,
+    want: (u8, u8),
+    limit: Duration,
+) -> (Option<Duration>, Vec<(u8, u8)>) {
+    let t0 = Instant::now();
+    let mut seen = Vec::new();
+    while t0.elapsed() < limit {
+        let r = scsi(i, 0, &[0u8; 6], 0, &[]);
+        if is_ua(&r) {
+            seen.push(asc(&r));
+            if asc(&r) == want {
+                return (Some(t0.elapsed()), seen);
+            }
+            continue;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    (None, seen)
+}
+
 fn io_loop(mut i: Initiator<TcpStream>, stop: Arc<AtomicBool>) -> IoReport {
     let mut rep = IoReport::default();
     let mut n: u32 = 0;
@@ -67,14 +118,26 @@ fn io_loop(mut i: Initiator<TcpStream>, stop: Arc<AtomicBool>) -> IoReport {
         cdb[0] = 0x2a; // WRITE(10)
         cdb[2..6].copy_from_slice(&lba.to_be_bytes());
         cdb[7..9].copy_from_slice(&8u16.to_be_bytes());
-        let w = with_ua_retry(&mut i, 0, &cdb, 0, &data, &mut rep.uas);
+        let w = match try_with_ua_retry(&mut i, &cdb, 0, &data, &mut rep.uas) {
+            Ok(w) => w,
+            Err(e) => {
+                rep.errors.push(format!("WRITE lba {lba}: {e}"));
+                break;
+            }
+        };
         if w.status != 0 {
             rep.errors.push(format!("WRITE lba {lba}: {w:?}"));
             continue;
         }
         rep.done.push(Instant::now());
         cdb[0] = 0x28; // READ(10)
-        let r = with_ua_retry(&mut i, 0, &cdb, 4096, &[], &mut rep.uas);
+        let r = match try_with_ua_retry(&mut i, &cdb, 4096, &[], &mut rep.uas) {
+            Ok(r) => r,
+            Err(e) => {
+                rep.errors.push(format!("READ lba {lba}: {e}"));
+                break;
+            }
+        };
         if r.status != 0 {
             rep.errors.push(format!("READ lba {lba}: {r:?}"));
             continue;
@@ -138,49 +201,107 @@ fn lun_changes_under_io_pause_nothing_and_raise_the_unit_attentions() {
 
     let mut obs_uas: Vec<(u8, u8)> = Vec::new();
     let mut problems: Vec<String> = Vec::new();
+    // Time from ferritectl's return to the unit attention reaching the
+    // observer: the change is carried out asynchronously by the cores.
+    let mut ua_delays: Vec<Duration> = Vec::new();
     for round in 0..ROUNDS {
         let size0: u64 = (16 + round) << 20;
         let size1: u64 = size0 + (4 << 20);
+        // A fileio device: ferrited resizes its file (`size`) or re-reads a
+        // file grown behind its back (`resync_size`), on alternate rounds.
+        let c1 = d.join(format!("c1-{round}.img"));
+        std::fs::File::create(&c1).unwrap().set_len(size0).unwrap();
         f.ok(&[
             "do",
-            "/handlers/vdisk_nullio/mgmt",
-            &format!("add_device c1 size={size0}"),
+            "/handlers/vdisk_fileio/mgmt",
+            "add_device",
+            "c1",
+            &format!("filename={}", c1.display()),
         ]);
         f.ok(&["do", &luns, "add c1 1"]);
+        // The observer learns of the new LUN from the unit attention.
+        let (after, uas) = wait_for_ua(&mut obs, REPORTED_LUNS_CHANGED, Duration::from_secs(5));
+        obs_uas.extend(&uas);
+        match after {
+            Some(t) => ua_delays.push(t),
+            None => problems.push(format!(
+                "round {round}: no REPORTED LUNS DATA HAS CHANGED within 5 s of adding LUN 1 (saw {uas:02x?})"
+            )),
+        }
+        assert_eq!(
+            report_luns(&mut obs),
+            [0, 1],
+            "round {round}: LUN 1 not reported"
+        );
         let mut uas = Vec::new();
         let got = capacity(&mut obs, 1, &mut uas);
+        obs_uas.extend(&uas);
         if got != size0 {
             problems.push(format!("round {round}: LUN 1 has {got} bytes, not {size0}"));
         }
-        if !uas.contains(&REPORTED_LUNS_CHANGED) {
+
+        if round % 2 == 0 {
+            f.ok(&["set", "/devices/c1/size", &size1.to_string()]);
+        } else {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&c1)
+                .unwrap()
+                .set_len(size1)
+                .unwrap();
+            f.ok(&["set", "/devices/c1/resync_size", "1"]);
+        }
+        // CAPACITY DATA HAS CHANGED is a unit attention of LUN 1 (SBC-4
+        // §4.6): poll READ CAPACITY there until it is reported.
+        let t0 = Instant::now();
+        let mut seen_cap_ua = false;
+        let mut got = 0;
+        while t0.elapsed() < Duration::from_secs(5) {
+            let r = scsi(&mut obs, 1, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], 8, &[]);
+            if is_ua(&r) {
+                obs_uas.push(asc(&r));
+                if asc(&r) == CAPACITY_CHANGED {
+                    seen_cap_ua = true;
+                    ua_delays.push(t0.elapsed());
+                }
+                continue;
+            }
+            assert_eq!(r.status, 0, "round {round}: READ CAPACITY of LUN 1: {r:?}");
+            let last = u64::from(u32::from_be_bytes(r.data[0..4].try_into().unwrap()));
+            let bs = u64::from(u32::from_be_bytes(r.data[4..8].try_into().unwrap()));
+            got = (last + 1) * bs;
+            if seen_cap_ua && got == size1 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if !seen_cap_ua {
             problems.push(format!(
-                "round {round}: no REPORTED LUNS DATA HAS CHANGED after the LUN was added (saw {uas:02x?})"
+                "round {round}: no CAPACITY DATA HAS CHANGED within 5 s of the resize"
             ));
         }
-        obs_uas.extend(&uas);
-
-        f.ok(&["set", "/devices/c1/size", &size1.to_string()]);
-        let mut uas = Vec::new();
-        let got = capacity(&mut obs, 1, &mut uas);
         if got != size1 {
             problems.push(format!(
                 "round {round}: after the resize LUN 1 has {got} bytes, not {size1}"
             ));
         }
-        if !uas.contains(&CAPACITY_CHANGED) {
-            problems.push(format!(
-                "round {round}: no CAPACITY DATA HAS CHANGED after the resize (saw {uas:02x?})"
-            ));
-        }
-        obs_uas.extend(&uas);
 
         f.ok(&["do", &luns, "del 1"]);
+        let (after, uas) = wait_for_ua(&mut obs, REPORTED_LUNS_CHANGED, Duration::from_secs(5));
+        obs_uas.extend(&uas);
+        match after {
+            Some(t) => ua_delays.push(t),
+            None => problems.push(format!(
+                "round {round}: no REPORTED LUNS DATA HAS CHANGED within 5 s of removing LUN 1"
+            )),
+        }
         assert_eq!(
             report_luns(&mut obs),
             [0],
             "round {round}: LUN 1 still reported"
         );
-        f.ok(&["do", "/handlers/vdisk_nullio/mgmt", "del_device c1"]);
+        f.ok(&["do", "/handlers/vdisk_fileio/mgmt", "del_device c1"]);
+        let _ = std::fs::remove_file(&c1);
     }
     // Keep the I/O going a little after the last change.
     std::thread::sleep(Duration::from_millis(1500));
@@ -217,9 +338,10 @@ fn lun_changes_under_io_pause_nothing_and_raise_the_unit_attentions() {
         }
     }
     eprintln!(
-        "{} completions in {elapsed:?}, per second: {per_sec:?}; observer unit attentions: {}",
+        "{} completions in {elapsed:?}, per second: {per_sec:?}; observer unit attentions: {}, longest delay from change to unit attention: {:?}",
         rep.done.len(),
-        obs_uas.len()
+        obs_uas.len(),
+        ua_delays.iter().max()
     );
     assert!(
         per_sec.iter().all(|n| *n > 0),

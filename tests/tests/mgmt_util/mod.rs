@@ -219,7 +219,7 @@ pub fn scsi(
     write: &[u8],
 ) -> ScsiResult {
     i.command(&ScsiCmd {
-        lun,
+        lun: lun_field(lun),
         cdb,
         read_len,
         write,
@@ -227,6 +227,13 @@ pub fn scsi(
         ..ScsiCmd::default()
     })
     .unwrap_or_else(|e| panic!("command {:02x} to LUN {lun}: {e:?}", cdb[0]))
+}
+
+/// SAM-5 §4.7.3: the 8-byte LUN field of LUN number `n` as the initiator's
+/// `Command::lun` carries it (big-endian): peripheral addressing below 256,
+/// flat space addressing above.
+pub fn lun_field(n: u64) -> u64 {
+    if n < 256 { n << 48 } else { (0x4000 | n) << 48 }
 }
 
 /// SAM-5 §5.14: CHECK CONDITION with sense key UNIT ATTENTION (6h).
