@@ -1,0 +1,183 @@
+//! SCSI conformance: libiscsi's `iscsi-test-cu -d -S` (every family, one
+//! process, the LUN given twice so MultipathIO runs over two sessions with
+//! the two initiator names) against three logical units of one ferrited:
+//! a thin-provisioned fileio LUN with 512-byte blocks, a fileio LUN with
+//! 4096-byte blocks, and nullio's `mem` mode.
+//!
+//! A run fails on any failed test and on any skipped test that
+//! `tests/conformance/known-skips.txt` does not list for that LUN (each
+//! entry gives the libiscsi condition or the SPC/SBC clause). Known
+//! failures are listed there too, each with its cause; a listed failure
+//! that passes is reported so the list can shrink.
+//!
+//! Needs `iscsi-test-cu` (libiscsi-bin 1.19) and a built `ferrited`
+//! (`cargo build --release --bin ferrited`, or `FERRITED=path`); skips with a
+//! message when the tool is missing.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use ferrite_tests::{CU_INITIATORS, Ferrited, Options, free_port, parse_cu, run_with_timeout};
+
+const IQN: &str = "iqn.2026-11.org.ferrite:conformance";
+
+/// (label, target suffix, device JSON)
+fn luns(dir: &Path) -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "fileio",
+            format!(
+                r#"{{"name":"thin512","handler":"vdisk_fileio","filename":"{}","size":1073741824,"thin_provisioned":true}}"#,
+                dir.join("thin512.img").display()
+            ),
+        ),
+        (
+            "fileio4k",
+            format!(
+                r#"{{"name":"thin4k","handler":"vdisk_fileio","filename":"{}","size":1073741824,"blocksize":4096,"thin_provisioned":true}}"#,
+                dir.join("thin4k.img").display()
+            ),
+        ),
+        (
+            "mem",
+            r#"{"name":"mem","handler":"vdisk_nullio","size":268435456,"mem":true}"#.to_string(),
+        ),
+    ]
+}
+
+fn config(dir: &Path, port: u16) -> std::path::PathBuf {
+    let l = luns(dir);
+    let devices: Vec<String> = l.iter().map(|(_, d)| d.clone()).collect();
+    let names = ["thin512", "thin4k", "mem"];
+    let targets: Vec<String> = l
+        .iter()
+        .zip(names)
+        .map(|((label, _), dev)| {
+            format!(
+                r#"{{"name":"{IQN}-{label}","portals":["127.0.0.1:{port}"],"luns":[{{"lun":0,"device":"{dev}"}}]}}"#
+            )
+        })
+        .collect();
+    let json = format!(
+        r#"{{"devices":[{}],"targets":{{"iscsi":[{}]}}}}"#,
+        devices.join(","),
+        targets.join(",")
+    );
+    let p = dir.join("ferrite.json");
+    std::fs::write(&p, json).expect("write config");
+    p
+}
+
+/// `label -> (test -> reason)` for skips and for failures.
+struct Known {
+    skips: BTreeMap<String, String>,
+    fails: BTreeMap<String, String>,
+}
+
+fn known(label: &str) -> Known {
+    let text = include_str!("../conformance/known-skips.txt");
+    let mut k = Known {
+        skips: BTreeMap::new(),
+        fails: BTreeMap::new(),
+    };
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        // KIND LABELS TEST REASON...
+        let mut it = line.splitn(4, char::is_whitespace);
+        let (Some(kind), Some(labels), Some(test)) = (it.next(), it.next(), it.next()) else {
+            panic!("malformed known-skips line: {line}");
+        };
+        let reason = it.next().unwrap_or("").trim().to_string();
+        assert!(!reason.is_empty(), "known-skips entry without a reason: {line}");
+        if labels != "*" && !labels.split(',').any(|l| l == label) {
+            continue;
+        }
+        match kind {
+            "skip" => k.skips.insert(test.to_string(), reason),
+            "fail" => k.fails.insert(test.to_string(), reason),
+            _ => panic!("unknown kind {kind} in: {line}"),
+        };
+    }
+    k
+}
+
+fn have_cu() -> bool {
+    let ok = Command::new("iscsi-test-cu").arg("-l").output().is_ok();
+    if !ok {
+        eprintln!("SKIPPED: iscsi-test-cu not installed (apt install libiscsi-bin)");
+    }
+    ok
+}
+
+#[test]
+fn iscsi_test_cu_whole_suite_on_fileio_4k_and_mem() {
+    if !have_cu() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let cfg = config(dir.path(), port);
+    let mut f = Ferrited::start(
+        dir.path(),
+        port,
+        Options {
+            config: Some(cfg),
+            args: vec![],
+        },
+    );
+    let mut problems = Vec::new();
+    let t0 = Instant::now();
+    for (label, _) in luns(dir.path()) {
+        let url = f.url(&format!("{IQN}-{label}"), 0);
+        let t = Instant::now();
+        let out = run_with_timeout(
+            Command::new("iscsi-test-cu")
+                .args(["-d", "-S", "-i", CU_INITIATORS[0], "-I", CU_INITIATORS[1]])
+                .args(["-t", "ALL"])
+                .arg(&url)
+                .arg(&url),
+            Duration::from_secs(900),
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        let r = parse_cu(&text);
+        let k = known(label);
+        eprintln!(
+            "{label}: {} passed, {} skipped, {} failed in {:.0?}",
+            r.passed.len(),
+            r.skipped.len(),
+            r.failed.len(),
+            t.elapsed()
+        );
+        if r.passed.is_empty() {
+            problems.push(format!("{label}: no test passed\n{text}"));
+        }
+        for s in &r.skipped {
+            if !k.skips.contains_key(s) {
+                problems.push(format!("{label}: unexpected skip {s}"));
+            }
+        }
+        for fl in &r.failed {
+            match k.fails.get(fl) {
+                Some(why) => eprintln!("{label}: known failure {fl}: {why}"),
+                None => problems.push(format!("{label}: FAILED {fl}")),
+            }
+        }
+        for (t, _) in &k.fails {
+            if r.passed.contains(t) {
+                eprintln!("{label}: {t} passes now; drop it from known-skips.txt");
+            }
+        }
+        if label == "fileio" && r.passed.len() < 190 {
+            problems.push(format!("{label}: only {} passed", r.passed.len()));
+        }
+        assert!(f.alive(), "ferrited died during {label}:\n{}", f.log_text());
+    }
+    eprintln!("whole conformance run: {:.0?}", t0.elapsed());
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
