@@ -191,6 +191,39 @@ const DEVICE_ATTRS: &[AttrDef] = &[
     },
 ];
 
+/// Attributes of `/targets/srp/<port>` (read-only: SRP ports are changed
+/// in the configuration file for now).
+const SRP_ATTRS: &[AttrDef] = &[
+    AttrDef {
+        name: "enabled",
+        desc: "0|1: accept new logins",
+    },
+    AttrDef {
+        name: "port_id",
+        desc: "SRP target port identifier (SRP r16a §5.5.8)",
+    },
+    AttrDef {
+        name: "provider",
+        desc: "RDMA provider: soft (test and development) or verbs",
+    },
+    AttrDef {
+        name: "listen",
+        desc: "where the port listens (socket path or address:port)",
+    },
+    AttrDef {
+        name: "credits",
+        desc: "request limit granted per channel",
+    },
+    AttrDef {
+        name: "luns",
+        desc: "default LUN map: one \"LUN device[ ro]\" per line",
+    },
+    AttrDef {
+        name: "ini_groups",
+        desc: "initiator groups: \"group: patterns -> LUN device, ...\" per line",
+    },
+];
+
 const TARGET_ATTRS: &[AttrDef] = &[
     AttrDef {
         name: "enabled",
@@ -402,6 +435,10 @@ enum Node {
     Sessions(String),
     Session(String, SessionInfo),
     SessionAttr(String, SessionInfo, &'static AttrDef),
+    /// `/targets/srp`: SRP target ports (read-only view of `targets.srp`).
+    Srp,
+    SrpPort(String),
+    SrpAttr(String, &'static AttrDef),
 }
 
 impl PartialEq for AttrDef {
@@ -806,7 +843,26 @@ impl Tree {
                 }
                 Node::Targets => match c {
                     "iscsi" => Node::Iscsi,
-                    _ => return Err(no(names_hint("fabrics", ["iscsi"]))),
+                    "srp" => Node::Srp,
+                    _ => return Err(no(names_hint("fabrics", ["iscsi", "srp"]))),
+                },
+                Node::Srp => match cfg.targets.srp.iter().find(|t| t.name == c) {
+                    Some(t) => Node::SrpPort(t.name.clone()),
+                    None => {
+                        return Err(no(names_hint(
+                            "SRP ports",
+                            cfg.targets.srp.iter().map(|t| &t.name),
+                        )));
+                    }
+                },
+                Node::SrpPort(ref t) => match find_attr(SRP_ATTRS, c) {
+                    Some(a) => Node::SrpAttr(t.clone(), a),
+                    None => {
+                        return Err(no(names_hint(
+                            "attributes",
+                            SRP_ATTRS.iter().map(|a| a.name),
+                        )));
+                    }
                 },
                 Node::Iscsi => {
                     if c == "mgmt" {
@@ -932,7 +988,8 @@ impl Tree {
                 | Node::GroupsMgmt(_)
                 | Node::InitiatorsMgmt(..)
                 | Node::Initiator(..)
-                | Node::SessionAttr(..) => {
+                | Node::SessionAttr(..)
+                | Node::SrpAttr(..) => {
                     return Err(no("a leaf has no children".into()));
                 }
             };
@@ -1020,7 +1077,17 @@ impl Tree {
                     .map(|a| attr(a, device_attr_writable(h, a.name)))
                     .collect()
             }
-            Node::Targets => vec![dir("iscsi", "iSCSI targets (RFC 7143)")],
+            Node::Targets => vec![
+                dir("iscsi", "iSCSI targets (RFC 7143)"),
+                dir("srp", "SRP target ports (T10 SRP)"),
+            ],
+            Node::Srp => cfg
+                .targets
+                .srp
+                .iter()
+                .map(|t| dir(&t.name, "SRP target port"))
+                .collect(),
+            Node::SrpPort(_) => SRP_ATTRS.iter().map(|a| attr(a, false)).collect(),
             Node::Iscsi => std::iter::once(mgmt("add_target, del_target"))
                 .chain(
                     cfg.targets
@@ -1232,6 +1299,69 @@ impl Tree {
                     description: a.desc.into(),
                 }
             }
+            Node::SrpAttr(t, a) => {
+                let t = cfg
+                    .targets
+                    .srp
+                    .iter()
+                    .find(|p| &p.name == t)
+                    .ok_or_else(|| MgmtError::Refused(format!("no SRP port {t:?}")))?;
+                let map = |luns: &[LunConfig]| -> Vec<String> {
+                    luns.iter()
+                        .map(|l| {
+                            format!(
+                                "{} {}{}",
+                                l.lun,
+                                l.device,
+                                if l.read_only { " ro" } else { "" }
+                            )
+                        })
+                        .collect()
+                };
+                let id: String = t
+                    .port_id_bytes()
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect();
+                let (value, key) = match (a.name, &t.provider) {
+                    ("enabled", _) => (b01(t.enabled), !t.enabled),
+                    ("port_id", _) => (format!("0x{id}"), t.port_id.is_some()),
+                    ("provider", crate::config::SrpProviderConfig::Soft { .. }) => {
+                        ("soft".into(), true)
+                    }
+                    ("provider", crate::config::SrpProviderConfig::Verbs { device, port, .. }) => (
+                        format!("verbs {} port {port}", device.as_deref().unwrap_or("(any)")),
+                        true,
+                    ),
+                    ("listen", crate::config::SrpProviderConfig::Soft { listen })
+                    | ("listen", crate::config::SrpProviderConfig::Verbs { listen, .. }) => {
+                        (listen.clone(), true)
+                    }
+                    ("credits", _) => (t.credits.to_string(), true),
+                    ("luns", _) => (map(&t.luns).join("\n"), !t.luns.is_empty()),
+                    _ => (
+                        t.ini_groups
+                            .iter()
+                            .map(|g| {
+                                format!(
+                                    "{}: {} -> {}",
+                                    g.name,
+                                    g.initiators.join(" "),
+                                    map(&g.luns).join(", ")
+                                )
+                            })
+                            .collect::<Vec<_>>()
+                            .join("\n"),
+                        !t.ini_groups.is_empty(),
+                    ),
+                };
+                AttrValue {
+                    value,
+                    key,
+                    writable: false,
+                    description: a.desc.into(),
+                }
+            }
             Node::SessionAttr(_, s, a) => {
                 let value = match a.name {
                     "initiator_name" => s.initiator.clone(),
@@ -1274,6 +1404,19 @@ impl Tree {
             for g in &t.ini_groups {
                 for l in g.luns.iter().filter(|l| l.device == device) {
                     out.push(format!("{}/ini_groups/{}/luns/{}", t.name, g.name, l.lun));
+                }
+            }
+        }
+        for t in &self.cfg.targets.srp {
+            for l in t.luns.iter().filter(|l| l.device == device) {
+                out.push(format!("srp/{}/luns/{}", t.name, l.lun));
+            }
+            for g in &t.ini_groups {
+                for l in g.luns.iter().filter(|l| l.device == device) {
+                    out.push(format!(
+                        "srp/{}/ini_groups/{}/luns/{}",
+                        t.name, g.name, l.lun
+                    ));
                 }
             }
         }
@@ -2834,5 +2977,43 @@ mod tests {
         assert_eq!(parse_bool("Yes"), Ok(true));
         assert_eq!(parse_bool("0"), Ok(false));
         assert!(parse_bool("2").is_err());
+    }
+
+    #[test]
+    fn srp_ports_are_listed_read_only() {
+        let mut cfg = sample();
+        let mut p = crate::config::SrpTargetConfig::soft("srp0", "/run/ferrite/srp0.sock");
+        p.luns.push(LunConfig {
+            lun: 3,
+            device: "spare".into(),
+            read_only: true,
+        });
+        cfg.targets.srp.push(p);
+        let mut t = Tree::new(cfg, Arc::new(FakeRuntime::new()), None);
+        let names = |v: Vec<Entry>| v.into_iter().map(|e| e.name).collect::<Vec<_>>();
+        assert_eq!(names(t.ls("/targets").unwrap()), ["iscsi", "srp"]);
+        assert_eq!(names(t.ls("/targets/srp").unwrap()), ["srp0"]);
+        let attrs = t.ls("/targets/srp/srp0").unwrap();
+        assert_eq!(attrs.len(), SRP_ATTRS.len());
+        assert!(attrs.iter().all(|e| !e.writable));
+        let get = |t: &Tree, a: &str| t.get(&format!("/targets/srp/srp0/{a}")).unwrap().value;
+        assert_eq!(get(&t, "enabled"), "1");
+        assert_eq!(get(&t, "provider"), "soft");
+        assert_eq!(get(&t, "listen"), "/run/ferrite/srp0.sock");
+        assert_eq!(get(&t, "credits"), "128");
+        assert_eq!(get(&t, "luns"), "3 spare ro");
+        assert_eq!(get(&t, "port_id").len(), 34);
+        assert!(t.exported("spare").contains(&"srp/srp0/luns/3".to_string()));
+        assert!(matches!(
+            t.set("/targets/srp/srp0/enabled", "0"),
+            Err(MgmtError::NotWritable { .. })
+        ));
+        assert!(t.get("/targets/srp/nosuch").is_err());
+        assert!(t.get("/targets/srp/srp0/nosuch").is_err());
+        // A device an SRP port maps cannot be deleted.
+        assert!(
+            t.run("/handlers/vdisk_nullio/mgmt", "del_device spare")
+                .is_err()
+        );
     }
 }
