@@ -16,7 +16,7 @@ use ferrite_tests::Ferrited;
 const IQN: &str = "iqn.2026-11.org.ferrite:default";
 
 fn login(f: &Ferrited) -> Initiator<TcpStream> {
-    let mut i = connect(
+    let i = connect(
         f.addr,
         InitiatorConfig {
             initiator_name: "iqn.2026-11.org.ferrite.test:digests".into(),
