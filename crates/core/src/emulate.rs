@@ -51,12 +51,14 @@ pub enum Plan {
         xfer: u32,
         residual: Residual,
     },
-    /// Fetch `len` bytes of write data, write them at `offset`.
+    /// Fetch `len` bytes of write data, write them at `offset`; `atomic`
+    /// (WRITE ATOMIC (16)) holds the range like COMPARE AND WRITE.
     Write {
         offset: u64,
         len: u32,
         fua: bool,
         residual: Residual,
+        atomic: bool,
     },
     /// Flush the backend's volatile cache.
     Flush(Residual),
@@ -112,6 +114,14 @@ pub enum Rmw {
     CompareAndWrite,
     /// SBC-4 §5.10 ORWRITE (BMOP 000b): medium OR Data-Out is written.
     Or,
+}
+
+/// MAXIMUM ATOMIC TRANSFER LENGTH in blocks (VPD B0h): the largest
+/// transfer. A WRITE ATOMIC (16) holds its range against every other writer
+/// of this target for its whole write; whether the backend's single write
+/// survives a power loss whole is the backend's (and its medium's) matter.
+pub fn max_atomic_blocks(block_size: u32) -> u32 {
+    (MAX_TRANSFER_BYTES / block_size.max(1) as u64).min(u16::MAX as u64) as u32
 }
 
 /// MAXIMUM COMPARE AND WRITE LENGTH in blocks (VPD B0h): what fits the
@@ -402,6 +412,7 @@ fn plan_lu(
                     len,
                     fua,
                     residual,
+                    ..
                 } => Plan::ReadModifyWrite {
                     offset,
                     len,
@@ -414,6 +425,43 @@ fn plan_lu(
             }
         }
         Opcode::COMPARE_AND_WRITE => plan_compare_and_write(cdb, e, expected_len, dir),
+        Opcode::WRITE_ATOMIC_16 => {
+            // SBC-4 §5.49: LBA in bytes 2..10, ATOMIC BOUNDARY 10..12 (no
+            // boundaries: MAXIMUM ATOMIC BOUNDARY SIZE is zero), TRANSFER
+            // LENGTH 12..14.
+            let boundary = u16::from_be_bytes([cdb[10], cdb[11]]);
+            if boundary != 0 {
+                return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(10, None));
+            }
+            let c = BlockCdb {
+                lba: u64::from_be_bytes([
+                    cdb[2], cdb[3], cdb[4], cdb[5], cdb[6], cdb[7], cdb[8], cdb[9],
+                ]),
+                blocks: u16::from_be_bytes([cdb[12], cdb[13]]) as u32,
+                flags: cdb[1],
+                group: cdb[14],
+            };
+            if c.blocks as u64 > max_atomic_blocks(geo.block_size) as u64 {
+                return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(12, None));
+            }
+            let fua = c.fua() && !dev.flags.write_through;
+            match plan_write(&c, len, e, expected_len, dir, fua) {
+                Plan::Write {
+                    offset,
+                    len,
+                    fua,
+                    residual,
+                    ..
+                } => Plan::Write {
+                    offset,
+                    len,
+                    fua,
+                    residual,
+                    atomic: true,
+                },
+                other => other,
+            }
+        }
         Opcode::MODE_SELECT_6 | Opcode::MODE_SELECT_10 => {
             // SPC-4 §6.9: PF must be one (SPC pages); SP: no page is
             // saveable.
@@ -524,6 +572,7 @@ fn plan_write(
             len: whole as u32,
             fua,
             residual: Residual::Overflow(over),
+            atomic: false,
         };
     }
     let residual = no_data(expected - spdtl as u32);
@@ -536,6 +585,7 @@ fn plan_write(
         len: spdtl as u32,
         fua,
         residual,
+        atomic: false,
     }
 }
 
@@ -929,6 +979,13 @@ const SUPPORTED: &[Supported] = &[
             0x04,
         ],
     ),
+    cmd(
+        0x9c,
+        &[
+            0x9c, 0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+            0x3f, 0x04,
+        ],
+    ),
     Supported {
         opcode: 0x9e,
         sa: Some(service_action_in_16::READ_CAPACITY_16),
@@ -1232,6 +1289,7 @@ fn inquiry_data(c: &InquiryCdb, ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<
                     unmap_granularity: if thin { 1 << g.phys_exp.min(15) } else { 0 },
                     max_write_same: MAX_WRITE_SAME_BLOCKS,
                     max_compare_write: max_compare_write_blocks(g.block_size),
+                    max_atomic: max_atomic_blocks(g.block_size),
                 },
                 out,
             )

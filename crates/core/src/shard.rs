@@ -1075,9 +1075,11 @@ impl Shard {
             (BlockOp::Read { offset, buf }, Plan::ReadModifyWrite { .. }) if !c.locked => {
                 Some((*offset, *offset + buf.len() as u64, true))
             }
-            (BlockOp::Write { offset, buf, .. }, _) if !c.locked => {
-                Some((*offset, *offset + buf.len() as u64, false))
-            }
+            (BlockOp::Write { offset, buf, .. }, plan) if !c.locked => Some((
+                *offset,
+                *offset + buf.len() as u64,
+                matches!(plan, Plan::Write { atomic: true, .. }),
+            )),
             (BlockOp::WriteZeroes { offset, len } | BlockOp::Unmap { offset, len }, _)
                 if !c.locked =>
             {

@@ -2183,3 +2183,36 @@ fn mode_select_swp_and_d_sense_with_unit_attention_elsewhere() {
     );
     assert_eq!(sense_of(&r), (0x05, 0x21, 0x00));
 }
+
+#[test]
+fn write_atomic_16_writes_and_reports_its_limits() {
+    let mut h = H::ready();
+    let mut c = [0u8; 16];
+    c[0] = 0x9c;
+    c[2..10].copy_from_slice(&5u64.to_be_bytes());
+    c[13] = 2;
+    good(&h.run(&c, DataDir::Write, 2 * BS, &pattern(1024, 9)));
+    assert_eq!(
+        data_of(&h.run(&rw10(0x28, 5, 2, 0), DataDir::Read, 2 * BS, &[])),
+        pattern(1024, 9)
+    );
+    // An ATOMIC BOUNDARY is not supported; beyond the end is out of range.
+    let mut b = c;
+    b[11] = 1;
+    assert_eq!(
+        sense_of(&h.run(&b, DataDir::Write, 2 * BS, &pattern(1024, 9))),
+        (0x05, 0x24, 0x00)
+    );
+    let mut e = c;
+    e[2..10].copy_from_slice(&(BLOCKS - 1).to_be_bytes());
+    assert_eq!(
+        sense_of(&h.run(&e, DataDir::Write, 2 * BS, &pattern(1024, 9))),
+        (0x05, 0x21, 0x00)
+    );
+    // Block limits: MAXIMUM ATOMIC TRANSFER LENGTH <= MAXIMUM TRANSFER
+    // LENGTH, alignment and granularity 1.
+    let v = data_of(&h.run(&inquiry(true, 0xb0, 64), DataDir::Read, 64, &[]));
+    let be = |i: usize| u32::from_be_bytes([v[i], v[i + 1], v[i + 2], v[i + 3]]);
+    assert!(be(44) > 0 && be(44) <= be(8));
+    assert_eq!((be(48), be(52)), (1, 1));
+}

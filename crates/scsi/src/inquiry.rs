@@ -202,6 +202,9 @@ pub struct BlockLimits {
     pub max_write_same: u64,
     /// MAXIMUM COMPARE AND WRITE LENGTH (0: not supported).
     pub max_compare_write: u8,
+    /// MAXIMUM ATOMIC TRANSFER LENGTH (0: WRITE ATOMIC not supported);
+    /// alignment and granularity are reported as 1 when it is set.
+    pub max_atomic: u32,
 }
 
 /// Block limits (SBC-4 §6.6.4), page length 3Ch.
@@ -218,7 +221,14 @@ pub fn block_limits(pq_type: u8, l: &BlockLimits, out: &mut Vec<u8>) {
     out.extend(l.unmap_granularity.to_be_bytes());
     out.extend(0u32.to_be_bytes()); // UGAVALID = 0, alignment
     out.extend(l.max_write_same.to_be_bytes());
-    out.extend([0u8; 20]); // atomic limits, reserved (44..64)
+    // SBC-4 §6.6.4 bytes 44..64: MAXIMUM ATOMIC TRANSFER LENGTH, ATOMIC
+    // ALIGNMENT, ATOMIC TRANSFER LENGTH GRANULARITY, then the atomic
+    // boundary limits (zero: no boundaries).
+    out.extend(l.max_atomic.to_be_bytes());
+    let one = u32::from(l.max_atomic != 0);
+    out.extend(one.to_be_bytes());
+    out.extend(one.to_be_bytes());
+    out.extend([0u8; 8]);
     vpd_finish(out, at);
 }
 

@@ -45,6 +45,7 @@ impl Opcode {
     pub const SYNCHRONIZE_CACHE_16: Opcode = Opcode(0x91);
     pub const WRITE_SAME_16: Opcode = Opcode(0x93);
     /// SERVICE ACTION IN (16): READ CAPACITY (16), GET LBA STATUS.
+    pub const WRITE_ATOMIC_16: Opcode = Opcode(0x9c);
     pub const SERVICE_ACTION_IN_16: Opcode = Opcode(0x9e);
     pub const REPORT_LUNS: Opcode = Opcode(0xa0);
     /// MAINTENANCE IN: REPORT TARGET PORT GROUPS, REPORT SUPPORTED OPCODES.
