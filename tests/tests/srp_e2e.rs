@@ -816,11 +816,14 @@ fn dropped_connection_mid_transfer_frees_everything_and_acks_nothing() {
                 .unwrap(),
         );
     }
-    let acked: Vec<u64> = tags
-        .iter()
-        .copied()
-        .filter(|t| s.ini.has_response(*t))
-        .collect();
+    // Transfers are under way once the first write is answered.
+    assert_eq!(s.ini.wait(tags[0]).unwrap().rsp.status, 0);
+    let mut acked: Vec<u64> = vec![tags[0]];
+    acked.extend(tags[1..].iter().copied().filter(|t| s.ini.has_response(*t)));
+    assert!(
+        acked.len() < tags.len(),
+        "everything finished before the drop"
+    );
     drop(s);
     // The daemon logs the channel closed and goes on serving new channels
     // many times over (a leak of pool buffers per dropped channel would run
@@ -834,26 +837,63 @@ fn dropped_connection_mid_transfer_frees_everything_and_acks_nothing() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    for round in 0..5u32 {
+    // Drop cycles: 16 MiB in flight each time. The target's resident
+    // memory after 4 warm-up cycles and after 16 more must not grow by
+    // anything like a cycle's worth per cycle: buffers and registrations of
+    // a dropped channel are all freed.
+    let drop_cycle = |round: u32| {
         let mut t = srp_login(&r.sock, 9);
         clear_ua(&mut t);
-        let mut inflight = Vec::new();
+        let mut first = None;
         for k in 0..16u64 {
-            inflight.push(
-                t.ini
-                    .submit(
-                        Lun(0),
-                        &rw(0x8a, 64 * 2048 + k * 2048, 2048),
-                        Some(&pattern(round, 1 << 20)),
-                        0,
-                        Layout::default(),
-                        iu::TASK_ATTR_SIMPLE,
-                    )
-                    .unwrap(),
-            );
+            let tag = t
+                .ini
+                .submit(
+                    Lun(0),
+                    &rw(0x8a, 16 * 2048 + k * 2048, 2048),
+                    Some(&pattern(round, 1 << 20)),
+                    0,
+                    Layout::default(),
+                    iu::TASK_ATTR_SIMPLE,
+                )
+                .unwrap();
+            first.get_or_insert(tag);
+        }
+        // Mid-transfer: the first write is done, the rest are moving.
+        if let Some(tag) = first {
+            let c = t.ini.wait(tag).unwrap();
+            assert_eq!(c.rsp.status, 0, "{:?}", c.rsp);
         }
         drop(t);
+    };
+    let closed = |f: &Ferrited| f.log_text().matches("SRP channel closed").count();
+    let settle = |f: &Ferrited, n: usize| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while closed(f) < n {
+            assert!(
+                Instant::now() < deadline,
+                "channels not closed:\n{}",
+                f.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let base = closed(&r.f);
+    for round in 0..4 {
+        drop_cycle(round);
     }
+    settle(&r.f, base + 4);
+    let rss0 = rss_kib(r.f.pid());
+    for round in 4..20 {
+        drop_cycle(round);
+    }
+    settle(&r.f, base + 20);
+    let rss1 = rss_kib(r.f.pid());
+    eprintln!("ferrited RSS after warm-up {rss0} KiB, after 16 more dropped channels {rss1} KiB");
+    assert!(
+        rss1 < rss0 + 48 * 1024,
+        "ferrited grew from {rss0} KiB to {rss1} KiB over 16 dropped channels"
+    );
     let mut t = srp_login(&r.sock, 10);
     clear_ua(&mut t);
     // Every block the dropped channel touched holds either its old data
@@ -888,4 +928,14 @@ fn dropped_connection_mid_transfer_frees_everything_and_acks_nothing() {
         .command(Lun(0), &rw(0x88, 0, 2048), None, 1 << 20, Layout::default())
         .unwrap();
     assert_eq!(big.rsp.status, 0);
+}
+
+/// Resident set size of a process, KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    st.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap()
 }
