@@ -71,6 +71,8 @@ pub struct TargetProc {
     child: Option<Child>,
     /// tgtd control port (its shutdown goes through tgtadm).
     tgtd_ctrl: Option<u16>,
+    /// The file LUN's backing file, removed after the process stops.
+    file_image: Option<PathBuf>,
 }
 
 /// Where the targets keep their files.
@@ -104,7 +106,8 @@ fn wait_listen(port: u16, child: &mut Child, timeout: Duration) -> bool {
     false
 }
 
-/// Creates (or re-sizes) a sparse backing file.
+/// Creates a fresh sparse backing file (what an earlier run wrote is
+/// dropped, so every run starts from the same state).
 pub fn backing_file(path: &Path, size: u64) -> Result<(), PeerError> {
     if let Some(d) = path.parent() {
         fs::create_dir_all(d).map_err(io_err(format!("creating {}", d.display())))?;
@@ -115,7 +118,8 @@ pub fn backing_file(path: &Path, size: u64) -> Result<(), PeerError> {
         .truncate(false)
         .open(path)
         .map_err(io_err(format!("opening {}", path.display())))?;
-    f.set_len(size)
+    f.set_len(0)
+        .and_then(|()| f.set_len(size))
         .map_err(io_err(format!("sizing {}", path.display())))?;
     Ok(())
 }
@@ -177,6 +181,7 @@ impl TargetProc {
             log: log.clone(),
             child: Some(child),
             tgtd_ctrl: None,
+            file_image: None,
         };
         if !ok {
             // dropping `t` stops the process
@@ -238,7 +243,10 @@ impl TargetProc {
             iqn: iqn.into(),
             lun: n,
         };
-        TargetProc::finish_start(Kind::Ferrite, child, port, command, log, (lun(0), lun(1)))
+        let mut t =
+            TargetProc::finish_start(Kind::Ferrite, child, port, command, log, (lun(0), lun(1)))?;
+        t.file_image = Some(img);
+        Ok(t)
     }
 
     /// Starts tgtd in the foreground on its own control port and configures
@@ -285,6 +293,7 @@ impl TargetProc {
             ),
         )?;
         t.tgtd_ctrl = Some(ctrl);
+        t.file_image = Some(img.clone());
         let img_s = img.display().to_string();
         let steps: [Vec<&str>; 6] = [
             vec![
@@ -387,7 +396,7 @@ impl TargetProc {
         let log = sd.join("istgt.log");
         let child = spawn(cmd, &log)?;
         let portal = SocketAddr::from(([127, 0, 0, 1], port));
-        TargetProc::finish_start(
+        let mut t = TargetProc::finish_start(
             Kind::Istgt,
             child,
             port,
@@ -405,7 +414,9 @@ impl TargetProc {
                     lun: 0,
                 },
             ),
-        )
+        )?;
+        t.file_image = Some(img);
+        Ok(t)
     }
 
     pub fn start(kind: Kind, l: &Layout, port: u16) -> Result<TargetProc, PeerError> {
@@ -472,6 +483,10 @@ impl TargetProc {
 impl Drop for TargetProc {
     fn drop(&mut self) {
         self.stop();
+        // the file LUN lives in tmpfs: give the memory back
+        if let Some(img) = &self.file_image {
+            let _ = fs::remove_file(img);
+        }
     }
 }
 
