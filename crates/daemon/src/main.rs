@@ -6,6 +6,7 @@
 mod portal;
 mod runtime;
 mod srp;
+mod stats;
 mod system;
 mod worker;
 
@@ -168,6 +169,7 @@ fn run(
         pin,
         ..ReactorConfig::default()
     };
+    let stats_board = Arc::new(crate::stats::StatsBoard::default());
     let mut handles = Vec::new();
     for (core, rx) in rxs.into_iter().enumerate() {
         let ls = if core == 0 {
@@ -181,24 +183,23 @@ fn run(
             Vec::new()
         };
         let (peers, snapshot, registry) = (txs.clone(), system.snapshot.clone(), registry.clone());
+        let board = stats_board.clone();
         let h = std::thread::Builder::new()
             .name(format!("reactor-{core}"))
             .spawn(move || {
                 // The worker is built on its own thread: backend queues and
                 // sessions never leave the core that created them.
-                let w =
-                    CoreWorker::new(core, ls, peers, snapshot, registry).with_srp_ports(srp_ports);
+                let w = CoreWorker::new(core, ls, peers, snapshot, registry)
+                    .with_srp_ports(srp_ports)
+                    .with_stats(board);
                 ring::run(core, rcfg, rx, w).map(|_| ())
             })
             .context("spawning reactor thread")?;
         handles.push(h);
     }
-    let runtime = Arc::new(DaemonRuntime::new(
-        &system,
-        &cfg,
-        txs.clone(),
-        registry.clone(),
-    ));
+    let runtime = Arc::new(
+        DaemonRuntime::new(&system, &cfg, txs.clone(), registry.clone()).with_stats(stats_board),
+    );
     if let Some(dir) = control.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }

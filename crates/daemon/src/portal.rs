@@ -9,12 +9,13 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferrite_core::device::{Target, wildcard_match};
 
-use ferrite_mgmt::runtime::{SessionInfo, Stats};
+use ferrite_mgmt::runtime::SessionInfo;
 
 use ferrite_iscsi::pdu::LoginStatus;
 use ferrite_iscsi::tcp::{Grant, Portal, SessionRequest};
@@ -28,6 +29,10 @@ pub struct Registry {
     sessions: Mutex<HashMap<u16, SessionInfo>>,
     /// Recent failed logins by source address.
     failures: Mutex<HashMap<IpAddr, Failures>>,
+    /// Sessions replaced by a reinstatement, to be closed on their core.
+    reinstated: Mutex<Vec<u16>>,
+    /// `reinstated` is not empty (checked on every poll without a lock).
+    reinstated_pending: AtomicBool,
 }
 
 /// Failed logins from one address.
@@ -114,6 +119,26 @@ impl Registry {
         backoff(e.count)
     }
 
+    /// TSIHs of sessions replaced by a reinstatement since the last call;
+    /// cheap when there are none.
+    pub fn take_reinstated(&self) -> Vec<u16> {
+        if !self.reinstated_pending.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        let Ok(mut r) = self.reinstated.lock() else {
+            return Vec::new();
+        };
+        self.reinstated_pending.store(false, Ordering::Release);
+        std::mem::take(&mut *r)
+    }
+
+    fn reinstate(&self, old: u16) {
+        if let Ok(mut r) = self.reinstated.lock() {
+            r.push(old);
+            self.reinstated_pending.store(true, Ordering::Release);
+        }
+    }
+
     /// A successful login from `ip` forgets its failures.
     fn login_succeeded(&self, ip: IpAddr) {
         if let Ok(mut f) = self.failures.lock() {
@@ -144,11 +169,6 @@ impl Registry {
         s.values()
             .find(|i| i.target == target && i.initiator == initiator && i.isid == isid)
             .map(|i| i.tsih)
-    }
-
-    /// Counters (per device and target; filled once the core keeps them).
-    pub fn stats(&self) -> Stats {
-        Stats::default()
     }
 }
 
@@ -192,6 +212,15 @@ impl Portal for CorePortal<'_> {
             return Err(LoginStatus::AUTHORIZATION_FAILURE);
         }
         let luns = target.map_for(req.initiator);
+        let isid = req.isid.iter().fold(0u64, |a, b| a << 8 | u64::from(*b));
+        if let Some(old) = self.registry.find(name, req.initiator, isid) {
+            // RFC 7143 §6.3.5: a login with the ISID and initiator name of a
+            // live session (TSIH 0) reinstates it: the old session is closed
+            // (its tasks aborted) on its core, the new one gets a new TSIH.
+            tracing::info!(initiator = req.initiator, target = name, old_tsih = old,
+                "session reinstatement: closing the old session");
+            self.registry.reinstate(old);
+        }
         let tsih = self
             .registry
             .allocate()
@@ -205,7 +234,7 @@ impl Portal for CorePortal<'_> {
         self.registry.record(SessionInfo {
             target: name.to_string(),
             initiator: req.initiator.to_string(),
-            isid: req.isid.iter().fold(0u64, |a, b| a << 8 | u64::from(*b)),
+            isid,
             tsih,
             group,
             connections: vec![req.peer.to_string()],

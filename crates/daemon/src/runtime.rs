@@ -43,6 +43,7 @@ pub struct DaemonRuntime {
     state: Mutex<State>,
     cores: Vec<MailboxTx<Msg>>,
     registry: Arc<Registry>,
+    stats_board: Arc<crate::stats::StatsBoard>,
 }
 
 fn failed(e: impl std::fmt::Display) -> RuntimeError {
@@ -91,7 +92,14 @@ impl DaemonRuntime {
             }),
             cores,
             registry,
+            stats_board: Arc::default(),
         }
+    }
+
+    /// Reads statistics from `board`, where the cores publish them.
+    pub fn with_stats(mut self, board: Arc<crate::stats::StatsBoard>) -> DaemonRuntime {
+        self.stats_board = board;
+        self
     }
 
     fn lock(&self) -> Result<MutexGuard<'_, State>, RuntimeError> {
@@ -520,7 +528,15 @@ impl Runtime for DaemonRuntime {
     }
 
     fn sessions(&self) -> Vec<SessionInfo> {
-        self.registry.sessions()
+        let mut v = self.registry.sessions();
+        for s in &mut v {
+            if let Some(io) = self.stats_board.session(s.tsih) {
+                s.stats = crate::stats::to_mgmt(&io);
+                s.latency = crate::stats::histograms(&io);
+                s.active_commands = io.active;
+            }
+        }
+        v
     }
 
     fn close_session(&self, target: &str, initiator: &str, isid: u64) -> Result<(), RuntimeError> {
@@ -536,6 +552,20 @@ impl Runtime for DaemonRuntime {
     }
 
     fn stats(&self) -> Stats {
-        self.registry.stats()
+        let (devices, targets) = self.stats_board.totals();
+        let mut out = Stats::default();
+        if let Ok(st) = self.state.lock() {
+            for (name, (_, dev)) in &st.devices {
+                let io = devices.get(&dev.id).copied().unwrap_or_default();
+                out.devices.insert(name.clone(), crate::stats::to_mgmt(&io));
+                out.latency
+                    .insert(name.clone(), crate::stats::histograms(&io));
+            }
+            for name in st.targets.keys() {
+                let io = targets.get(name).copied().unwrap_or_default();
+                out.targets.insert(name.clone(), crate::stats::to_mgmt(&io));
+            }
+        }
+        out
     }
 }

@@ -72,6 +72,9 @@ pub struct CoreWorker {
     next_timer: Option<Instant>,
     seed: u64,
     srp: crate::srp::SrpCore,
+    /// Where this core publishes its counters, and when it next does.
+    stats_board: Option<Arc<crate::stats::StatsBoard>>,
+    next_stats: Option<Instant>,
 }
 
 impl CoreWorker {
@@ -99,7 +102,35 @@ impl CoreWorker {
             next_timer: None,
             seed: random_seed() ^ (core as u64),
             srp: crate::srp::SrpCore::new(core),
+            stats_board: None,
+            next_stats: None,
         }
+    }
+
+    /// Publishes this core's counters to `board` about once a second.
+    pub fn with_stats(mut self, board: Arc<crate::stats::StatsBoard>) -> CoreWorker {
+        self.stats_board = Some(board);
+        self
+    }
+
+    fn publish_stats(&mut self, now: Instant) {
+        let Some(board) = &self.stats_board else {
+            return;
+        };
+        if self.next_stats.is_some_and(|t| now < t) {
+            return;
+        }
+        self.next_stats = Some(now + std::time::Duration::from_secs(1));
+        let st = self.shard.stats();
+        let mut sessions = std::collections::BTreeMap::new();
+        for (sid, io) in st.sessions {
+            if let Some(c) = self.by_session.get(&sid).and_then(|k| self.conns.get(*k))
+                && let (Some(tsih), Some((target, _, _))) = (c.tsih(), c.nexus())
+            {
+                sessions.insert(tsih, (target.to_string(), io));
+            }
+        }
+        board.publish(self.core, st.devices, sessions);
     }
 
     /// Gives this core the SRP target ports to accept logins on.
@@ -313,7 +344,9 @@ impl Worker for CoreWorker {
             }
             progress = true;
         }
-        let now = ctx.now();
+        // A fresh clock reading (not the top of the loop's): backend
+        // completions reaped now are timed from when they really finished.
+        let now = Instant::now();
         if self.shard.poll(now) {
             progress = true;
         }
@@ -323,6 +356,13 @@ impl Worker for CoreWorker {
             snapshot: &self.snapshot,
             registry: &self.registry,
         };
+        // Sessions replaced by a reinstatement (decided on any core): every
+        // core closes the ones it runs.
+        for old in self.registry.take_reinstated() {
+            for p in &self.peers {
+                let _ = p.send(Msg::CloseSession(old));
+            }
+        }
         let mut touched: Vec<usize> = Vec::new();
         for sid in &self.ready {
             if let Some(&key) = self.by_session.get(sid)
@@ -357,6 +397,7 @@ impl Worker for CoreWorker {
             .iter()
             .filter_map(|(_, c)| c.poll_timeout())
             .min();
+        self.publish_stats(now);
         progress
     }
 

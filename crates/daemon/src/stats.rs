@@ -1,0 +1,161 @@
+//! Statistics across cores: each reactor publishes its shard's counters here
+//! about once a second (control path: one short mutex hold per core per
+//! second), and the management thread reads them for `ferritectl stats`,
+//! `ferritectl sessions` and the Prometheus endpoint.
+//!
+//! Per-device counters come straight from the shards. Per-target counters are
+//! the sum of the target's sessions: the live ones, plus what sessions that
+//! ended had counted when they were last published (a session's last second
+//! before it closes is not counted).
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use ferrite_core::device::DeviceId;
+use ferrite_core::stats::{
+    IoDir as CoreDir, IoStats as CoreIo, LATENCY_BUCKETS, LatencyHistogram as CoreHist, SizeClass,
+    bucket_bound_us,
+};
+use ferrite_mgmt::runtime::{IoDir, IoStats, LatencyHistogram};
+
+/// What one core published.
+#[derive(Clone, Debug, Default)]
+pub struct CoreStats {
+    pub devices: BTreeMap<DeviceId, CoreIo>,
+    /// Live sessions by TSIH: (target name, counters).
+    pub sessions: BTreeMap<u16, (String, CoreIo)>,
+    /// Counters of sessions that ended, by target.
+    pub ended: BTreeMap<String, CoreIo>,
+}
+
+/// The board every core publishes to.
+#[derive(Debug, Default)]
+pub struct StatsBoard {
+    cores: Mutex<BTreeMap<usize, CoreStats>>,
+}
+
+impl StatsBoard {
+    /// Replaces `core`'s devices and sessions; sessions it published before
+    /// and no longer has are added to their target's ended counters.
+    pub fn publish(
+        &self,
+        core: usize,
+        devices: BTreeMap<DeviceId, CoreIo>,
+        sessions: BTreeMap<u16, (String, CoreIo)>,
+    ) {
+        let Ok(mut cores) = self.cores.lock() else {
+            return;
+        };
+        let c = cores.entry(core).or_default();
+        let gone: Vec<u16> = c
+            .sessions
+            .keys()
+            .filter(|t| !sessions.contains_key(t))
+            .copied()
+            .collect();
+        for tsih in gone {
+            if let Some((target, io)) = c.sessions.remove(&tsih) {
+                c.ended.entry(target).or_default().merge(&io);
+            }
+        }
+        c.devices = devices;
+        c.sessions = sessions;
+    }
+
+    /// Every core's devices merged, and every target's sessions (live and
+    /// ended) merged.
+    pub fn totals(&self) -> (BTreeMap<DeviceId, CoreIo>, BTreeMap<String, CoreIo>) {
+        let mut devices: BTreeMap<DeviceId, CoreIo> = BTreeMap::new();
+        let mut targets: BTreeMap<String, CoreIo> = BTreeMap::new();
+        if let Ok(cores) = self.cores.lock() {
+            for c in cores.values() {
+                for (id, io) in &c.devices {
+                    devices.entry(*id).or_default().merge(io);
+                }
+                for (target, io) in c.sessions.values() {
+                    targets.entry(target.clone()).or_default().merge(io);
+                }
+                for (target, io) in &c.ended {
+                    targets.entry(target.clone()).or_default().merge(io);
+                }
+            }
+        }
+        (devices, targets)
+    }
+
+    /// The live counters of the session with this TSIH.
+    pub fn session(&self, tsih: u16) -> Option<CoreIo> {
+        let cores = self.cores.lock().ok()?;
+        cores
+            .values()
+            .find_map(|c| c.sessions.get(&tsih).map(|(_, io)| *io))
+    }
+}
+
+/// The management view of the core's counters.
+pub fn to_mgmt(io: &CoreIo) -> IoStats {
+    IoStats {
+        read_cmds: io.cmds(CoreDir::Read),
+        write_cmds: io.cmds(CoreDir::Write),
+        other_cmds: io.cmds(CoreDir::Other),
+        read_bytes: io.bytes(CoreDir::Read),
+        write_bytes: io.bytes(CoreDir::Write),
+        errors: io.errors,
+    }
+}
+
+fn mgmt_dir(d: CoreDir) -> IoDir {
+    match d {
+        CoreDir::Read => IoDir::Read,
+        CoreDir::Write => IoDir::Write,
+        CoreDir::Other => IoDir::Other,
+    }
+}
+
+fn mgmt_hist(dir: CoreDir, class: SizeClass, h: &CoreHist) -> LatencyHistogram {
+    let bounds: Vec<u64> = (0..LATENCY_BUCKETS).filter_map(bucket_bound_us).collect();
+    LatencyHistogram {
+        dir: mgmt_dir(dir),
+        size_class: class.label().to_string(),
+        bounds_us: bounds,
+        counts: h.buckets.to_vec(),
+        sum_us: h.sum_us,
+    }
+}
+
+/// The latency histograms of `io` that saw at least one command, with the
+/// core's log2 bucket bounds.
+pub fn histograms(io: &CoreIo) -> Vec<LatencyHistogram> {
+    let mut v = Vec::new();
+    for dir in CoreDir::ALL {
+        for class in SizeClass::ALL {
+            let h = io.latency(dir, class);
+            if h.count > 0 {
+                v.push(mgmt_hist(dir, class, h));
+            }
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ended_sessions_keep_counting_for_their_target() {
+        let b = StatsBoard::default();
+        let mut io = CoreIo::default();
+        io.errors = 3;
+        let mut s = BTreeMap::new();
+        s.insert(7u16, ("t1".to_string(), io));
+        b.publish(0, BTreeMap::new(), s);
+        b.publish(1, BTreeMap::new(), BTreeMap::new());
+        assert_eq!(b.totals().1["t1"].errors, 3);
+        assert_eq!(b.session(7).map(|i| i.errors), Some(3));
+        // The session ends: its counters move to the target's ended total.
+        b.publish(0, BTreeMap::new(), BTreeMap::new());
+        assert_eq!(b.totals().1["t1"].errors, 3);
+        assert_eq!(b.session(7), None);
+    }
+}
