@@ -217,8 +217,12 @@ impl Portal for CorePortal<'_> {
             // RFC 7143 §6.3.5: a login with the ISID and initiator name of a
             // live session (TSIH 0) reinstates it: the old session is closed
             // (its tasks aborted) on its core, the new one gets a new TSIH.
-            tracing::info!(initiator = req.initiator, target = name, old_tsih = old,
-                "session reinstatement: closing the old session");
+            tracing::info!(
+                initiator = req.initiator,
+                target = name,
+                old_tsih = old,
+                "session reinstatement: closing the old session"
+            );
             self.registry.reinstate(old);
         }
         let tsih = self
