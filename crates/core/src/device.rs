@@ -93,6 +93,10 @@ pub(crate) struct DeviceShared {
     /// Bumped by every MODE SELECT that changes a value; each nexus
     /// compares it with the last it saw to raise MODE PARAMETERS CHANGED.
     pub(crate) mode_gen: AtomicU32,
+    /// Bumped by every LOGICAL UNIT RESET; each nexus, on any core,
+    /// compares it with the last it saw to raise BUS DEVICE RESET FUNCTION
+    /// OCCURRED (SAM-5 §6.3.3) without a message between cores.
+    pub(crate) reset_gen: AtomicU32,
 }
 
 /// Control page D_SENSE: sense data in descriptor format.

@@ -140,6 +140,8 @@ struct LuState {
     generation: Option<u32>,
     /// The device's mode generation last seen (MODE PARAMETERS CHANGED).
     mode_gen: Option<u32>,
+    /// The device's reset generation last seen (BUS DEVICE RESET).
+    reset_gen: Option<u32>,
     /// Active tasks in arrival order (slab keys).
     tasks: VecDeque<usize>,
     /// ORDERED tasks among `tasks`.
@@ -383,6 +385,12 @@ impl Shard {
         for (lun, e) in &luns.luns {
             let mut st = LuState {
                 generation: Some(e.device.generation()),
+                reset_gen: Some(
+                    e.device
+                        .shared
+                        .reset_gen
+                        .load(std::sync::atomic::Ordering::Acquire),
+                ),
                 ..LuState::default()
             };
             st.raise(Sense::POWER_ON_RESET);
@@ -525,6 +533,14 @@ impl Shard {
             if st.generation.is_none() {
                 st.generation = Some(e.device.generation());
             }
+            if st.reset_gen.is_none() {
+                st.reset_gen = Some(
+                    e.device
+                        .shared
+                        .reset_gen
+                        .load(std::sync::atomic::Ordering::Acquire),
+                );
+            }
             st.raise(Sense::REPORTED_LUNS_DATA_HAS_CHANGED);
         }
         let first = luns.luns.keys().next().copied().unwrap_or_default();
@@ -619,6 +635,16 @@ impl Shard {
                 _ => {}
             }
             st.mode_gen = Some(mg);
+            let rg = e
+                .device
+                .shared
+                .reset_gen
+                .load(std::sync::atomic::Ordering::Acquire);
+            match st.reset_gen {
+                Some(old) if old != rg => st.raise(Sense::BUS_DEVICE_RESET),
+                _ => {}
+            }
+            st.reset_gen = Some(rg);
             // SAM-5 §5.14: a pending unit attention fails the next command,
             // except INQUIRY, REPORT LUNS and REQUEST SENSE, and is cleared.
             if !emulate::passes_unit_attention(op)
@@ -1761,15 +1787,20 @@ impl Shard {
                 Some(dev) => {
                     // SPC-2 §5.5.1: a logical unit reset releases the
                     // reservation.
+                    // SAM-5 §6.3.3: BUS DEVICE RESET FUNCTION OCCURRED for
+                    // every I_T nexus of the logical unit on every core, the
+                    // one that asked included (libiscsi's MultipathIO.Reset
+                    // checks each path): each nexus raises it at its next
+                    // command, seeing the device's reset generation move.
                     if let Some(e) = s.luns.get(lun) {
                         e.device.shared.release(None);
+                        e.device
+                            .shared
+                            .reset_gen
+                            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
                     }
                     let w =
                         self.abort_where(|c| c.entry.as_ref().is_some_and(|e| e.device.id == dev));
-                    // SAM-5 §6.3.3: BUS DEVICE RESET FUNCTION OCCURRED for
-                    // every I_T nexus of the logical unit, the one that asked
-                    // included (libiscsi's MultipathIO.Reset checks each path).
-                    self.raise_where(|_, _| true, |e| e.device.id == dev, Sense::BUS_DEVICE_RESET);
                     (TmfResponse::Complete, w)
                 }
             },
@@ -1852,7 +1883,27 @@ impl Shard {
             ResetScope::LogicalUnit(dev) => {
                 let dev = *dev;
                 let w = self.abort_where(|c| c.entry.as_ref().is_some_and(|e| e.device.id == dev));
-                self.raise_where(|_, _| true, |e| e.device.id == dev, Sense::BUS_DEVICE_RESET);
+                // BUS DEVICE RESET on this shard's nexuses now, marking the
+                // device's reset generation seen so that the originating
+                // core's bump does not raise it twice.
+                for s in self.sessions.values_mut() {
+                    if s.closing {
+                        continue;
+                    }
+                    let luns = s.luns.clone();
+                    for (l, e) in &luns.luns {
+                        if e.device.id == dev {
+                            let st = s.lus.entry(*l).or_default();
+                            st.raise(Sense::BUS_DEVICE_RESET);
+                            st.reset_gen = Some(
+                                e.device
+                                    .shared
+                                    .reset_gen
+                                    .load(std::sync::atomic::Ordering::Acquire),
+                            );
+                        }
+                    }
+                }
                 w
             }
             ResetScope::Target(target) => {

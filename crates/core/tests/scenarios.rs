@@ -2216,3 +2216,49 @@ fn write_atomic_16_writes_and_reports_its_limits() {
     assert!(be(44) > 0 && be(44) <= be(8));
     assert_eq!((be(48), be(52)), (1, 1));
 }
+
+#[test]
+fn lu_reset_reaches_nexuses_of_other_shards_through_the_device() {
+    let mut h = H::ready();
+    // A nexus of another core, its POWER ON unit attention consumed.
+    let mut b = Shard::new(1, BufPool::new(4096, 16));
+    let sb = b.open_session(h.now, nexus(9), h.map.clone(), false);
+    let tur = |b: &mut Shard, tag: u64| {
+        let mut s = b.session(sb).unwrap();
+        let req = CmdRequest {
+            lun: Lun(0),
+            lun_raw: Lun(0).encode(),
+            tag: TaskTag(tag),
+            cdb: Cdb::from_slice(&[0; 6]),
+            attr: TaskAttr::Simple,
+            dir: DataDir::None,
+            expected_len: 0,
+            expected_read_len: 0,
+        };
+        s.submit(Instant::now(), req);
+        let Some(Action::Respond { id, rsp, .. }) = s.poll_action() else {
+            panic!()
+        };
+        s.response_sent(id);
+        rsp
+    };
+    assert_eq!(sense_of(&tur(&mut b, 1)), (0x06, 0x29, 0x00));
+    good(&tur(&mut b, 2));
+    h.shard.session(h.sid).unwrap().task_mgmt(
+        h.now,
+        TmfRequest {
+            func: TmfFunction::LogicalUnitReset,
+            lun: Lun(0),
+            tag: TaskTag(50),
+        },
+    );
+    h.actions();
+    // No message between the shards: the device's reset generation moved.
+    assert_eq!(sense_of(&tur(&mut b, 3)), (0x06, 0x29, 0x03));
+    good(&tur(&mut b, 4));
+    assert_eq!(
+        sense_of(&h.run(&[0; 6], DataDir::None, 0, &[])),
+        (0x06, 0x29, 0x03)
+    );
+    good(&h.run(&[0; 6], DataDir::None, 0, &[]));
+}
