@@ -816,8 +816,26 @@ fn dropped_connection_mid_transfer_frees_everything_and_acks_nothing() {
                 .unwrap(),
         );
     }
-    // Transfers are under way once the first write is answered.
+    // Transfers are under way once the first write is answered; eight more
+    // 1 MiB writes just sent are certainly in flight at the drop.
     assert_eq!(s.ini.wait(tags[0]).unwrap().rsp.status, 0);
+    for k in 16..24u64 {
+        tags.push(
+            s.ini
+                .submit(
+                    Lun(0),
+                    &rw(0x8a, k * 2048, 2048),
+                    Some(&pattern(k as u32 + 100, 1 << 20)),
+                    0,
+                    Layout {
+                        segments: 8,
+                        inline_max: 2,
+                    },
+                    iu::TASK_ATTR_SIMPLE,
+                )
+                .unwrap(),
+        );
+    }
     let mut acked: Vec<u64> = vec![tags[0]];
     acked.extend(tags[1..].iter().copied().filter(|t| s.ini.has_response(*t)));
     assert!(
@@ -850,7 +868,7 @@ fn dropped_connection_mid_transfer_frees_everything_and_acks_nothing() {
                 .ini
                 .submit(
                     Lun(0),
-                    &rw(0x8a, 16 * 2048 + k * 2048, 2048),
+                    &rw(0x8a, 24 * 2048 + k * 2048, 2048),
                     Some(&pattern(round, 1 << 20)),
                     0,
                     Layout::default(),
