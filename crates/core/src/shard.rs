@@ -240,6 +240,9 @@ pub struct Shard {
     now: Option<Instant>,
     /// Per-device counters of this shard's commands.
     dev_stats: HashMap<DeviceId, IoStats>,
+    /// PREEMPT AND ABORTs run here whose preempted nexuses may have tasks
+    /// on other cores ([`Shard::drain_preempted`]).
+    preempted: Vec<(DeviceId, Vec<PrNexus>)>,
 }
 
 impl std::fmt::Debug for Shard {
@@ -361,6 +364,7 @@ impl Shard {
             scratch: Vec::with_capacity(512),
             now: None,
             dev_stats: HashMap::new(),
+            preempted: Vec::new(),
         }
     }
 
@@ -1240,6 +1244,7 @@ impl Shard {
             Ok(fx) => {
                 if !fx.abort.is_empty() {
                     self.abort_preempted(dev.id, &fx.abort);
+                    self.preempted.push((dev.id, fx.abort));
                 }
                 dev.shared.queue_pr_ua(fx.ua);
                 self.respond(key, good(residual));
@@ -1294,6 +1299,14 @@ impl Shard {
                 self.respond(key, good(residual));
             }
         }
+    }
+
+    /// Moves the PREEMPT AND ABORTs this shard ran into `out`: the daemon
+    /// sends each to every other core, which calls
+    /// [`Shard::abort_preempted`] with it (SPC-4 §5.13.11.5: the preempted
+    /// nexuses' tasks are aborted wherever they run).
+    pub fn drain_preempted(&mut self, out: &mut Vec<(DeviceId, Vec<PrNexus>)>) {
+        out.append(&mut self.preempted);
     }
 
     /// Aborts the tasks of `device` from the `preempted` nexuses on this

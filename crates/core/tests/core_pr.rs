@@ -301,6 +301,12 @@ fn preempt_and_abort_aborts_the_preempted_nexus_queued_commands() {
     for _ in 0..5 {
         t.shard.poll(t.now);
     }
+    // The daemon is told, to abort B's tasks on the other cores too.
+    let mut pre = Vec::new();
+    t.shard.drain_preempted(&mut pre);
+    assert_eq!(pre.len(), 1);
+    assert_eq!(pre[0].0, DeviceId(7));
+    assert_eq!(pre[0].1[0].initiator_port, nexus(2).initiator_port);
     // None of B's reads answers: they were aborted (SAM-5 §7.2).
     let mut s = t.shard.session(b).unwrap();
     assert!(std::iter::from_fn(|| s.poll_action()).next().is_none());
