@@ -262,6 +262,13 @@ fn plan_lu(
                 Err(s) => fail(s),
             }
         }
+        // SPC-4 §6.40 REPORT SUPPORTED TASK MANAGEMENT FUNCTIONS.
+        Opcode::MAINTENANCE_IN if cdb[1] & 0x1f == maintenance_in::REPORT_SUPPORTED_TMFS => {
+            if len != 12 {
+                return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(0, None));
+            }
+            Plan::DataIn
+        }
         Opcode::START_STOP_UNIT => match StartStopCdb::decode(cdb) {
             // SBC-4 §5.25: accepted; this device has no medium to load or
             // eject and no power conditions.
@@ -1012,6 +1019,11 @@ const SUPPORTED: &[Supported] = &[
             0xa3, 0x0c, 0x87, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0x04,
         ],
     },
+    Supported {
+        opcode: 0xa3,
+        sa: Some(maintenance_in::REPORT_SUPPORTED_TMFS),
+        usage: &[0xa3, 0x0d, 0x80, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x04],
+    },
     cmd(
         0xa8,
         &[
@@ -1145,6 +1157,26 @@ pub fn data_in(cdb: &[u8], ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<u32, 
                 out.extend_from_slice(&capacity(e).read_capacity_16());
             }
             Ok(c.alloc_len)
+        }
+        Opcode::MAINTENANCE_IN if cdb[1] & 0x1f == maintenance_in::REPORT_SUPPORTED_TMFS => {
+            // ABORT TASK, ABORT TASK SET, CLEAR TASK SET, LOGICAL UNIT
+            // RESET, QUERY TASK, TARGET RESET; QUERY ASYNCHRONOUS EVENT,
+            // QUERY TASK SET, I_T NEXUS RESET. CLEAR ACA is not (NormACA = 0).
+            let repd = cdb[2] & 0x80 != 0;
+            out.extend([
+                0x80 | 0x40 | 0x10 | 0x08 | 0x04 | 0x02,
+                0x04 | 0x02 | 0x01,
+                0,
+            ]);
+            if repd {
+                // Extended parameter data: ADDITIONAL DATA LENGTH 0Ch; no
+                // timeouts reported (TMFTMOV = 0).
+                out.push(0x0c);
+                out.extend([0u8; 12]);
+            } else {
+                out.push(0);
+            }
+            Ok(u32::from_be_bytes([cdb[6], cdb[7], cdb[8], cdb[9]]))
         }
         Opcode::MAINTENANCE_IN => {
             let e = ctx.entry.ok_or(Sense::LOGICAL_UNIT_NOT_SUPPORTED)?;

@@ -2262,3 +2262,31 @@ fn lu_reset_reaches_nexuses_of_other_shards_through_the_device() {
     );
     good(&h.run(&[0; 6], DataDir::None, 0, &[]));
 }
+
+#[test]
+fn report_supported_task_management_functions() {
+    let mut h = H::ready();
+    let r = h.run(
+        &[0xa3, 0x0d, 0, 0, 0, 0, 0, 0, 0, 16, 0, 0],
+        DataDir::Read,
+        16,
+        &[],
+    );
+    assert_eq!(data_of(&r), vec![0xde, 0x07, 0, 0]);
+    let r = h.run(
+        &[0xa3, 0x0d, 0x80, 0, 0, 0, 0, 0, 0, 16, 0, 0],
+        DataDir::Read,
+        16,
+        &[],
+    );
+    let d = data_of(&r);
+    assert_eq!((d.len(), d[3]), (16, 0x0c));
+    // Listed in REPORT SUPPORTED OPERATION CODES (one command, with SA).
+    let r = h.run(
+        &[0xa3, 0x0c, 0x02, 0xa3, 0, 0x0d, 0, 0, 0, 64, 0, 0],
+        DataDir::Read,
+        64,
+        &[],
+    );
+    assert_eq!(data_of(&r)[1] & 0x07, 0x03);
+}
