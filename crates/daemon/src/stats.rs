@@ -145,8 +145,10 @@ mod tests {
     #[test]
     fn ended_sessions_keep_counting_for_their_target() {
         let b = StatsBoard::default();
-        let mut io = CoreIo::default();
-        io.errors = 3;
+        let io = CoreIo {
+            errors: 3,
+            ..CoreIo::default()
+        };
         let mut s = BTreeMap::new();
         s.insert(7u16, ("t1".to_string(), io));
         b.publish(0, BTreeMap::new(), s);
