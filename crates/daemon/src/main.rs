@@ -75,6 +75,25 @@ fn default_control_socket(state_dir: &Path) -> PathBuf {
     }
 }
 
+/// Binds a portal. A listening socket of a process that was just killed can
+/// outlive it briefly (its io_uring is torn down asynchronously), so "address
+/// in use" is retried for a few seconds before it is an error.
+fn bind_portal(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match TcpListener::bind(addr) {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && std::time::Instant::now() < deadline =>
+            {
+                tracing::info!(portal = %addr, "address in use; retrying");
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            r => return r,
+        }
+    }
+}
+
 fn default_state_dir() -> PathBuf {
     if is_root() {
         return PathBuf::from("/var/lib/ferrite");
@@ -142,7 +161,7 @@ fn run(
     let cores = cfg.reactor.effective_cores().max(1);
     let mut listeners = Vec::new();
     for p in &system.portals {
-        let l = TcpListener::bind(p).with_context(|| format!("listening on {p}"))?;
+        let l = bind_portal(*p).with_context(|| format!("listening on {p}"))?;
         tracing::info!(portal = %p, "iSCSI portal listening");
         listeners.push(l);
     }
