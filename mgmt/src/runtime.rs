@@ -90,8 +90,10 @@ pub struct Stats {
     pub latency: BTreeMap<String, Vec<LatencyHistogram>>,
 }
 
-/// Upper bounds, in microseconds, of the latency buckets every
-/// [`LatencyHistogram`] uses; a last, unbounded bucket follows.
+/// Upper bounds, in microseconds, of the latency buckets of
+/// [`LatencyHistogram::new`]; a last, unbounded bucket follows. A histogram
+/// carries its own bounds, so a producer may use others (the daemon passes
+/// the core's powers of two).
 pub const LATENCY_BOUNDS_US: [u64; 16] = [
     10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000,
     500_000, 1_000_000,
@@ -99,12 +101,7 @@ pub const LATENCY_BOUNDS_US: [u64; 16] = [
 
 /// Transfer size classes: (label, largest transfer in bytes). A transfer
 /// larger than every bound is in [`SIZE_CLASS_LARGE`].
-pub const SIZE_CLASSES: [(&str, u64); 4] = [
-    ("4k", 4096),
-    ("64k", 65536),
-    ("256k", 262_144),
-    ("1m", 1_048_576),
-];
+pub const SIZE_CLASSES: [(&str, u64); 3] = [("4k", 4096), ("64k", 65536), ("1m", 1_048_576)];
 
 /// The class of transfers above 1 MiB.
 pub const SIZE_CLASS_LARGE: &str = "large";
@@ -147,7 +144,8 @@ pub struct LatencyHistogram {
     pub dir: IoDir,
     /// One of the labels of [`SIZE_CLASSES`] or [`SIZE_CLASS_LARGE`].
     pub size_class: String,
-    /// Bucket upper bounds in microseconds, ascending ([`LATENCY_BOUNDS_US`]).
+    /// Bucket upper bounds in microseconds, strictly ascending (for example
+    /// [`LATENCY_BOUNDS_US`]).
     pub bounds_us: Vec<u64>,
     /// Commands per bucket, not cumulative: `counts[i]` took at most
     /// `bounds_us[i]` and more than `bounds_us[i-1]`; the last entry
