@@ -180,7 +180,7 @@ impl CoreWorker {
                 }
                 _ => {
                     tracing::info!(target, peer = %c.peer(), "target removed or disabled: closing its session");
-                    c.close(now, &mut self.shard, &portal);
+                    c.close_with_notice(now, &mut self.shard, &portal);
                     touched.push(key);
                 }
             }
@@ -324,7 +324,8 @@ impl Worker for CoreWorker {
                 };
                 let now = ctx.now();
                 for (_, c) in self.conns.iter_mut() {
-                    c.close(now, &mut self.shard, &portal);
+                    // RFC 7143 §11.9.1: the initiator learns why.
+                    c.close_with_notice(now, &mut self.shard, &portal);
                 }
                 // Pending accepts are cancelled; the sockets close when the
                 // worker is dropped.

@@ -1744,6 +1744,19 @@ impl Conn {
         }
     }
 
+    /// RFC 7143 §11.9.1 AsyncEvent 3: the target drops every connection of
+    /// the session (shutdown, target disabled); the initiator may come back
+    /// after `time2wait` seconds. Only in the full feature phase of a normal
+    /// session.
+    pub fn announce_drop_all(&mut self, time2wait: u16, time2retain: u16) {
+        if self.phase != Phase::FullFeature || self.params.session_type != SessionType::Normal {
+            return;
+        }
+        let sns = self.take_sns();
+        let b = pdu::async_message([0; 8], 3, [0, time2wait, time2retain], sns);
+        self.send(&b, &[]);
+    }
+
     fn aen(&mut self, lun: Lun, sense: Sense) {
         if self.phase != Phase::FullFeature || self.params.session_type != SessionType::Normal {
             return;

@@ -19,9 +19,14 @@ use ferrite_reactor::ring::{Ctx, TxSeg, advance};
 use crate::conn::{Conn, ConnEvent, IscsiConfig, TxQueue};
 use crate::pdu::LoginStatus;
 
-/// Receive buffer per connection: a whole maximal PDU header plus a large
-/// piece of data segment (the `Conn` consumes data segments partially).
+/// Largest receive buffer per connection: a whole maximal PDU header plus a
+/// large piece of data segment (the `Conn` consumes data segments partially).
 pub const RX_BUF: usize = 256 * 1024 + 4096;
+
+/// Receive buffer a connection starts with. It doubles (up to [`RX_BUF`])
+/// whenever a receive fills it, so idle and small-I/O sessions stay small and
+/// streams of large data segments get the large buffer they read best with.
+pub const RX_BUF_START: usize = 16 * 1024;
 
 /// Token kinds in the low byte of a reactor token.
 pub const TOKEN_RECV: u64 = 1;
@@ -105,7 +110,7 @@ impl TcpConn {
             conn: Conn::new(now, cfg, local, peer, seed),
             sock,
             peer,
-            rx: Some(vec![0; RX_BUF]),
+            rx: Some(vec![0; RX_BUF_START]),
             rx_len: 0,
             tx: VecDeque::new(),
             txq: TxQueue::default(),
@@ -164,7 +169,11 @@ impl TcpConn {
         if self.closing {
             return;
         }
-        if let Some(buf) = self.rx.take() {
+        if let Some(mut buf) = self.rx.take() {
+            if self.rx_len >= buf.len() && buf.len() < RX_BUF {
+                // Full: a PDU needs more room than this buffer has.
+                buf.resize((buf.len() * 2).min(RX_BUF), 0);
+            }
             if self.rx_len >= buf.len() {
                 // The Conn consumed nothing from a full buffer: it cannot make
                 // progress, which only a protocol violation causes.
@@ -210,6 +219,10 @@ impl TcpConn {
             }
         };
         self.rx_len += n;
+        if self.rx_len == buf.len() && buf.len() < RX_BUF {
+            // The socket had at least a buffer's worth: read larger pieces.
+            buf.resize((buf.len() * 2).min(RX_BUF), 0);
+        }
         let now = ctx.now();
         let mut off = 0;
         while off < self.rx_len {
@@ -443,6 +456,30 @@ impl TcpConn {
     /// the worker may drop it.
     pub fn is_finished(&self) -> bool {
         self.closing && self.shut && !self.sending && self.rx.is_some()
+    }
+
+    /// Closes the connection from the target side after telling the
+    /// initiator with an Async Message (AsyncEvent 3, RFC 7143 §11.9.1):
+    /// best effort, written without blocking when nothing else is queued
+    /// (so it cannot land inside another PDU), then [`TcpConn::close`].
+    pub fn close_with_notice(&mut self, now: Instant, shard: &mut Shard, portal: &dyn Portal) {
+        if !self.closing && !self.sending && self.tx.is_empty() {
+            self.conn.announce_drop_all(2, 0);
+            self.conn.poll_transmit(&mut self.txq);
+            let mut bytes = Vec::new();
+            for seg in self.txq.segs.drain(..) {
+                if let TxSeg::Bytes(b) = seg {
+                    bytes.extend_from_slice(&b);
+                }
+            }
+            if !bytes.is_empty() && self.sock.set_nonblocking(true).is_ok() {
+                use std::io::Write;
+                if let Err(e) = (&self.sock).write_all(&bytes) {
+                    tracing::debug!(peer = %self.peer, error = %e, "drop notice not sent");
+                }
+            }
+        }
+        self.close(now, shard, portal);
     }
 
     /// Closes the connection from the target side (shutdown, target removed).
