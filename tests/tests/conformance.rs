@@ -93,7 +93,10 @@ fn known(label: &str) -> Known {
             panic!("malformed known-skips line: {line}");
         };
         let reason = it.next().unwrap_or("").trim().to_string();
-        assert!(!reason.is_empty(), "known-skips entry without a reason: {line}");
+        assert!(
+            !reason.is_empty(),
+            "known-skips entry without a reason: {line}"
+        );
         if labels != "*" && !labels.split(',').any(|l| l == label) {
             continue;
         }

@@ -27,7 +27,12 @@ fn session(f: &Ferrited, n: usize) -> Initiator<TcpStream> {
     connect(f.addr, cfg).expect("login")
 }
 
-fn run(i: &mut Initiator<TcpStream>, cdb: &[u8], write: &[u8], read_len: u32) -> (u8, Vec<u8>, Vec<u8>) {
+fn run(
+    i: &mut Initiator<TcpStream>,
+    cdb: &[u8],
+    write: &[u8],
+    read_len: u32,
+) -> (u8, Vec<u8>, Vec<u8>) {
     let r = i
         .command(&Command {
             lun: 0,
