@@ -692,6 +692,11 @@ fn plan_write_same(
     let ndob = op == Opcode::WRITE_SAME_16 && c.flags & 0x01 != 0;
     // SBC-4 §6.6.6: UNMAP is allowed only where LBPWS/LBPWS10 say so.
     if unmap && !lbpme(e) {
+        // SBC-4 §4.11: on a write-protected medium the write protection is
+        // what the initiator needs to hear (libiscsi's ReadOnly suite).
+        if e.write_protected() {
+            return fail(Sense::WRITE_PROTECTED);
+        }
         return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(3)));
     }
     // SBC-4 §5.48 with WSNZ = 0: a NUMBER OF LOGICAL BLOCKS of zero means
