@@ -1,7 +1,8 @@
-//! Asynchronous event notification (RFC 7143 §11.9, AsyncEvent 0): a LUN
-//! added live with `ferritectl do` reaches a logged-in session as an Async
-//! Message carrying REPORTED LUNS DATA HAS CHANGED sense data, without the
-//! initiator sending a command.
+//! Asynchronous messages (RFC 7143 §11.9): a LUN added live with
+//! `ferritectl do` reaches a logged-in session as an Async Message carrying
+//! REPORTED LUNS DATA HAS CHANGED sense data (AsyncEvent 0), without the
+//! initiator sending a command; disabling the target and stopping ferrited
+//! announce the dropped connections (AsyncEvent 3) before closing them.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
@@ -89,5 +90,54 @@ fn lun_added_live_is_announced_by_an_async_message() {
         (sense[12], sense[13]),
         (0x3f, 0x0e),
         "REPORTED LUNS DATA HAS CHANGED: {sense:02x?}"
+    );
+}
+
+/// Reads until the target closes; returns the AsyncEvent codes seen.
+fn async_events_until_close(
+    i: &mut ferrite_iscsi::initiator::Initiator<std::net::TcpStream>,
+) -> Vec<u8> {
+    let mut events: Vec<u8> = i.async_msgs.iter().map(|m| m.bhs().0[36]).collect();
+    while let Ok(p) = i.recv_pdu() {
+        if p.bhs().opcode() == Opcode::ASYNC_MSG {
+            events.push(p.bhs().0[36]);
+        }
+    }
+    events
+}
+
+fn logged_in(f: &Ferrited, name: &str) -> ferrite_iscsi::initiator::Initiator<std::net::TcpStream> {
+    let mut i = connect(
+        f.addr,
+        InitiatorConfig {
+            initiator_name: format!("iqn.2026-11.org.ferrite.test:{name}"),
+            target_name: Some(IQN.into()),
+            ..InitiatorConfig::default()
+        },
+    )
+    .expect("login");
+    i.t.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    i
+}
+
+#[test]
+fn target_disable_and_shutdown_announce_the_drop() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut f = Ferrited::start_default(dir.path());
+    let mut i = logged_in(&f, "disable");
+    ctl(&f, &["set", &format!("/targets/iscsi/{IQN}/enabled"), "0"]);
+    let ev = async_events_until_close(&mut i);
+    assert!(
+        ev.contains(&3),
+        "no AsyncEvent 3 before the close on target disable: {ev:?}"
+    );
+
+    ctl(&f, &["set", &format!("/targets/iscsi/{IQN}/enabled"), "1"]);
+    let mut i = logged_in(&f, "shutdown");
+    assert!(f.stop(), "ferrited did not stop");
+    let ev = async_events_until_close(&mut i);
+    assert!(
+        ev.contains(&3),
+        "no AsyncEvent 3 before the close on shutdown: {ev:?}"
     );
 }
