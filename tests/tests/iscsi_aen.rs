@@ -107,7 +107,7 @@ fn async_events_until_close(
 }
 
 fn logged_in(f: &Ferrited, name: &str) -> ferrite_iscsi::initiator::Initiator<std::net::TcpStream> {
-    let mut i = connect(
+    let i = connect(
         f.addr,
         InitiatorConfig {
             initiator_name: format!("iqn.2026-11.org.ferrite.test:{name}"),
