@@ -7,6 +7,13 @@
 //! write to a read-only backend, a range past the end) still complete in the
 //! next `poll`, never inline.
 //!
+//! Reads are first tried on the calling thread when that cannot block it:
+//! on tmpfs (memory, which refuses `RWF_NOWAIT`, so io_uring would hand every
+//! read to an io-wq worker thread and pay a cross-core wake-up) with a plain
+//! `preadv2`, elsewhere with `RWF_NOWAIT` (page-cache hits only). What that
+//! does not finish goes to the ring; `O_DIRECT` reads always do. Writes
+//! always go to the ring.
+//!
 //! Submissions are batched without a contract change: `submit` enters the
 //! kernel at once only when the kernel holds no other operation of this
 //! queue; otherwise the operation waits for the next `poll`, which a pending
@@ -224,6 +231,19 @@ pub struct UringQueue {
     reaped: Vec<(u64, blockring::OpResult, Option<SgList>)>,
     /// Submissions since the backing file was last checked.
     since_check: u32,
+    /// How reads and writes are tried before the ring.
+    inline: Inline,
+}
+
+/// How a queue tries reads and writes on the calling thread first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Inline {
+    /// tmpfs: a plain `preadv2`/`pwritev2` never waits for a device.
+    Memory,
+    /// `RWF_NOWAIT`: done if the page cache has it, else the ring.
+    NoWait,
+    /// Never (`O_DIRECT`, or the file refused `RWF_NOWAIT`).
+    Never,
 }
 
 impl std::fmt::Debug for UringQueue {
@@ -252,6 +272,13 @@ impl UringQueue {
         })?;
         let depth = ring.capacity();
         let fd = shared.file.as_raw_fd();
+        let inline = if cfg.direct_align != 0 {
+            Inline::Never
+        } else if blockring::on_tmpfs(shared.file.as_fd()) {
+            Inline::Memory
+        } else {
+            Inline::NoWait
+        };
         // A registered file saves a lookup and a shared reference count per
         // operation; without it the plain descriptor works the same.
         if let Err(e) = ring.register_file(fd) {
@@ -270,6 +297,7 @@ impl UringQueue {
             reaped: Vec::with_capacity(depth),
             batch: true,
             since_check: 0,
+            inline,
         })
     }
 
@@ -283,6 +311,33 @@ impl UringQueue {
     /// What this queue's ring has submitted (for tests and statistics).
     pub fn ring_stats(&self) -> RingStats {
         self.ring.stats()
+    }
+
+    /// Tries a read (or write) on this thread (see [`Inline`]); gives the
+    /// buffer back unless it finished the whole transfer.
+    fn try_inline(&mut self, write: bool, offset: u64, mut buf: SgList) -> Result<SgList, SgList> {
+        let flags = match self.inline {
+            Inline::Memory => 0,
+            Inline::NoWait => libc::RWF_NOWAIT,
+            Inline::Never => return Err(buf),
+        };
+        let fd = self.shared.file.as_fd();
+        let r = if write {
+            blockring::pwritev2_now(fd, offset, &buf, flags)
+        } else {
+            blockring::preadv2_now(fd, offset, &mut buf, flags)
+        };
+        match r {
+            Ok(n) if n == buf.len() => Ok(buf),
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                // This file cannot say "would block": leave it to the ring.
+                self.inline = Inline::Never;
+                Err(buf)
+            }
+            // Short, would block or failed: the ring does it again and
+            // reports whatever error there is.
+            _ => Err(buf),
+        }
     }
 
     fn finish_now(&mut self, tag: u64, result: Result<(), BlockError>, buf: Option<SgList>) {
@@ -455,6 +510,13 @@ impl BackendQueue for UringQueue {
                     self.finish_now(tag, Ok(()), Some(buf));
                     return Ok(());
                 }
+                let buf = match self.try_inline(false, offset, buf) {
+                    Ok(buf) => {
+                        self.finish_now(tag, Ok(()), Some(buf));
+                        return Ok(());
+                    }
+                    Err(buf) => buf,
+                };
                 (
                     OpShape::Read { offset },
                     Pending {
@@ -714,6 +776,65 @@ mod tests {
         assert_eq!(map_errno(libc::EBADF), BlockError::Offline);
         assert_eq!(map_errno(libc::EOPNOTSUPP), BlockError::Unsupported);
         assert_eq!(map_errno(libc::EPERM), BlockError::Os(libc::EPERM));
+    }
+
+    /// Reads are answered from the calling thread where that cannot block
+    /// (tmpfs, or a page-cache hit elsewhere); either way the data is right.
+    #[test]
+    fn reads_finish_inline_where_they_cannot_block() {
+        use std::io::Write;
+        let shm = std::path::Path::new("/dev/shm");
+        let dir = if shm.is_dir() {
+            tempfile::tempdir_in(shm).unwrap()
+        } else {
+            tempfile::tempdir().unwrap()
+        };
+        let path = dir.path().join("lun");
+        let mut f = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        let data: Vec<u8> = (0..65536u32).map(|i| (i % 251) as u8).collect();
+        f.write_all(&data).unwrap();
+        let tmpfs = blockring::on_tmpfs(f.as_fd());
+        let shared = Arc::new(Shared::new(f, data.len() as u64, &path));
+        let cfg = QueueConfig {
+            block_size: 512,
+            read_only: false,
+            write_through: false,
+            nv_cache: false,
+            direct_align: 0,
+            unmap: UnmapVia::None,
+            zeroes: ZeroesVia::None,
+        };
+        let mut q = UringQueue::new(shared, cfg, 8).unwrap();
+        let pool = ferrite_reactor::buf::BufPool::new(16384, 4);
+        q.submit(
+            1,
+            BlockOp::Read {
+                offset: 4096,
+                buf: pool.sg(20000),
+            },
+        )
+        .unwrap();
+        let mut done = Vec::new();
+        for _ in 0..1000 {
+            q.poll(&mut done);
+            if !done.is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(done.len(), 1);
+        assert!(done[0].result.is_ok());
+        let got = done[0].buf.as_ref().unwrap().to_vec();
+        assert_eq!(got, data[4096..24096]);
+        if tmpfs {
+            assert_eq!(q.ring_stats().ops, 0, "a tmpfs read went through the ring");
+        }
     }
 
     #[test]

@@ -717,6 +717,93 @@ pub fn blk_discard(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<()> 
     cvt(unsafe { libc::ioctl(fd.as_raw_fd(), BLKDISCARD as _, range.as_ptr()) }).map(drop)
 }
 
+/// Reads into `buf` at `offset` of `fd` with one `preadv2(2)` on the calling
+/// thread, `flags` being `RWF_*` (e.g. `RWF_NOWAIT`: only from the page cache,
+/// `EAGAIN` otherwise). Returns the bytes read (possibly fewer than asked).
+pub fn preadv2_now(
+    fd: BorrowedFd<'_>,
+    offset: u64,
+    buf: &mut SgList,
+    flags: i32,
+) -> io::Result<usize> {
+    let iov: smallvec::SmallVec<[libc::iovec; 8]> = buf
+        .segments_mut()
+        .iter_mut()
+        .take(IOV_MAX_NOW)
+        .map(|s| libc::iovec {
+            iov_base: s.as_mut_ptr().cast(),
+            iov_len: s.len(),
+        })
+        .collect();
+    // SAFETY: each iovec points at a live segment of `buf`, which the
+    // exclusive borrow keeps alive and unaliased for the call's duration.
+    let n = unsafe {
+        libc::preadv2(
+            fd.as_raw_fd(),
+            iov.as_ptr(),
+            iov.len() as libc::c_int,
+            offset as libc::off_t,
+            flags,
+        )
+    };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// Writes `buf` at `offset` of `fd` with one `pwritev2(2)` on the calling
+/// thread; `flags` as for [`preadv2_now`]. Returns the bytes written.
+pub fn pwritev2_now(
+    fd: BorrowedFd<'_>,
+    offset: u64,
+    buf: &SgList,
+    flags: i32,
+) -> io::Result<usize> {
+    let iov: smallvec::SmallVec<[libc::iovec; 8]> = buf
+        .segments()
+        .iter()
+        .take(IOV_MAX_NOW)
+        .map(|s| libc::iovec {
+            iov_base: s.as_ptr() as *mut libc::c_void,
+            iov_len: s.len(),
+        })
+        .collect();
+    // SAFETY: each iovec points at a live segment of `buf`, borrowed for the
+    // call's duration; the kernel only reads through them.
+    let n = unsafe {
+        libc::pwritev2(
+            fd.as_raw_fd(),
+            iov.as_ptr(),
+            iov.len() as libc::c_int,
+            offset as libc::off_t,
+            flags,
+        )
+    };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// At most this many segments go into one inline `preadv2`/`pwritev2`
+/// (IOV_MAX is 1024); a longer list is done in part and reported short.
+const IOV_MAX_NOW: usize = 1024;
+
+/// Whether `fd` lives on tmpfs (memory: its reads and writes never wait
+/// for a device, but it refuses `RWF_NOWAIT`, so io_uring hands every one
+/// of them to a worker thread).
+pub fn on_tmpfs(fd: BorrowedFd<'_>) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    // SAFETY: statfs is plain data; all-zero is a valid value.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a live, writable statfs the kernel fills in.
+    let r = unsafe { libc::fstatfs(fd.as_raw_fd(), &mut st) };
+    r == 0 && st.f_type as i64 == TMPFS_MAGIC
+}
+
 /// Writes zeroes to `[offset, offset+len)` of a block device (`BLKZEROOUT`).
 /// Blocks until done.
 pub fn blk_zeroout(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<()> {

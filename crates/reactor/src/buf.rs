@@ -59,8 +59,33 @@ impl Drop for RawBuf {
 }
 
 struct PoolShared {
-    free: ArrayQueue<RawBuf>,
+    /// One free list per size class: `class_size(i)` bytes, the last class
+    /// being `buf_size`.
+    free: Box<[ArrayQueue<RawBuf>]>,
     buf_size: usize,
+}
+
+impl PoolShared {
+    /// Bytes of class `i`: BUF_ALIGN doubled `i` times, capped at buf_size.
+    fn class_size(&self, i: usize) -> usize {
+        BUF_ALIGN
+            .checked_shl(i as u32)
+            .unwrap_or(usize::MAX)
+            .min(self.buf_size)
+    }
+
+    /// The smallest class holding `len` bytes.
+    fn class_for(&self, len: usize) -> usize {
+        let pages = len.max(1).div_ceil(BUF_ALIGN);
+        let i = pages.next_power_of_two().trailing_zeros() as usize;
+        i.min(self.free.len() - 1)
+    }
+
+    fn take(&self, class: usize) -> RawBuf {
+        self.free[class]
+            .pop()
+            .unwrap_or_else(|| RawBuf::new(self.class_size(class)))
+    }
 }
 
 /// A pool of equal-sized, page-aligned buffers. Cloning shares the pool.
@@ -73,20 +98,26 @@ impl fmt::Debug for BufPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BufPool")
             .field("buf_size", &self.shared.buf_size)
-            .field("free", &self.shared.free.len())
+            .field("free", &self.idle())
             .finish()
     }
 }
 
 impl BufPool {
-    /// A pool that keeps up to `max_free` idle buffers of `buf_size` bytes.
-    /// Buffers are allocated on demand and kept when returned.
+    /// A pool of buffers of up to `buf_size` bytes. Buffers are allocated on
+    /// demand and kept when returned, up to `max_free` idle ones per size
+    /// class (4 KiB, 8 KiB, ... doubling up to `buf_size`): a 4 KiB command
+    /// then holds 4 KiB, not `buf_size`, which keeps the memory of a deep
+    /// queue of small I/Os small.
     pub fn new(buf_size: usize, max_free: usize) -> BufPool {
+        let buf_size = buf_size.max(1).next_multiple_of(BUF_ALIGN);
+        let pages = buf_size / BUF_ALIGN;
+        let classes = pages.next_power_of_two().trailing_zeros() as usize + 1;
+        let free = (0..classes)
+            .map(|_| ArrayQueue::new(max_free.max(1)))
+            .collect();
         BufPool {
-            shared: Arc::new(PoolShared {
-                free: ArrayQueue::new(max_free.max(1)),
-                buf_size: buf_size.max(1).next_multiple_of(BUF_ALIGN),
-            }),
+            shared: Arc::new(PoolShared { free, buf_size }),
         }
     }
 
@@ -97,17 +128,13 @@ impl BufPool {
 
     /// Idle buffers currently held.
     pub fn idle(&self) -> usize {
-        self.shared.free.len()
+        self.shared.free.iter().map(ArrayQueue::len).sum()
     }
 
     /// A buffer of the pool's size with length `len` (clamped to the size).
     /// The contents are whatever the previous user left there.
     pub fn get(&self, len: usize) -> IoBuf {
-        let raw = self
-            .shared
-            .free
-            .pop()
-            .unwrap_or_else(|| RawBuf::new(self.shared.buf_size));
+        let raw = self.shared.take(self.shared.free.len() - 1);
         IoBuf {
             raw: Some(raw),
             len: len.min(self.shared.buf_size),
@@ -115,13 +142,19 @@ impl BufPool {
         }
     }
 
-    /// An [`SgList`] of `len` bytes made of this pool's buffers.
+    /// An [`SgList`] of `len` bytes made of this pool's buffers: full-size
+    /// buffers, then the smallest class that holds the rest.
     pub fn sg(&self, len: usize) -> SgList {
         let mut sg = SgList::new();
         let mut left = len;
         while left > 0 {
             let n = left.min(self.shared.buf_size);
-            sg.push(self.get(n));
+            let raw = self.shared.take(self.shared.class_for(n));
+            sg.push(IoBuf {
+                raw: Some(raw),
+                len: n,
+                pool: Some(self.shared.clone()),
+            });
             left -= n;
         }
         sg
@@ -201,11 +234,12 @@ impl DerefMut for IoBuf {
 
 impl Drop for IoBuf {
     fn drop(&mut self) {
-        if let (Some(raw), Some(pool)) = (self.raw.take(), self.pool.take())
-            && raw.cap == pool.buf_size
-        {
-            // A full free list simply frees the buffer.
-            let _ = pool.free.push(raw);
+        if let (Some(raw), Some(pool)) = (self.raw.take(), self.pool.take()) {
+            let class = pool.class_for(raw.cap);
+            if pool.class_size(class) == raw.cap {
+                // A full free list simply frees the buffer.
+                let _ = pool.free[class].push(raw);
+            }
         }
     }
 }
@@ -391,5 +425,34 @@ mod tests {
         sg.truncate(5000);
         assert_eq!(sg.len(), 5000);
         assert_eq!(sg.segments().len(), 2);
+    }
+
+    #[test]
+    fn small_lists_use_small_classes() {
+        let pool = BufPool::new(256 * 1024, 4);
+        let sg = pool.sg(4096);
+        assert_eq!(sg.segments()[0].capacity(), 4096);
+        let sg2 = pool.sg(300 * 1024);
+        let caps: Vec<usize> = sg2.segments().iter().map(IoBuf::capacity).collect();
+        assert_eq!(caps, vec![256 * 1024, 64 * 1024]);
+        drop(sg);
+        drop(sg2);
+        assert_eq!(pool.idle(), 3);
+        // A returned 4 KiB buffer is reused for the next 4 KiB list.
+        let again = pool.sg(100);
+        assert_eq!(again.segments()[0].capacity(), 4096);
+        assert_eq!(pool.idle(), 2);
+        // get() still hands out full-size buffers.
+        assert_eq!(pool.get(10).capacity(), 256 * 1024);
+    }
+
+    #[test]
+    fn odd_pool_size_is_its_own_last_class() {
+        let pool = BufPool::new(12 * 1024, 2);
+        let sg = pool.sg(20 * 1024);
+        let caps: Vec<usize> = sg.segments().iter().map(IoBuf::capacity).collect();
+        assert_eq!(caps, vec![12 * 1024, 8 * 1024]);
+        drop(sg);
+        assert_eq!(pool.idle(), 2);
     }
 }
