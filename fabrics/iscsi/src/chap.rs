@@ -334,6 +334,12 @@ impl ChapExchange {
                 let Some(user) = self.auth.incoming.iter().find(|u| u.user == name) else {
                     return Err(auth_fail("unknown CHAP name"));
                 };
+                // RFC 7143 §12.1.3: short secrets fall to a dictionary
+                // attack on one captured exchange; they are never accepted
+                // (the configuration refuses them too).
+                if user.secret.len() < MIN_SECRET {
+                    return Err(auth_fail("the configured secret is shorter than 12 bytes"));
+                }
                 let want = alg.response(id, &user.secret, challenge);
                 if !same(&want, &resp) {
                     return Err(auth_fail("wrong CHAP response"));
@@ -343,8 +349,13 @@ impl ChapExchange {
                     (None, None) => {}
                     (Some(i), Some(c)) => {
                         // Mutual CHAP: the target proves it knows its secret.
-                        let Some(out_user) = &self.auth.outgoing else {
-                            return Err(auth_fail("mutual CHAP asked, no target secret"));
+                        let Some(out_user) = self
+                            .auth
+                            .outgoing
+                            .as_ref()
+                            .filter(|u| u.secret.len() >= MIN_SECRET)
+                        else {
+                            return Err(auth_fail("mutual CHAP asked, no usable target secret"));
                         };
                         let Ok(their_id) = i.trim().parse::<u8>() else {
                             return Err(proto_fail("CHAP_I is not 0..255"));
@@ -523,6 +534,22 @@ mod tests {
                 ],
                 &mut rng,
             )
+            .unwrap_err();
+        assert_eq!(e.status, LoginStatus::AUTH_FAILURE);
+    }
+
+    #[test]
+    fn short_secrets_are_never_accepted() {
+        let mut rng = ChapRng::new(9);
+        let mut x = ChapExchange::new(ChapAuth {
+            incoming: vec![user("shorty", "short")],
+            outgoing: None,
+        });
+        let s = x.step(&[("CHAP_A", "5")], &mut rng).unwrap();
+        let (id, c) = challenge_of(&s);
+        let r = encode_hex(&ChapAlg::Md5.response(id, b"short", &c));
+        let e = x
+            .step(&[("CHAP_N", "shorty"), ("CHAP_R", &r)], &mut rng)
             .unwrap_err();
         assert_eq!(e.status, LoginStatus::AUTH_FAILURE);
     }
