@@ -12,10 +12,9 @@ mod backend_util;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
 use backend_util::*;
-use ferrite_tests::{parse_cu, require_tool, run_with_timeout};
+use ferrite_tests::{require_tool, run_cu_suites};
 
 /// The SCSI suites a block backend is held to.
 const SUITES: &[&str] = &[
@@ -114,53 +113,16 @@ fn suites_pass_on_loop(bs: u32) {
     );
     let mut f = start(dir.path(), &[dev]);
     let url = format!("iscsi://{}/{IQN}/0", f.addr);
-    let mut failures = Vec::new();
-    let mut passed = 0;
-    for suite in SUITES {
-        let out = run_with_timeout(
-            Command::new("iscsi-test-cu")
-                .arg("-d")
-                .arg("-i")
-                .arg("iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test")
-                .arg("-I")
-                .arg("iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test-2")
-                .arg("-t")
-                .arg(suite)
-                .arg(&url),
-            Duration::from_secs(300),
-        );
-        let text = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
-        let r = parse_cu(&text);
-        eprintln!(
-            "bs {bs} {suite}: {} passed, {} skipped, {} failed",
-            r.passed.len(),
-            r.skipped.len(),
-            r.failed.len()
-        );
-        for s in &r.skipped {
-            eprintln!("  skipped: {s}");
-        }
-        passed += r.passed.len();
-        if r.passed.is_empty() && r.skipped.is_empty() && r.failed.is_empty() {
-            failures.push(format!("{suite}: no test ran\n{text}"));
-        }
-        for t in &r.failed {
-            failures.push(format!("{suite}: {t}"));
-        }
-        if !r.failed.is_empty() && std::env::var_os("FERRITE_TEST_ECHO").is_some() {
-            eprintln!("{text}");
-        }
-        assert!(f.alive(), "ferrited died during {suite}:\n{}", f.log_text());
-    }
+    let run = run_cu_suites(&mut f, &url, SUITES, &format!("bs {bs} "));
     drop(f);
     drop(lo);
     assert!(
-        failures.is_empty(),
+        run.failures.is_empty(),
         "bs {bs}: {} failures:\n{}",
-        failures.len(),
-        failures.join("\n")
+        run.failures.len(),
+        run.failures.join("\n")
     );
+    let passed = run.passed;
     assert!(passed > 80, "only {passed} tests passed");
 }
 
