@@ -75,6 +75,8 @@ pub struct CoreWorker {
     /// Where this core publishes its counters, and when it next does.
     stats_board: Option<Arc<crate::stats::StatsBoard>>,
     next_stats: Option<Instant>,
+    /// Work happened since the counters were last published.
+    stats_dirty: bool,
 }
 
 impl CoreWorker {
@@ -104,6 +106,7 @@ impl CoreWorker {
             srp: crate::srp::SrpCore::new(core),
             stats_board: None,
             next_stats: None,
+            stats_dirty: false,
         }
     }
 
@@ -117,9 +120,10 @@ impl CoreWorker {
         let Some(board) = &self.stats_board else {
             return;
         };
-        if self.next_stats.is_some_and(|t| now < t) {
+        if !self.stats_dirty || self.next_stats.is_some_and(|t| now < t) {
             return;
         }
+        self.stats_dirty = false;
         self.next_stats = Some(now + std::time::Duration::from_secs(1));
         let st = self.shard.stats();
         let mut sessions = std::collections::BTreeMap::new();
@@ -209,6 +213,7 @@ impl Worker for CoreWorker {
     type Msg = Msg;
 
     fn on_completion(&mut self, ctx: &mut Ctx, c: Completion) {
+        self.stats_dirty = true;
         let portal = CorePortal {
             snapshot: &self.snapshot,
             registry: &self.registry,
@@ -398,15 +403,18 @@ impl Worker for CoreWorker {
             .iter()
             .filter_map(|(_, c)| c.poll_timeout())
             .min();
+        self.stats_dirty |= progress;
         self.publish_stats(now);
         progress
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        match (self.next_timer, self.srp.next_deadline()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        // Counters not yet published are published on time even when idle.
+        let stats = self.next_stats.filter(|_| self.stats_dirty);
+        [self.next_timer, self.srp.next_deadline(), stats]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     fn wants_spin(&self) -> bool {
