@@ -62,7 +62,9 @@ pub struct Device {
     phys_exp: u8,
     /// State every core shares: reservations and the ranges COMPARE AND
     /// WRITE and ORWRITE hold.
-    pub(crate) shared: DeviceShared,
+    /// State that outlives a change of settings (reservations, range locks,
+    /// mode parameters): shared by every `Device` value of this LU.
+    pub(crate) shared: Arc<DeviceShared>,
 }
 
 /// The per-device state that commands on every core must agree on. Both
@@ -272,7 +274,25 @@ impl Device {
             generation: AtomicU32::new(0),
             block_size: g.block_size,
             phys_exp: g.phys_exp,
-            shared: DeviceShared::default(),
+            shared: Arc::default(),
+        }
+    }
+
+    /// The same logical unit with new identity and settings (an operator
+    /// changed an attribute): backend, capacity, reservations, range locks
+    /// and mode parameters carry over, so nothing an initiator holds is lost.
+    pub fn reconfigured(&self, identity: Identity, flags: DeviceFlags) -> Device {
+        Device {
+            id: self.id,
+            name: self.name.clone(),
+            backend: self.backend.clone(),
+            identity,
+            flags,
+            num_blocks: AtomicU64::new(self.num_blocks.load(Ordering::Acquire)),
+            generation: AtomicU32::new(self.generation.load(Ordering::Acquire)),
+            block_size: self.block_size,
+            phys_exp: self.phys_exp,
+            shared: self.shared.clone(),
         }
     }
 

@@ -147,7 +147,7 @@ fn main() -> Result<()> {
         .config
         .clone()
         .unwrap_or_else(|| state_dir.join("ferrite.json"));
-    run(cfg, args.pin, &control, save, args.metrics)
+    run(cfg, args.pin, &control, save, args.metrics, &state_dir)
 }
 
 fn run(
@@ -156,8 +156,9 @@ fn run(
     control: &Path,
     save: PathBuf,
     metrics: Option<SocketAddr>,
+    state_dir: &Path,
 ) -> Result<()> {
-    let system = System::build(&cfg)?;
+    let system = System::build(&cfg, state_dir)?;
     let cores = cfg.reactor.effective_cores().max(1);
     let mut listeners = Vec::new();
     for p in &system.portals {

@@ -44,6 +44,7 @@ pub struct DaemonRuntime {
     cores: Vec<MailboxTx<Msg>>,
     registry: Arc<Registry>,
     stats_board: Arc<crate::stats::StatsBoard>,
+    state_dir: std::path::PathBuf,
 }
 
 fn failed(e: impl std::fmt::Display) -> RuntimeError {
@@ -93,6 +94,7 @@ impl DaemonRuntime {
             cores,
             registry,
             stats_board: Arc::default(),
+            state_dir: system.state_dir.clone(),
         }
     }
 
@@ -255,6 +257,7 @@ impl Runtime for DaemonRuntime {
             dev.identity(),
             dev.flags(),
         ));
+        crate::system::attach_pr_store(&d, &self.state_dir);
         tracing::info!(device = %dev.name, handler = dev.handler.name(), "device added");
         st.devices.insert(dev.name.clone(), (dev.clone(), d));
         Ok(())
@@ -327,14 +330,9 @@ impl Runtime for DaemonRuntime {
             DeviceAttr::Naa(v) => cfg.naa = Some(format!("{v:016x}")),
             DeviceAttr::Eui64(v) => cfg.eui64 = Some(format!("{v:016x}")),
         }
-        let new = Arc::new(Device::new(
-            dev.id,
-            dev.name.clone(),
-            dev.backend.clone(),
-            cfg.identity(),
-            cfg.flags(),
-        ));
-        new.set_num_blocks(dev.geometry().num_blocks);
+        // The same LU with new settings: reservations, range locks and mode
+        // parameters carry over.
+        let new = Arc::new(dev.reconfigured(cfg.identity(), cfg.flags()));
         Self::swap_device(&mut st, &dev, &new);
         st.devices.insert(name.to_string(), (cfg, new));
         self.publish(&st);

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,10 +33,35 @@ pub struct Snapshot {
 
 /// The devices and targets built from a configuration.
 pub struct System {
+    /// Where per-device state (persistent reservations) lives.
+    pub state_dir: PathBuf,
     pub devices: BTreeMap<String, Arc<Device>>,
     pub snapshot: Arc<Snapshot>,
     /// Every portal to listen on, with the targets reachable there.
     pub portals: Vec<SocketAddr>,
+}
+
+/// Persistent reservations of `dev` are saved under
+/// `STATE_DIR/devices/NAME/` (APTPL, SPC-4 §5.13.5) and restored from there.
+pub fn attach_pr_store(dev: &Device, state_dir: &Path) {
+    let store = ferrite_core::pr::DirStore {
+        dir: state_dir.join("devices").join(&dev.name),
+    };
+    match store.load() {
+        Ok(Some(bytes)) => {
+            if dev.restore_reservations(&bytes) {
+                tracing::info!(device = %dev.name, "persistent reservations restored");
+            } else {
+                tracing::warn!(device = %dev.name, path = %store.path().display(),
+                    "saved persistent reservations unreadable; starting without them");
+            }
+        }
+        Ok(None) => {}
+        Err(e) => {
+            tracing::warn!(device = %dev.name, error = %e, "cannot read saved persistent reservations")
+        }
+    }
+    dev.set_pr_store(Arc::new(store));
 }
 
 /// Opens the backend a device configuration names.
@@ -220,7 +246,7 @@ fn chap_auth(
 
 impl System {
     /// Opens every device and builds every target.
-    pub fn build(cfg: &Config) -> Result<System> {
+    pub fn build(cfg: &Config, state_dir: &Path) -> Result<System> {
         cfg.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         let mut devices = BTreeMap::new();
         for (i, d) in cfg.devices.iter().enumerate() {
@@ -234,6 +260,7 @@ impl System {
             );
             tracing::info!(device = %d.name, handler = d.handler.name(),
                 blocks = dev.geometry().num_blocks, block_size = dev.geometry().block_size, "device ready");
+            attach_pr_store(&dev, state_dir);
             devices.insert(d.name.clone(), Arc::new(dev));
         }
         let mut targets = BTreeMap::new();
@@ -265,6 +292,7 @@ impl System {
         let iscsi = Arc::new(iscsi_config(cfg, &targets));
         let srp_targets = srp_targets(cfg, &devices, targets.len())?;
         Ok(System {
+            state_dir: state_dir.to_path_buf(),
             devices,
             snapshot: Arc::new(Snapshot {
                 iscsi_targets: targets,
