@@ -36,6 +36,12 @@ pub enum Msg {
     CloseSession(u16),
     /// For this core's SRP fabric.
     Srp(crate::srp::SrpMsg),
+    /// PREEMPT AND ABORT on another core preempted these nexuses of this
+    /// device: abort their commands here too (SPC-4 §5.13.11.2.4).
+    AbortPreempted(
+        ferrite_core::device::DeviceId,
+        Vec<ferrite_core::pr::PrNexus>,
+    ),
     /// Close every connection and stop.
     Stop,
 }
@@ -114,6 +120,27 @@ impl CoreWorker {
     pub fn with_stats(mut self, board: Arc<crate::stats::StatsBoard>) -> CoreWorker {
         self.stats_board = Some(board);
         self
+    }
+
+    /// Carries PREEMPT AND ABORT to the other cores: the sessions of the
+    /// preempted nexuses may live anywhere.
+    fn forward_preempted(&mut self) {
+        let mut v = Vec::new();
+        self.shard.drain_preempted(&mut v);
+        for (dev, nexuses) in v {
+            for (core, peer) in self.peers.iter().enumerate() {
+                if core != self.core
+                    && peer
+                        .send(Msg::AbortPreempted(dev, nexuses.clone()))
+                        .is_err()
+                {
+                    tracing::warn!(
+                        core,
+                        "core mailbox closed: preempted commands not aborted there"
+                    );
+                }
+            }
+        }
     }
 
     fn publish_stats(&mut self, now: Instant) {
@@ -302,6 +329,9 @@ impl Worker for CoreWorker {
                     }
                 }
             }
+            Msg::AbortPreempted(dev, nexuses) => {
+                self.shard.abort_preempted(dev, &nexuses);
+            }
             Msg::CloseSession(tsih) => {
                 let portal = CorePortal {
                     snapshot: &self.snapshot,
@@ -356,6 +386,7 @@ impl Worker for CoreWorker {
         if self.shard.poll(now) {
             progress = true;
         }
+        self.forward_preempted();
         self.ready.clear();
         self.shard.ready_sessions(&mut self.ready);
         let portal = CorePortal {
