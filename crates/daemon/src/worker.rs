@@ -42,6 +42,15 @@ pub enum Msg {
         ferrite_core::device::DeviceId,
         Vec<ferrite_core::pr::PrNexus>,
     ),
+    /// Apply a LU or target reset started on core `origin`; answer with
+    /// `ResetDrained { token }` once its aborted tasks are gone.
+    RemoteReset {
+        scope: ferrite_core::shard::ResetScope,
+        origin: usize,
+        token: u64,
+    },
+    /// A core finished its part of reset `token`.
+    ResetDrained { token: u64 },
     /// Close every connection and stop.
     Stop,
 }
@@ -83,6 +92,13 @@ pub struct CoreWorker {
     next_stats: Option<Instant>,
     /// Work happened since the counters were last published.
     stats_dirty: bool,
+    /// Resets started here, by token: (connection, TMF tag, cores still to report).
+    pending_resets: HashMap<u64, (usize, ferrite_core::TaskTag, usize)>,
+    next_reset_token: u64,
+    /// Tokens to count as drained on the next poll (no other core to ask).
+    reset_drained_later: Vec<u64>,
+    /// Resets other cores started, applied here: who to tell when drained.
+    remote_resets: HashMap<ferrite_core::shard::RemoteResetId, (usize, u64)>,
 }
 
 impl CoreWorker {
@@ -113,6 +129,10 @@ impl CoreWorker {
             stats_board: None,
             next_stats: None,
             stats_dirty: false,
+            pending_resets: HashMap::new(),
+            next_reset_token: 0,
+            reset_drained_later: Vec::new(),
+            remote_resets: HashMap::new(),
         }
     }
 
@@ -120,6 +140,47 @@ impl CoreWorker {
     pub fn with_stats(mut self, board: Arc<crate::stats::StatsBoard>) -> CoreWorker {
         self.stats_board = Some(board);
         self
+    }
+
+    /// One more core finished its part of reset `token`; the last one
+    /// releases the TMF response.
+    fn reset_drained(&mut self, ctx: &mut Ctx, token: u64) {
+        let Some(p) = self.pending_resets.get_mut(&token) else {
+            return;
+        };
+        p.2 = p.2.saturating_sub(1);
+        if p.2 > 0 {
+            return;
+        }
+        let (key, tag, _) = *p;
+        self.pending_resets.remove(&token);
+        let portal = CorePortal {
+            snapshot: &self.snapshot,
+            registry: &self.registry,
+        };
+        if let Some(conn) = self.conns.get_mut(key) {
+            conn.release_tmf(ctx, key as u64, tag, &mut self.shard, &portal);
+        }
+        self.after_conn(key);
+    }
+
+    /// Reports drained remote resets to the cores that started them.
+    fn forward_drained_resets(&mut self, ctx: &mut Ctx) {
+        let mut ids = Vec::new();
+        self.shard.drained_resets(&mut ids);
+        for id in ids {
+            if let Some((origin, token)) = self.remote_resets.remove(&id) {
+                if origin == self.core {
+                    self.reset_drained(ctx, token);
+                } else if let Some(p) = self.peers.get(origin) {
+                    let _ = p.send(Msg::ResetDrained { token });
+                }
+            }
+        }
+        for token in std::mem::take(&mut self.reset_drained_later) {
+            // Counted once per missing core.
+            self.reset_drained(ctx, token);
+        }
     }
 
     /// Carries PREEMPT AND ABORT to the other cores: the sessions of the
@@ -222,6 +283,34 @@ impl CoreWorker {
     }
 
     fn after_conn(&mut self, key: usize) {
+        let Some(c) = self.conns.get_mut(key) else {
+            return;
+        };
+        // Resets that span cores (SAM-5 §7.11): every other core applies its
+        // part; the TMF response waits for all of them.
+        for (tag, scope) in c.take_remote_resets() {
+            let others = self.peers.len().saturating_sub(1);
+            self.next_reset_token += 1;
+            let token = self.next_reset_token;
+            self.pending_resets.insert(token, (key, tag, others));
+            for (core, peer) in self.peers.iter().enumerate() {
+                if core != self.core
+                    && peer
+                        .send(Msg::RemoteReset {
+                            scope: scope.clone(),
+                            origin: self.core,
+                            token,
+                        })
+                        .is_err()
+                {
+                    // A core that is gone holds no task.
+                    self.reset_drained_later.push(token);
+                }
+            }
+            if others == 0 {
+                self.reset_drained_later.push(token);
+            }
+        }
         let Some(c) = self.conns.get(key) else {
             return;
         };
@@ -329,6 +418,15 @@ impl Worker for CoreWorker {
                     }
                 }
             }
+            Msg::RemoteReset {
+                scope,
+                origin,
+                token,
+            } => {
+                let id = self.shard.remote_reset(ctx.now(), scope);
+                self.remote_resets.insert(id, (origin, token));
+            }
+            Msg::ResetDrained { token } => self.reset_drained(ctx, token),
             Msg::AbortPreempted(dev, nexuses) => {
                 self.shard.abort_preempted(dev, &nexuses);
             }
@@ -387,6 +485,7 @@ impl Worker for CoreWorker {
             progress = true;
         }
         self.forward_preempted();
+        self.forward_drained_resets(ctx);
         self.ready.clear();
         self.shard.ready_sessions(&mut self.ready);
         let portal = CorePortal {

@@ -13,7 +13,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ferrite_core::device::LunMap;
-use ferrite_core::shard::{Nexus, SessionId, Shard};
+use ferrite_core::shard::{Nexus, ResetScope, SessionId, Shard};
+use ferrite_core::{TaskTag, TmfFunction};
 use ferrite_reactor::ring::{Ctx, TxSeg, advance};
 
 use crate::conn::{Conn, ConnEvent, IscsiConfig, TxQueue};
@@ -90,6 +91,13 @@ pub struct TcpConn {
     /// Target, initiator and LUN map of the normal session, once logged in.
     nexus: Option<(String, String, Arc<LunMap>)>,
     closing: bool,
+    /// LU and target resets that other cores must carry out too: the
+    /// worker takes them ([`TcpConn::take_remote_resets`]) and sends them.
+    remote_resets: Vec<(TaskTag, ResetScope)>,
+    /// TMF responses held until every other core reported its part of the
+    /// reset drained (SAM-5 §7.11: the response follows the last affected
+    /// task), with the response once the local part is done.
+    held_tmfs: Vec<(TaskTag, Option<ferrite_core::Action>)>,
     shut: bool,
     /// Nothing is sent before this instant (backoff after a failed login).
     hold_tx: Option<Instant>,
@@ -120,6 +128,8 @@ impl TcpConn {
             tsih: None,
             nexus: None,
             closing: false,
+            remote_resets: Vec::new(),
+            held_tmfs: Vec::new(),
             shut: false,
             hold_tx: None,
         })
@@ -137,6 +147,31 @@ impl TcpConn {
     /// The core session of this connection, once logged in.
     pub fn session(&self) -> Option<SessionId> {
         self.session
+    }
+
+    /// Resets this connection's initiator started that other cores must
+    /// apply; the TMF response is held until [`TcpConn::release_tmf`].
+    pub fn take_remote_resets(&mut self) -> Vec<(TaskTag, ResetScope)> {
+        std::mem::take(&mut self.remote_resets)
+    }
+
+    /// Every other core drained its part of the reset with this tag: the
+    /// response goes out once the local part is done too.
+    pub fn release_tmf(
+        &mut self,
+        ctx: &mut Ctx,
+        key: u64,
+        tag: TaskTag,
+        shard: &mut Shard,
+        portal: &dyn Portal,
+    ) {
+        if let Some(pos) = self.held_tmfs.iter().position(|(t, _)| *t == tag) {
+            let (_, done) = self.held_tmfs.remove(pos);
+            if let Some(a) = done {
+                self.conn.handle_action(ctx.now(), a);
+            }
+            self.pump(ctx, key, shard, portal);
+        }
     }
 
     /// Target name, initiator name and LUN map of the logged-in session.
@@ -312,6 +347,12 @@ impl TcpConn {
             {
                 while let Some(a) = s.poll_action() {
                     progress = true;
+                    if let ferrite_core::Action::TmfDone { tag, .. } = &a
+                        && let Some(h) = self.held_tmfs.iter_mut().find(|(t, _)| t == tag)
+                    {
+                        h.1 = Some(a);
+                        continue;
+                    }
                     self.conn.handle_action(now, a);
                 }
             }
@@ -399,6 +440,22 @@ impl TcpConn {
                 }
             }
             ConnEvent::TaskMgmt(req) => {
+                let scope = match req.func {
+                    TmfFunction::LogicalUnitReset => self
+                        .nexus
+                        .as_ref()
+                        .and_then(|(_, _, luns)| luns.get(req.lun))
+                        .map(|e| ResetScope::LogicalUnit(e.device.id)),
+                    TmfFunction::TargetReset => self
+                        .nexus
+                        .as_ref()
+                        .map(|(t, _, _)| ResetScope::Target(t.clone())),
+                    _ => None,
+                };
+                if let Some(scope) = scope {
+                    self.remote_resets.push((req.tag, scope));
+                    self.held_tmfs.push((req.tag, None));
+                }
                 if let Some(mut s) = self.session.and_then(|s| shard.session(s)) {
                     s.task_mgmt(now, req);
                 }
