@@ -38,8 +38,25 @@ use crate::tree::{AttrValue, Entry, Tree};
 /// Longest request line accepted (an `apply` carries a whole configuration).
 pub const MAX_REQUEST: u64 = 16 << 20;
 
-/// The default socket path.
+/// The control socket's path as root.
 pub const DEFAULT_SOCKET: &str = "/run/ferrite/ferrited.sock";
+
+/// Where ferrited puts its control socket, and where ferritectl looks for
+/// it, when neither is told: [`DEFAULT_SOCKET`] as root, else
+/// `$XDG_RUNTIME_DIR/ferrite/ferrited.sock`, else
+/// `$HOME/.local/state/ferrite/ferrited.sock`.
+pub fn default_socket() -> PathBuf {
+    if nix::unistd::geteuid().is_root() {
+        return PathBuf::from(DEFAULT_SOCKET);
+    }
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
+        return Path::new(&d).join("ferrite/ferrited.sock");
+    }
+    if let Some(h) = std::env::var_os("HOME").filter(|v| !v.is_empty()) {
+        return Path::new(&h).join(".local/state/ferrite/ferrited.sock");
+    }
+    PathBuf::from("/tmp/ferrite/ferrited.sock")
+}
 
 /// One request line.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

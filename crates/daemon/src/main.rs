@@ -51,7 +51,8 @@ struct Args {
     #[arg(long)]
     pin: bool,
     /// Control socket for ferritectl. Default: /run/ferrite/ferrited.sock as
-    /// root, else $XDG_RUNTIME_DIR/ferrite/ferrited.sock (or the state directory).
+    /// root, else $XDG_RUNTIME_DIR/ferrite/ferrited.sock (or
+    /// ~/.local/state/ferrite/ferrited.sock), where ferritectl looks too.
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR:PORT/metrics (off by default).
@@ -63,16 +64,6 @@ fn is_root() -> bool {
     std::fs::metadata("/proc/self")
         .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
         .unwrap_or(false)
-}
-
-fn default_control_socket(state_dir: &Path) -> PathBuf {
-    if is_root() {
-        return PathBuf::from("/run/ferrite/ferrited.sock");
-    }
-    match std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
-        Some(d) => Path::new(&d).join("ferrite/ferrited.sock"),
-        None => state_dir.join("ferrited.sock"),
-    }
 }
 
 /// Binds a portal. A listening socket of a process that was just killed can
@@ -142,7 +133,7 @@ fn main() -> Result<()> {
     let control = args
         .control
         .clone()
-        .unwrap_or_else(|| default_control_socket(&state_dir));
+        .unwrap_or_else(ferrite_mgmt::server::default_socket);
     let save = args
         .config
         .clone()

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use clap::{CommandFactory, Parser, Subcommand};
 use ferrite_mgmt::config::Config;
-use ferrite_mgmt::server::{DEFAULT_SOCKET, Request, Response, request};
+use ferrite_mgmt::server::{Request, Response, default_socket, request};
 use ferrite_mgmt::tree::EntryKind;
 
 #[derive(Parser, Debug)]
@@ -20,7 +20,7 @@ use ferrite_mgmt::tree::EntryKind;
 )]
 struct Cli {
     /// Control socket of ferrited.
-    #[arg(long, global = true, default_value = DEFAULT_SOCKET, env = "FERRITE_SOCKET")]
+    #[arg(long, global = true, default_value_os_t = default_socket(), env = "FERRITE_SOCKET")]
     socket: PathBuf,
     /// Print ferrited's JSON answer as is.
     #[arg(long, global = true)]
