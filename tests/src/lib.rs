@@ -146,6 +146,20 @@ impl Ferrited {
         }
     }
 
+    /// Waits up to 20 s until the log holds `n` lines containing `needle`
+    /// (ferrited's stderr is read by another thread, so a line written just
+    /// now may not be here yet); returns the log either way.
+    pub fn wait_log(&self, needle: &str, n: usize) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let log = self.log_text();
+            if log.matches(needle).count() >= n || Instant::now() > deadline {
+                return log;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Everything ferrited logged so far.
     pub fn log_text(&self) -> String {
         self.log.lock().map(|l| l.join("\n")).unwrap_or_default()

@@ -294,7 +294,7 @@ fn a_backing_file_that_vanishes_takes_its_lun_offline_only() {
     );
     witness(&mut i, l2, 48, 3);
 
-    let log = f.log_text();
+    let log = f.wait_log("backing store vanished", 2);
     assert!(
         log.contains("backing store vanished") && log.contains("deleted"),
         "no log line for the deleted file:\n{log}"
