@@ -15,7 +15,11 @@
 //! Does not own: the transport (fabrics), storage (backends), or the
 //! messages between cores.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+// Keys here are small integers the target itself hands out; a keyed SipHash
+// buys nothing against them and costs cycles on every command.
+use rustc_hash::FxHashMap as HashMap;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::Instant;
@@ -349,11 +353,11 @@ impl Shard {
         Shard {
             core,
             pool,
-            sessions: HashMap::new(),
+            sessions: HashMap::default(),
             next_session: 1,
             cmds: Slab::with_capacity(256),
             next_seq: 1,
-            queues: HashMap::new(),
+            queues: HashMap::default(),
             retry: VecDeque::new(),
             range_wait: VecDeque::new(),
             tmfs: Vec::new(),
@@ -363,7 +367,7 @@ impl Shard {
             done: Vec::with_capacity(QUEUE_DEPTH as usize),
             scratch: Vec::with_capacity(512),
             now: None,
-            dev_stats: HashMap::new(),
+            dev_stats: HashMap::default(),
             preempted: Vec::new(),
         }
     }
@@ -385,7 +389,7 @@ impl Shard {
         self.tick(now);
         let id = SessionId(self.next_session);
         self.next_session = self.next_session.wrapping_add(1).max(1);
-        let mut lus = HashMap::new();
+        let mut lus = HashMap::default();
         for (lun, e) in &luns.luns {
             let mut st = LuState {
                 generation: Some(e.device.generation()),
