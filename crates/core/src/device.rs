@@ -14,6 +14,17 @@ use ferrite_scsi::Lun;
 use crate::backend::{Backend, Geometry};
 use crate::pr::{PrNexus, PrState, PrStore};
 
+/// Bumped by every [`Device::set_num_blocks`] in the process: one load tells
+/// a core whether any device's capacity moved since it last looked
+/// ([`capacity_epoch`]), so it scans its sessions only after a resize.
+static CAPACITY_EPOCH: AtomicU64 = AtomicU64::new(0);
+
+/// The process-wide capacity epoch: changes whenever some device's
+/// capacity does.
+pub fn capacity_epoch() -> u64 {
+    CAPACITY_EPOCH.load(Ordering::Acquire)
+}
+
 /// Process-wide identifier of a device; indexes per-core backend queues.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DeviceId(pub u32);
@@ -309,6 +320,7 @@ impl Device {
     pub fn set_num_blocks(&self, n: u64) {
         self.num_blocks.store(n, Ordering::Release);
         self.generation.fetch_add(1, Ordering::AcqRel);
+        CAPACITY_EPOCH.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Saves persistent reservations through `store` from now on (the

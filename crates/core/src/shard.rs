@@ -247,6 +247,8 @@ pub struct Shard {
     /// PREEMPT AND ABORTs run here whose preempted nexuses may have tasks
     /// on other cores ([`Shard::drain_preempted`]).
     preempted: Vec<(DeviceId, Vec<PrNexus>)>,
+    /// The [`capacity_epoch`](crate::device::capacity_epoch) last scanned.
+    cap_epoch: u64,
 }
 
 impl std::fmt::Debug for Shard {
@@ -369,6 +371,7 @@ impl Shard {
             now: None,
             dev_stats: HashMap::default(),
             preempted: Vec::new(),
+            cap_epoch: crate::device::capacity_epoch(),
         }
     }
 
@@ -491,7 +494,56 @@ impl Shard {
         if !self.range_wait.is_empty() {
             progress |= self.retry_ranges();
         }
+        let epoch = crate::device::capacity_epoch();
+        if epoch != self.cap_epoch {
+            self.cap_epoch = epoch;
+            progress |= self.capacity_changed();
+        }
         progress
+    }
+
+    /// Some device was resized: SBC-4 §4.10 / SPC-4 §5.14, every nexus of
+    /// this core whose LUN map holds it gets CAPACITY DATA HAS CHANGED (2Ah/
+    /// 09h). A session whose fabric reports asynchronous events also gets
+    /// it as an AEN at once (SAM-5 §5.14.4 asynchronous event reporting),
+    /// queued here rather than on the initiator's next command. The unit
+    /// attention stays pending for those sessions as well: iSCSI initiators
+    /// commonly ignore AsyncEvent 0 (libiscsi, open-iscsi), and a resize
+    /// they never learn of is worse than one reported twice. True if any
+    /// nexus was affected.
+    fn capacity_changed(&mut self) -> bool {
+        let mut woke = Vec::new();
+        for (id, s) in self.sessions.iter_mut() {
+            if s.closing {
+                continue;
+            }
+            for (lun, e) in &s.luns.luns {
+                let g = e.device.generation();
+                let st = s.lus.entry(*lun).or_default();
+                match st.generation {
+                    Some(old) if old != g => {}
+                    Some(_) => continue,
+                    None => {
+                        st.generation = Some(g);
+                        continue;
+                    }
+                }
+                st.generation = Some(g);
+                st.raise(Sense::CAPACITY_DATA_HAS_CHANGED);
+                if s.aen {
+                    s.actions.push_back(Action::Aen {
+                        lun: *lun,
+                        sense: Sense::CAPACITY_DATA_HAS_CHANGED,
+                    });
+                    woke.push(*id);
+                }
+            }
+        }
+        let any = !woke.is_empty();
+        for id in woke {
+            self.mark_ready(id);
+        }
+        any
     }
 
     /// Moves the sessions with queued actions into `out`.
@@ -2132,5 +2184,145 @@ impl Session<'_> {
     /// The next action for the fabric.
     pub fn poll_action(&mut self) -> Option<Action> {
         self.shard.sessions.get_mut(&self.id)?.actions.pop_front()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{Backend, BackendError, Caps, Geometry};
+    use crate::cmd::DataDir;
+    use crate::device::{DeviceFlags, Identity};
+
+    /// A backend nothing is ever read from: these tests only look at unit
+    /// attentions and AENs.
+    struct NoIo;
+
+    impl Backend for NoIo {
+        fn geometry(&self) -> Geometry {
+            Geometry {
+                block_size: 512,
+                num_blocks: 2048,
+                phys_exp: 0,
+            }
+        }
+        fn caps(&self) -> Caps {
+            Caps::default()
+        }
+        fn open_queue(&self, _depth: u32) -> Result<Box<dyn BackendQueue>, BackendError> {
+            Err(BackendError::Invalid("no I/O in this test".into()))
+        }
+    }
+
+    fn nexus(n: u32) -> Nexus {
+        Nexus {
+            initiator: format!("iqn.2026-11.test:i{n}"),
+            initiator_port: format!("iqn.2026-11.test:i{n},i,0x{n:012x}"),
+            target: "iqn.2026-11.test:t".into(),
+            rel_port_id: 1,
+        }
+    }
+
+    fn tur(shard: &mut Shard, now: Instant, sid: SessionId, lun: u16) -> Response {
+        let req = CmdRequest {
+            lun: Lun(lun),
+            lun_raw: Lun(lun).encode(),
+            tag: TaskTag(7),
+            cdb: Cdb::from_slice(&[0; 6]),
+            attr: TaskAttr::Simple,
+            dir: DataDir::None,
+            expected_len: 0,
+            expected_read_len: 0,
+        };
+        let id = shard.session(sid).unwrap().submit(now, req);
+        let mut s = shard.session(sid).unwrap();
+        while let Some(a) = s.poll_action() {
+            if let Action::Respond { id: i, rsp, .. } = a {
+                assert_eq!(i, id);
+                s.response_sent(id);
+                return rsp;
+            }
+        }
+        panic!("TEST UNIT READY not answered at once");
+    }
+
+    fn sense(r: &Response) -> Option<(u8, u8, u8)> {
+        r.sense.as_ref().map(|s| (s[2] & 0x0f, s[12], s[13]))
+    }
+
+    #[test]
+    fn resize_queues_an_aen_where_the_fabric_reports_events_and_a_ua_everywhere() {
+        let dev = Arc::new(Device::new(
+            DeviceId(900),
+            "resized",
+            Arc::new(NoIo),
+            Identity {
+                vendor: "FERRITE".into(),
+                product: "t".into(),
+                revision: "1".into(),
+                serial: "s".into(),
+                naa: 0x5001_4050_0000_0900,
+                eui64: 0,
+            },
+            DeviceFlags::default(),
+        ));
+        let other = Arc::new(Device::new(
+            DeviceId(901),
+            "other",
+            Arc::new(NoIo),
+            Identity {
+                vendor: "FERRITE".into(),
+                product: "t".into(),
+                revision: "1".into(),
+                serial: "s2".into(),
+                naa: 0x5001_4050_0000_0901,
+                eui64: 0,
+            },
+            DeviceFlags::default(),
+        ));
+        let mut map = LunMap::default();
+        for (l, d) in [(0, &dev), (1, &other)] {
+            map.luns.insert(
+                Lun(l),
+                LunEntry {
+                    device: d.clone(),
+                    read_only: false,
+                },
+            );
+        }
+        let map = Arc::new(map);
+        let now = Instant::now();
+        let mut shard = Shard::new(0, BufPool::new(4096, 8));
+        let with_aen = shard.open_session(now, nexus(1), map.clone(), true);
+        let without = shard.open_session(now, nexus(2), map.clone(), false);
+        for sid in [with_aen, without] {
+            for lun in [0, 1] {
+                assert_eq!(sense(&tur(&mut shard, now, sid, lun)), Some((6, 0x29, 0)));
+                assert_eq!(sense(&tur(&mut shard, now, sid, lun)), None);
+            }
+        }
+
+        dev.set_num_blocks(4096);
+        shard.poll(now);
+        let mut ready = Vec::new();
+        shard.ready_sessions(&mut ready);
+        assert_eq!(ready, vec![with_aen], "only the AEN-capable session woke");
+        let mut s = shard.session(with_aen).unwrap();
+        let a: Vec<Action> = std::iter::from_fn(|| s.poll_action()).collect();
+        assert!(
+            matches!(&a[..], [Action::Aen { lun: Lun(0), sense }]
+                if *sense == Sense::CAPACITY_DATA_HAS_CHANGED),
+            "{a:?}"
+        );
+        assert!(shard.session(without).unwrap().poll_action().is_none());
+        // The unit attention is pending on the resized LUN for both, once.
+        for sid in [with_aen, without] {
+            assert_eq!(sense(&tur(&mut shard, now, sid, 1)), None);
+            assert_eq!(sense(&tur(&mut shard, now, sid, 0)), Some((6, 0x2a, 0x09)));
+            assert_eq!(sense(&tur(&mut shard, now, sid, 0)), None);
+        }
+        // Nothing more on the next poll: one resize, one event.
+        shard.poll(now);
+        assert!(shard.session(with_aen).unwrap().poll_action().is_none());
     }
 }
