@@ -104,6 +104,12 @@ pub enum Plan {
     PrOut { param_len: u32, residual: Residual },
     /// SPC-2 RELEASE (6)/(10).
     Release,
+    /// EXTENDED COPY (LID1): fetch the `param_len`-byte parameter list,
+    /// then copy inside the target ([`crate::xcopy`]).
+    ExtendedCopy { param_len: u32, residual: Residual },
+    /// RECEIVE COPY RESULTS: parameter data from the copies of this I_T
+    /// nexus ([`crate::xcopy`]).
+    CopyResults,
 }
 
 /// How a [`Plan::ReadModifyWrite`] combines Data-Out with the medium.
@@ -165,7 +171,7 @@ pub fn residual_in(spdtl: u64, expected: u32) -> (u32, Residual) {
 }
 
 /// Residual for a command that transfers no data.
-fn no_data(expected: u32) -> Residual {
+pub(crate) fn no_data(expected: u32) -> Residual {
     if expected > 0 {
         Residual::Underflow(expected)
     } else {
@@ -526,6 +532,8 @@ fn plan_lu(
                 Plan::Flush(no_data(expected_len))
             }
         }
+        Opcode::EXTENDED_COPY => crate::xcopy::plan_extended_copy(cdb, expected_len, dir),
+        Opcode::RECEIVE_COPY_RESULTS => crate::xcopy::plan_receive_copy_results(cdb),
         _ => fail(Sense::INVALID_COMMAND_OPERATION_CODE),
     }
 }
@@ -642,7 +650,7 @@ fn plan_compare_and_write(cdb: &[u8], e: &LunEntry, expected_len: u32, dir: Data
 }
 
 /// The Data-Out expected length as the transport will deliver it.
-fn data_out_len(expected_len: u32, dir: DataDir) -> u32 {
+pub(crate) fn data_out_len(expected_len: u32, dir: DataDir) -> u32 {
     match dir {
         DataDir::Write | DataDir::Bidi => expected_len,
         DataDir::None | DataDir::Read => 0,
@@ -652,7 +660,7 @@ fn data_out_len(expected_len: u32, dir: DataDir) -> u32 {
 /// The Data-Out rule shared by commands that take a parameter list or data:
 /// more wanted than the initiator sends is an overflow that fails the command
 /// (FCP-4 §9.4.2 b)); less is an underflow residual.
-fn data_out_residual(need: u64, expected: u32) -> Result<Residual, Plan> {
+pub(crate) fn data_out_residual(need: u64, expected: u32) -> Result<Residual, Plan> {
     if need > expected as u64 {
         let over = u32::try_from(need - expected as u64).unwrap_or(u32::MAX);
         return Err(Plan::Fail(
@@ -929,6 +937,42 @@ const SUPPORTED: &[Supported] = &[
         sa: Some(6),
         usage: &[0x5f, 0x06, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
     },
+    // SPC-4 §6.4 EXTENDED COPY (LID1) and §6.23 RECEIVE COPY RESULTS.
+    Supported {
+        opcode: 0x83,
+        sa: Some(0x00),
+        usage: &[
+            0x83, 0x00, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x04,
+        ],
+    },
+    Supported {
+        opcode: 0x84,
+        sa: Some(0x00),
+        usage: &[
+            0x84, 0x00, 0xff, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x04,
+        ],
+    },
+    Supported {
+        opcode: 0x84,
+        sa: Some(0x01),
+        usage: &[
+            0x84, 0x01, 0xff, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x04,
+        ],
+    },
+    Supported {
+        opcode: 0x84,
+        sa: Some(0x03),
+        usage: &[
+            0x84, 0x03, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x04,
+        ],
+    },
+    Supported {
+        opcode: 0x84,
+        sa: Some(0x04),
+        usage: &[
+            0x84, 0x04, 0xff, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x04,
+        ],
+    },
     cmd(
         0x88,
         &[
@@ -1074,10 +1118,11 @@ pub struct DataCtx<'a> {
 }
 
 /// The VPD pages this target reports, ascending (SPC-4 §7.8.16).
-const VPD_PAGES: [u8; 6] = [
+const VPD_PAGES: [u8; 7] = [
     vpd::SUPPORTED_PAGES,
     vpd::UNIT_SERIAL_NUMBER,
     vpd::DEVICE_IDENTIFICATION,
+    vpd::THIRD_PARTY_COPY,
     vpd::BLOCK_LIMITS,
     vpd::BLOCK_DEVICE_CHARACTERISTICS,
     vpd::LOGICAL_BLOCK_PROVISIONING,
@@ -1262,6 +1307,7 @@ fn inquiry_data(c: &InquiryCdb, ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<
                 product: "",
                 revision: "",
                 tpgs: 0,
+                three_pc: false,
             },
             out,
         );
@@ -1278,6 +1324,8 @@ fn inquiry_data(c: &InquiryCdb, ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<
                 product: &id.product,
                 revision: &id.revision,
                 tpgs: 0,
+                // SPC-4 §6.6.2: the copy manager of [`crate::xcopy`].
+                three_pc: true,
             },
             out,
         );
@@ -1311,6 +1359,7 @@ fn inquiry_data(c: &InquiryCdb, ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<
             },
             out,
         ),
+        vpd::THIRD_PARTY_COPY => ferrite_scsi::xcopy::vpd_page(pq, out),
         vpd::BLOCK_LIMITS => {
             let max = (MAX_TRANSFER_BYTES / bs) as u32;
             let thin = lbpme(e);

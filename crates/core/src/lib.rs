@@ -24,6 +24,7 @@ pub mod emulate;
 pub mod pr;
 pub mod shard;
 pub mod stats;
+pub mod xcopy;
 
 pub use cmd::{
     Abort, Action, Cdb, CmdId, CmdRequest, DataDir, Residual, Response, TaskAttr, TaskTag,

@@ -101,6 +101,8 @@ enum Cont {
     /// COMPARE AND WRITE / ORWRITE: the medium read completes; combine it
     /// with the held Data-Out and write.
     Combine,
+    /// EXTENDED COPY: the copy runs its own chunks ([`crate::xcopy`]).
+    Copy(Box<crate::xcopy::CopyRun>),
 }
 
 struct Cmd {
@@ -247,6 +249,9 @@ pub struct Shard {
     /// PREEMPT AND ABORTs run here whose preempted nexuses may have tasks
     /// on other cores ([`Shard::drain_preempted`]).
     preempted: Vec<(DeviceId, Vec<PrNexus>)>,
+    /// EXTENDED COPY: copies waiting to be pumped, results held per
+    /// nexus ([`crate::xcopy`]).
+    copies: crate::xcopy::Copies,
     /// The [`capacity_epoch`](crate::device::capacity_epoch) last scanned.
     cap_epoch: u64,
 }
@@ -371,6 +376,7 @@ impl Shard {
             now: None,
             dev_stats: HashMap::default(),
             preempted: Vec::new(),
+            copies: crate::xcopy::Copies::default(),
             cap_epoch: crate::device::capacity_epoch(),
         }
     }
@@ -468,6 +474,8 @@ impl Shard {
                 _ => self.free(k),
             }
         }
+        // SPC-4 §6.23: held copy results end with the I_T nexus.
+        self.copies.forget(id);
         self.reap(id);
     }
 
@@ -493,6 +501,9 @@ impl Shard {
         }
         if !self.range_wait.is_empty() {
             progress |= self.retry_ranges();
+        }
+        if !self.copies.wait.is_empty() {
+            progress |= self.xcopy_retry();
         }
         let epoch = crate::device::capacity_epoch();
         if epoch != self.cap_epoch {
@@ -563,6 +574,7 @@ impl Shard {
     pub fn wants_spin(&self) -> bool {
         !self.retry.is_empty()
             || !self.range_wait.is_empty()
+            || !self.copies.wait.is_empty()
             || self.queues.values().any(|d| {
                 d.q.as_ref()
                     .is_some_and(|q| q.notify_fd().is_none() && q.in_flight() > 0)
@@ -925,6 +937,8 @@ impl Shard {
             Plan::PrOut { param_len: 0, .. } => self.pr_out(key, &[]),
             Plan::ModeSelect { param_len, .. } => self.fetch(key, param_len),
             Plan::PrOut { param_len, .. } => self.fetch(key, param_len),
+            Plan::ExtendedCopy { param_len, .. } => self.fetch(key, param_len),
+            Plan::CopyResults => self.copy_results(key),
             Plan::Reserve | Plan::Release => {
                 let Some(s) = self.sessions.get(&c.session) else {
                     return;
@@ -1075,6 +1089,7 @@ impl Shard {
                 );
                 Ok(())
             }
+            Cont::Copy(_) => Err(buf),
             Cont::Combine => Err(buf),
             Cont::Unmap(ranges) => match ranges.pop() {
                 None => Err(buf),
@@ -1473,6 +1488,10 @@ impl Shard {
 
     /// A block operation finished.
     fn complete(&mut self, d: BlockDone) {
+        if let Some((key, seq, slot)) = crate::xcopy::untag(d.tag) {
+            self.xcopy_done(key, seq, slot, d);
+            return;
+        }
         let key = (d.tag & 0xffff_ffff) as usize;
         let seq = (d.tag >> 32) as u32;
         let Some(c) = self.cmds.get(key) else {
@@ -2058,6 +2077,7 @@ impl Shard {
                     Plan::ReadModifyWrite { data_len, .. } => data_len,
                     Plan::PrOut { param_len, .. } => param_len,
                     Plan::ModeSelect { param_len, .. } => param_len,
+                    Plan::ExtendedCopy { param_len, .. } => param_len,
                     _ => return,
                 };
                 if buf.len() < want as usize {
@@ -2106,6 +2126,10 @@ impl Shard {
                             },
                         );
                     }
+                    Plan::ExtendedCopy { .. } => {
+                        let params = buf.to_vec();
+                        self.xcopy_start(key, &params);
+                    }
                     _ => self.unmap(key, buf),
                 }
             }
@@ -2132,6 +2156,233 @@ impl Shard {
         {
             self.free(key);
         }
+    }
+}
+
+// ----- EXTENDED COPY and RECEIVE COPY RESULTS (SPC-4 §6.4, §6.23) -----
+//
+// The copy of one EXTENDED COPY runs on the core of the nexus that sent it,
+// against this core's queues of the source and destination devices
+// (whatever LUs they are): [`crate::xcopy::CopyRun`] says what to submit,
+// this shard submits it and feeds completions back. The command stays in
+// `Exec` until the copy ends, so task management waits for its chunks.
+impl Shard {
+    /// Starts an EXTENDED COPY once its parameter list arrived.
+    fn xcopy_start(&mut self, key: usize, params: &[u8]) {
+        let c = &self.cmds[key];
+        let residual = match c.plan {
+            Plan::ExtendedCopy { residual, .. } => residual,
+            _ => Residual::None,
+        };
+        let sid = c.session;
+        let Some(s) = self.sessions.get(&sid) else {
+            return;
+        };
+        let spc2 = nexus_key(&s.nexus);
+        let pr = pr_nexus(&s.nexus);
+        let req = crate::xcopy::Requester {
+            luns: &s.luns,
+            rel_port: s.nexus.rel_port_id,
+            target: &s.nexus.target,
+            spc2: &spc2,
+            pr: &pr,
+        };
+        let run = match crate::xcopy::prepare(params, &req) {
+            Ok(run) => run,
+            Err(r) => {
+                let rsp = match r.why {
+                    crate::xcopy::Refusal::Check(sense) => check(sense, residual),
+                    crate::xcopy::Refusal::Conflict => {
+                        Response::status(ferrite_scsi::Status::RESERVATION_CONFLICT)
+                    }
+                };
+                if rsp.sense.is_some() {
+                    self.copies.record(sid, r.list, 0, 0, rsp.sense.clone());
+                }
+                self.respond(key, rsp);
+                return;
+            }
+        };
+        // SPC-4 §6.4.1: a list identifier in use by a copy of this nexus
+        // still in progress: OPERATION IN PROGRESS.
+        let listed = run.usage != ferrite_scsi::xcopy::ListIdUsage::None;
+        if listed
+            && self.cmds.iter().any(|(k, o)| {
+                k != key
+                    && o.session == sid
+                    && matches!(&o.cont, Cont::Copy(r)
+                        if r.usage != ferrite_scsi::xcopy::ListIdUsage::None
+                            && r.list_id == run.list_id)
+            })
+        {
+            self.respond(key, check(Sense::OPERATION_IN_PROGRESS, residual));
+            return;
+        }
+        self.cmds[key].cont = Cont::Copy(Box::new(run));
+        self.cmds[key].state = CmdState::Exec;
+        self.xcopy_pump(key);
+    }
+
+    /// Submits what the copy of `key` may submit now; answers the command
+    /// (or frees it, aborted) once the copy is over.
+    fn xcopy_pump(&mut self, key: usize) {
+        let owner = self.owner(key);
+        loop {
+            let (issue, seq) = {
+                let Some(c) = self.cmds.get_mut(key) else {
+                    return;
+                };
+                let (aborted, seq) = (c.aborted, c.seq);
+                let Cont::Copy(run) = &mut c.cont else {
+                    return;
+                };
+                if aborted {
+                    // SAM-5 §7.2: an aborted copy stops; what is in flight
+                    // drains first.
+                    run.fail(Sense::COPY_ABORTED);
+                }
+                match run.next(&self.pool) {
+                    Some(i) => (i, seq),
+                    None => break,
+                }
+            };
+            // SBC-4 §5.3: a write waits while COMPARE AND WRITE holds an
+            // overlapping range.
+            let held =
+                match &issue.op {
+                    BlockOp::Write { offset, buf, .. } => issue.dev.shared.ranges.conflicts(
+                        *offset,
+                        *offset + buf.len() as u64,
+                        owner,
+                    ),
+                    _ => false,
+                };
+            let crate::xcopy::Issue { slot, dev, op } = issue;
+            let refused = if held {
+                Some(op)
+            } else {
+                let tag = crate::xcopy::tag(key, seq, slot);
+                match self.queue(&dev) {
+                    None => {
+                        drop(op);
+                        if let Some(Cont::Copy(run)) = self.cmds.get_mut(key).map(|c| &mut c.cont) {
+                            run.abandon(slot, Sense::COPY_TARGET_DEVICE_NOT_REACHABLE);
+                        }
+                        continue;
+                    }
+                    Some(q) => match q.submit(tag, op) {
+                        Ok(()) => None,
+                        Err(Busy(op)) => Some(op),
+                    },
+                }
+            };
+            if let Some(op) = refused {
+                // STYLE rule 5: a full queue (or a held range) is a wait.
+                if let Some(Cont::Copy(run)) = self.cmds.get_mut(key).map(|c| &mut c.cont) {
+                    run.stall(crate::xcopy::Issue { slot, dev, op });
+                }
+                if !self.copies.wait.contains(&(key, seq)) {
+                    self.copies.wait.push((key, seq));
+                }
+                break;
+            }
+        }
+        let Some(c) = self.cmds.get(key) else {
+            return;
+        };
+        let Cont::Copy(run) = &c.cont else {
+            return;
+        };
+        if !run.finished() {
+            return;
+        }
+        if c.aborted {
+            self.free(key);
+            return;
+        }
+        let residual = match c.plan {
+            Plan::ExtendedCopy { residual, .. } => residual,
+            _ => Residual::None,
+        };
+        let (sid, list) = (c.session, Some((run.list_id, run.usage)));
+        let (segments, bytes) = (run.segments_processed(), run.bytes_done());
+        let rsp = match run.outcome() {
+            Ok(()) => good(residual),
+            Err(sense) => check(sense, residual),
+        };
+        self.copies
+            .record(sid, list, segments, bytes, rsp.sense.clone());
+        self.cmds[key].cont = Cont::None;
+        self.respond(key, rsp);
+    }
+
+    /// A chunk operation of a copy completed.
+    fn xcopy_done(&mut self, key: usize, seq: u32, slot: usize, d: BlockDone) {
+        let Some(c) = self.cmds.get_mut(key) else {
+            return;
+        };
+        if c.seq != seq {
+            return;
+        }
+        let Cont::Copy(run) = &mut c.cont else {
+            return;
+        };
+        run.done(slot, d.result, d.buf);
+        self.xcopy_pump(key);
+    }
+
+    /// Pumps the copies that waited for a queue slot or a held range.
+    fn xcopy_retry(&mut self) -> bool {
+        let waiting = std::mem::take(&mut self.copies.wait);
+        let before = waiting.len();
+        for (key, seq) in waiting {
+            if self.cmds.get(key).is_some_and(|c| c.seq == seq) {
+                self.xcopy_pump(key);
+            }
+        }
+        self.copies.wait.len() < before
+    }
+
+    /// RECEIVE COPY RESULTS for this command's nexus.
+    fn copy_results(&mut self, key: usize) {
+        let c = &self.cmds[key];
+        let (sid, expected) = (c.session, c.expected_len);
+        let list_id = c.cdb.get(2).copied().unwrap_or(0);
+        let running = self.cmds.iter().find_map(|(_, o)| match &o.cont {
+            Cont::Copy(r)
+                if o.session == sid
+                    && !o.aborted
+                    && r.usage != ferrite_scsi::xcopy::ListIdUsage::None
+                    && r.list_id == list_id =>
+            {
+                Some(crate::xcopy::Running {
+                    segments: r.segments_processed(),
+                    bytes: r.bytes_done(),
+                })
+            }
+            _ => None,
+        });
+        let cdb = c.cdb.clone();
+        let mut out = std::mem::take(&mut self.scratch);
+        let rsp = match self.copies.results(sid, &cdb, running, &mut out) {
+            Ok(alloc) => {
+                // SPC-4 §4.2.5.6: truncate to the allocation length, then
+                // to what the transport expects.
+                let spdtl = out.len().min(alloc as usize);
+                let (xfer, residual) = emulate::residual_in(spdtl as u64, expected);
+                let mut rsp = good(residual);
+                if xfer > 0 {
+                    let mut sg = self.pool.sg(xfer as usize);
+                    sg.copy_in(0, &out[..xfer as usize]);
+                    rsp.data = Some(sg);
+                    rsp.data_len = xfer;
+                }
+                rsp
+            }
+            Err(s) => Response::check(s),
+        };
+        self.scratch = out;
+        self.respond(key, rsp);
     }
 }
 

@@ -18,6 +18,8 @@ pub mod vpd {
     pub const BLOCK_LIMITS: u8 = 0xb0;
     pub const BLOCK_DEVICE_CHARACTERISTICS: u8 = 0xb1;
     pub const LOGICAL_BLOCK_PROVISIONING: u8 = 0xb2;
+    /// Third-party Copy (SPC-4 §7.8.17), built by [`crate::xcopy::vpd_page`].
+    pub const THIRD_PARTY_COPY: u8 = 0x8f;
 }
 
 /// Version descriptors (SPC-4 Annex E.9).
@@ -39,6 +41,8 @@ pub struct StandardInquiry<'a> {
     pub revision: &'a str,
     /// TPGS field (0: no ALUA; 1: implicit).
     pub tpgs: u8,
+    /// 3PC: the logical unit contains a copy manager (EXTENDED COPY).
+    pub three_pc: bool,
 }
 
 fn put_ascii(out: &mut Vec<u8>, s: &str, width: usize) {
@@ -61,7 +65,8 @@ pub fn standard_inquiry(p: &StandardInquiry<'_>, out: &mut Vec<u8>) {
     // NORMACA = 0, HISUP = 1, RESPONSE DATA FORMAT = 2.
     out.push(0x10 | 0x02);
     out.push(0); // ADDITIONAL LENGTH, set below
-    out.push((p.tpgs & 3) << 4); // SCCS, ACC, TPGS, 3PC, PROTECT = 0
+    // SCCS, ACC = 0, TPGS, 3PC, PROTECT = 0.
+    out.push(((p.tpgs & 3) << 4) | if p.three_pc { 0x08 } else { 0 });
     out.push(0); // ENCSERV, MULTIP = 0
     out.push(0x02); // CMDQUE = 1 (SAM-5 full task management model)
     put_ascii(out, p.vendor, 8);
@@ -296,6 +301,7 @@ mod tests {
                 product: "disk\u{7f}é1",
                 revision: "0.1",
                 tpgs: 0,
+                three_pc: false,
             },
             &mut v,
         );
@@ -315,10 +321,11 @@ mod tests {
                 product: "",
                 revision: "",
                 tpgs: 1,
+                three_pc: true,
             },
             &mut v,
         );
-        assert_eq!((v[0], v[5]), (0x7f, 0x10));
+        assert_eq!((v[0], v[5]), (0x7f, 0x18));
     }
 
     #[test]

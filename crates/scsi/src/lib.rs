@@ -4,7 +4,8 @@
 //! constants; fixed and descriptor formats), opcodes, CDB decoding (errors are
 //! `Sense` values with the field pointer set) and the builders of parameter
 //! data (INQUIRY and VPD pages, mode pages, READ CAPACITY, REPORT LUNS,
-//! REPORT SUPPORTED OPERATION CODES).
+//! REPORT SUPPORTED OPERATION CODES, third-party copy parameter lists and
+//! results).
 //! Does not own: any state. Every function here is pure; what a command does to
 //! a device lives in `ferrite-core`.
 #![forbid(unsafe_code)]
@@ -18,6 +19,7 @@ pub mod opcode;
 pub mod opcodes;
 pub mod sense;
 pub mod status;
+pub mod xcopy;
 
 pub use lun::Lun;
 pub use opcode::Opcode;
