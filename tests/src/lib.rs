@@ -8,7 +8,7 @@
 //! message naming the package.
 #![forbid(unsafe_code)]
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -80,16 +80,35 @@ impl Ferrited {
     pub fn start(state_dir: &Path, port: u16, opts: Options) -> Ferrited {
         let addr: SocketAddr = SocketAddr::from(([127, 0, 0, 1], port));
         let mut cmd = Command::new(ferrited_path());
+        cmd.arg("--listen").arg(addr.to_string());
+        if let Some(c) = &opts.config {
+            cmd.arg("--config").arg(c);
+        }
+        cmd.args(&opts.args);
+        let mut f = Ferrited::spawn(cmd, state_dir, addr);
+        f.wait_listening();
+        f
+    }
+
+    /// Starts ferrited from `config` alone (no `--listen`: the configuration
+    /// may have no portal at all) with `extra` arguments; ready when the
+    /// control socket answers. `addr` is then a placeholder.
+    pub fn start_config(state_dir: &Path, config: &Path, extra: &[&str]) -> Ferrited {
+        let _ = std::fs::remove_file(state_dir.join("ferrited.sock"));
+        let mut cmd = Command::new(ferrited_path());
+        cmd.arg("--config").arg(config).args(extra);
+        let mut f = Ferrited::spawn(cmd, state_dir, SocketAddr::from(([127, 0, 0, 1], 0)));
+        f.wait_control();
+        f
+    }
+
+    /// Spawns `cmd` with the state directory and control socket in
+    /// `state_dir`, its stderr collected into the log.
+    fn spawn(mut cmd: Command, state_dir: &Path, addr: SocketAddr) -> Ferrited {
         cmd.arg("--state-dir")
             .arg(state_dir)
             .arg("--control")
             .arg(state_dir.join("ferrited.sock"))
-            .arg("--listen")
-            .arg(addr.to_string());
-        if let Some(c) = &opts.config {
-            cmd.arg("--config").arg(c);
-        }
-        cmd.args(&opts.args)
             .env(
                 "RUST_LOG",
                 std::env::var("FERRITE_TEST_LOG").unwrap_or_else(|_| "info".into()),
@@ -112,38 +131,50 @@ impl Ferrited {
                 }
             });
         }
-        let mut f = Ferrited {
+        Ferrited {
             child: Some(child),
             addr,
             state_dir: state_dir.to_path_buf(),
             log,
-        };
-        f.wait_listening();
-        f
+        }
     }
 
-    fn wait_listening(&mut self) {
+    /// Waits until `ready` holds, failing the test if ferrited exits first
+    /// or 60 s pass.
+    fn wait_until(&mut self, what: &str, mut ready: impl FnMut(&Ferrited) -> bool) {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            if TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)).is_ok() {
+            if ready(self) {
                 return;
             }
             if let Some(c) = self.child.as_mut()
                 && let Ok(Some(st)) = c.try_wait()
             {
                 panic!(
-                    "ferrited exited with {st} before listening:\n{}",
+                    "ferrited exited with {st} before {what}:\n{}",
                     self.log_text()
                 );
             }
             assert!(
                 Instant::now() < deadline,
-                "ferrited did not listen on {} within 60 s:\n{}",
-                self.addr,
+                "ferrited did not get to {what} within 60 s:\n{}",
                 self.log_text()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    fn wait_control(&mut self) {
+        self.wait_until("answering on its control socket", |f| {
+            control_request(&f.control(), r#"{"op":"config"}"#).is_ok()
+        });
+    }
+
+    fn wait_listening(&mut self) {
+        let addr = self.addr;
+        self.wait_until(&format!("listening on {addr}"), |_| {
+            TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+        });
     }
 
     /// Waits up to 20 s until the log holds `n` lines containing `needle`
@@ -221,6 +252,18 @@ impl Drop for Ferrited {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// One request line on a control socket; returns the answer line.
+pub fn control_request(socket: &Path, line: &str) -> std::io::Result<String> {
+    let mut s = std::os::unix::net::UnixStream::connect(socket)?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    s.write_all(line.as_bytes())?;
+    s.write_all(b"\n")?;
+    s.shutdown(std::net::Shutdown::Write)?;
+    let mut answer = String::new();
+    BufReader::new(s).read_line(&mut answer)?;
+    Ok(answer)
 }
 
 /// Runs a command with a time limit; returns its output.

@@ -4,18 +4,15 @@
 //! and the project's initiator.
 #![allow(dead_code)] // each test binary uses a part
 
-use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
+use std::time::Duration;
 
 use ferrite_iscsi::initiator::{
     Command as ScsiCmd, Initiator, InitiatorConfig, ScsiResult, connect,
 };
-use ferrite_tests::{ferrited_path, free_port, run_with_timeout};
+use ferrite_tests::{Ferrited, control_request, ferrited_path, free_port, run_with_timeout};
 
 /// `ferritectl`: `$FERRITECTL`, else next to ferrited.
 pub fn ctl_path() -> PathBuf {
@@ -36,78 +33,28 @@ pub fn portal() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], free_port()))
 }
 
-/// A ferrited started with `--config FILE`, stopped when dropped.
+/// A ferrited started with `--config FILE` on two cores, stopped when
+/// dropped: the harness's [`Ferrited`] plus `ferritectl` runs.
 pub struct Daemon {
-    child: Option<Child>,
+    f: Ferrited,
     pub socket: PathBuf,
     pub dir: PathBuf,
-    log: Arc<Mutex<Vec<String>>>,
 }
 
 impl Daemon {
     pub fn start(dir: &Path, config: &Path, extra: &[&str]) -> Daemon {
-        let socket = dir.join("ferrited.sock");
-        let _ = std::fs::remove_file(&socket);
-        let mut child = Command::new(ferrited_path())
-            .arg("--config")
-            .arg(config)
-            .arg("--state-dir")
-            .arg(dir)
-            .arg("--control")
-            .arg(&socket)
-            .arg("--cores")
-            .arg("2")
-            .args(extra)
-            .env(
-                "RUST_LOG",
-                std::env::var("FERRITE_TEST_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn ferrited");
-        let log = Arc::new(Mutex::new(Vec::new()));
-        if let Some(err) = child.stderr.take() {
-            let log = log.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(err).lines().map_while(Result::ok) {
-                    if std::env::var_os("FERRITE_TEST_ECHO").is_some() {
-                        eprintln!("[ferrited] {line}");
-                    }
-                    if let Ok(mut l) = log.lock() {
-                        l.push(line);
-                    }
-                }
-            });
-        }
-        let mut d = Daemon {
-            child: Some(child),
-            socket,
+        let mut args = vec!["--cores", "2"];
+        args.extend_from_slice(extra);
+        let f = Ferrited::start_config(dir, config, &args);
+        Daemon {
+            socket: f.control(),
             dir: dir.to_path_buf(),
-            log,
-        };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if d.socket.exists() && raw(&d.socket, r#"{"op":"config"}"#).is_ok() {
-                return d;
-            }
-            if let Some(c) = d.child.as_mut()
-                && let Ok(Some(st)) = c.try_wait()
-            {
-                panic!("ferrited exited with {st}:\n{}", d.log_text());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "ferrited's control socket did not answer within 60 s:\n{}",
-                d.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(50));
+            f,
         }
     }
 
     pub fn log_text(&self) -> String {
-        self.log.lock().map(|l| l.join("\n")).unwrap_or_default()
+        self.f.log_text()
     }
 
     /// Runs ferritectl against this daemon; returns its output.
@@ -140,40 +87,13 @@ impl Daemon {
 
     /// SIGTERM and wait.
     pub fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = Command::new("kill")
-                .arg("-TERM")
-                .arg(c.id().to_string())
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = c.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        self.stop();
+        self.f.stop();
     }
 }
 
 /// One request line on the control socket; returns the answer line.
 pub fn raw(socket: &Path, line: &str) -> std::io::Result<String> {
-    let mut s = UnixStream::connect(socket)?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    s.write_all(line.as_bytes())?;
-    s.write_all(b"\n")?;
-    s.shutdown(std::net::Shutdown::Write)?;
-    let mut answer = String::new();
-    BufReader::new(s).read_line(&mut answer)?;
-    Ok(answer)
+    control_request(socket, line)
 }
 
 /// Writes a configuration file with no device and no target.
