@@ -12,7 +12,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{ChapUser, DeviceConfig, IscsiParamsConfig, IscsiTargetConfig, LunConfig};
+use crate::config::{
+    ChapUser, DeviceConfig, IscsiParamsConfig, IscsiTargetConfig, LunConfig, SrpTargetConfig,
+};
 
 /// Why the running system refused or failed a change.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -225,13 +227,34 @@ impl LatencyHistogram {
     }
 }
 
+/// The fabric a session came in on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fabric {
+    #[default]
+    Iscsi,
+    Srp,
+}
+
+impl Fabric {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Fabric::Iscsi => "iscsi",
+            Fabric::Srp => "srp",
+        }
+    }
+}
+
 /// One I_T nexus as the daemon reports it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct SessionInfo {
-    /// Target name (IQN).
+    /// iSCSI or SRP.
+    pub fabric: Fabric,
+    /// Target name (iSCSI: the IQN; SRP: the target port's object name).
     pub target: String,
-    /// Initiator name (IQN).
+    /// Initiator name (iSCSI: the IQN; SRP: the initiator port identifier
+    /// as `0x` and 32 hex digits, as ib_srpt names its sessions).
     pub initiator: String,
     /// RFC 7143 §11.12.5: the 6-byte ISID, as a number.
     pub isid: u64,
@@ -240,8 +263,11 @@ pub struct SessionInfo {
     /// The initiator group whose LUN map the session got; `None`: the
     /// target's default map.
     pub group: Option<String>,
-    /// Peer addresses of the session's connections.
+    /// The session's connections (iSCSI: peer addresses; SRP: its RDMA
+    /// channels, one entry each: provider, core and queue pair number).
     pub connections: Vec<String>,
+    /// LUNs in the session's map.
+    pub lun_count: u32,
     /// Commands in the task sets now.
     pub active_commands: u64,
     pub stats: IoStats,
@@ -302,6 +328,18 @@ pub trait Runtime: Send + Sync {
         target: &str,
         group: Option<&str>,
         luns: &[LunConfig],
+    ) -> Result<(), RuntimeError>;
+
+    /// Adds, changes or (`target` None) removes the SRP target port
+    /// `name`; `target` is the port's whole new configuration, LUN maps and
+    /// initiator groups included. A new port listens before this returns;
+    /// a removed or disabled port logs its channels out (SRP_T_LOGOUT); a
+    /// changed map reaches logged-in channels as for iSCSI (unit attention
+    /// and SRP_AER_REQ REPORTED LUNS DATA HAS CHANGED).
+    fn set_srp_target(
+        &self,
+        name: &str,
+        target: Option<&SrpTargetConfig>,
     ) -> Result<(), RuntimeError>;
 
     /// New portal-independent iSCSI settings (negotiation limits, timers,
@@ -441,6 +479,42 @@ impl Runtime for FakeRuntime {
     }
     fn set_iscsi_params(&self, _params: &IscsiParamsConfig) -> Result<(), RuntimeError> {
         self.record("set_iscsi_params".into())
+    }
+    fn set_srp_target(
+        &self,
+        name: &str,
+        target: Option<&SrpTargetConfig>,
+    ) -> Result<(), RuntimeError> {
+        match target {
+            None => self.record(format!("set_srp_target {name} -")),
+            Some(t) => {
+                let mut v: Vec<String> = t
+                    .luns
+                    .iter()
+                    .map(|l| format!("{}={}", l.lun, l.device))
+                    .collect();
+                v.sort();
+                let groups: Vec<String> = t
+                    .ini_groups
+                    .iter()
+                    .map(|g| {
+                        let mut m: Vec<String> = g
+                            .luns
+                            .iter()
+                            .map(|l| format!("{}={}", l.lun, l.device))
+                            .collect();
+                        m.sort();
+                        format!("{}[{}]({})", g.name, g.initiators.join(","), m.join(","))
+                    })
+                    .collect();
+                self.record(format!(
+                    "set_srp_target {name} enabled={} luns={} groups={}",
+                    t.enabled,
+                    v.join(","),
+                    groups.join(";")
+                ))
+            }
+        }
     }
     fn sessions(&self) -> Vec<SessionInfo> {
         self.sessions

@@ -8,6 +8,9 @@
 //! /targets/iscsi/<iqn>/luns/{mgmt,<lun>/{device,read_only}}
 //! /targets/iscsi/<iqn>/ini_groups/{mgmt,<g>/{initiators/{mgmt,<pattern>},luns/...}}
 //! /targets/iscsi/<iqn>/sessions/<initiator>/{initiator_name,isid,tsih,group,connections,...,force_close}
+//! /targets/srp/mgmt
+//! /targets/srp/<port>/{enabled,port_id,provider,listen,credits}
+//! /targets/srp/<port>/{luns,ini_groups,sessions}/...   (as for an iSCSI target)
 //! ```
 //!
 //! Leaves are attributes (`get`, and `set` when writable) or `mgmt` leaves
@@ -30,10 +33,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::change::{Change, device_attr_changes, plan};
 use crate::config::{
-    ChapUser, Config, ConfigError, DeviceConfig, Handler, IscsiParamsConfig, IscsiTargetConfig,
-    LunConfig, MAX_LUNS, validate_initiator_pattern, validate_iscsi_name, validate_object_name,
+    ChapUser, Config, ConfigError, DeviceConfig, GroupConfig, Handler, IscsiParamsConfig,
+    IscsiTargetConfig, LunConfig, MAX_LUNS, validate_initiator_pattern, validate_iscsi_name,
+    validate_object_name,
 };
-use crate::runtime::{IoStats, Runtime, RuntimeError, SessionInfo, TargetAttr};
+use crate::runtime::{Fabric, IoStats, Runtime, RuntimeError, SessionInfo, TargetAttr};
 
 /// What went wrong with a management operation. Nothing changed unless the
 /// error says so ([`MgmtError::Apply`]).
@@ -191,8 +195,8 @@ const DEVICE_ATTRS: &[AttrDef] = &[
     },
 ];
 
-/// Attributes of `/targets/srp/<port>` (read-only: SRP ports are changed
-/// in the configuration file for now).
+/// Attributes of `/targets/srp/<port>`; `enabled` is writable, the others
+/// are fixed when the port is added (`/targets/srp/mgmt`).
 const SRP_ATTRS: &[AttrDef] = &[
     AttrDef {
         name: "enabled",
@@ -214,15 +218,17 @@ const SRP_ATTRS: &[AttrDef] = &[
         name: "credits",
         desc: "request limit granted per channel",
     },
-    AttrDef {
-        name: "luns",
-        desc: "default LUN map: one \"LUN device[ ro]\" per line",
-    },
-    AttrDef {
-        name: "ini_groups",
-        desc: "initiator groups: \"group: patterns -> LUN device, ...\" per line",
-    },
 ];
+
+/// Node names of SRP ports inside [`Node::Luns`], [`Node::Groups`] and the
+/// other per-target nodes start with this, so that those nodes and their
+/// commands serve both fabrics (an iSCSI name never starts with it).
+const SRP_KEY: &str = "srp:";
+
+/// The SRP port a per-target node name designates, if it is one.
+fn srp_port_of(target: &str) -> Option<&str> {
+    target.strip_prefix(SRP_KEY)
+}
 
 const TARGET_ATTRS: &[AttrDef] = &[
     AttrDef {
@@ -302,6 +308,10 @@ const SESSION_ATTRS: &[AttrDef] = &[
     AttrDef {
         name: "active_commands",
         desc: "commands in the task sets",
+    },
+    AttrDef {
+        name: "lun_count",
+        desc: "LUNs in the session's map",
     },
     AttrDef {
         name: "stats",
@@ -388,6 +398,11 @@ add_target_attribute IQN OutgoingUser USER SECRET    (mutual CHAP)
 del_target_attribute IQN IncomingUser|OutgoingUser USER
 add_attribute IncomingUser|OutgoingUser USER SECRET  (discovery sessions)
 del_attribute IncomingUser|OutgoingUser USER";
+/// Usage of `/targets/srp/mgmt`.
+pub const SRP_TARGETS_USAGE: &str = "\
+add_target NAME listen=PATH|ADDR:PORT [port_id=32HEX;] [credits=N]   (soft provider; created disabled)
+add_target NAME provider=verbs listen=ADDR:PORT [device=HCA;] [hca_port=N;] [port_id=32HEX;] [credits=N]
+del_target NAME";
 /// Usage of a `luns/mgmt`.
 pub const LUNS_USAGE: &str = "\
 add DEVICE LUN [read_only=0|1]
@@ -435,8 +450,9 @@ enum Node {
     Sessions(String),
     Session(String, SessionInfo),
     SessionAttr(String, SessionInfo, &'static AttrDef),
-    /// `/targets/srp`: SRP target ports (read-only view of `targets.srp`).
+    /// `/targets/srp`: SRP target ports.
     Srp,
+    SrpMgmt,
     SrpPort(String),
     SrpAttr(String, &'static AttrDef),
 }
@@ -753,11 +769,15 @@ impl Tree {
     }
 
     fn sessions_of(&self, target: &str) -> Vec<(String, SessionInfo)> {
+        let (fabric, name) = match srp_port_of(target) {
+            Some(p) => (Fabric::Srp, p),
+            None => (Fabric::Iscsi, target),
+        };
         let mut v: Vec<SessionInfo> = self
             .rt
             .sessions()
             .into_iter()
-            .filter(|s| s.target == target)
+            .filter(|s| s.fabric == fabric && s.target == name)
             .collect();
         v.sort_by(|a, b| (&a.initiator, a.isid).cmp(&(&b.initiator, b.isid)));
         let mut out: Vec<(String, SessionInfo)> = Vec::new();
@@ -847,22 +867,31 @@ impl Tree {
                     _ => return Err(no(names_hint("fabrics", ["iscsi", "srp"]))),
                 },
                 Node::Srp => match cfg.targets.srp.iter().find(|t| t.name == c) {
+                    _ if c == "mgmt" => Node::SrpMgmt,
                     Some(t) => Node::SrpPort(t.name.clone()),
                     None => {
                         return Err(no(names_hint(
-                            "SRP ports",
-                            cfg.targets.srp.iter().map(|t| &t.name),
+                            "entries",
+                            std::iter::once("mgmt")
+                                .chain(cfg.targets.srp.iter().map(|t| t.name.as_str())),
                         )));
                     }
                 },
-                Node::SrpPort(ref t) => match find_attr(SRP_ATTRS, c) {
-                    Some(a) => Node::SrpAttr(t.clone(), a),
-                    None => {
-                        return Err(no(names_hint(
-                            "attributes",
-                            SRP_ATTRS.iter().map(|a| a.name),
-                        )));
-                    }
+                Node::SrpPort(ref t) => match c {
+                    "luns" => Node::Luns(format!("{SRP_KEY}{t}"), None),
+                    "ini_groups" => Node::Groups(format!("{SRP_KEY}{t}")),
+                    "sessions" => Node::Sessions(format!("{SRP_KEY}{t}")),
+                    _ => match find_attr(SRP_ATTRS, c) {
+                        Some(a) => Node::SrpAttr(t.clone(), a),
+                        None => {
+                            return Err(no(names_hint(
+                                "entries",
+                                ["luns", "ini_groups", "sessions"]
+                                    .into_iter()
+                                    .chain(SRP_ATTRS.iter().map(|a| a.name)),
+                            )));
+                        }
+                    },
                 },
                 Node::Iscsi => {
                     if c == "mgmt" {
@@ -928,10 +957,7 @@ impl Tree {
                     }
                 },
                 Node::Groups(ref t) => {
-                    let groups = &cfg
-                        .iscsi_target(t)
-                        .map(|t| t.ini_groups.clone())
-                        .unwrap_or_default();
+                    let groups = &self.groups_of(t);
                     if c == "mgmt" {
                         Node::GroupsMgmt(t.clone())
                     } else if groups.iter().any(|g| g.name == c) {
@@ -989,6 +1015,7 @@ impl Tree {
                 | Node::InitiatorsMgmt(..)
                 | Node::Initiator(..)
                 | Node::SessionAttr(..)
+                | Node::SrpMgmt
                 | Node::SrpAttr(..) => {
                     return Err(no("a leaf has no children".into()));
                 }
@@ -998,22 +1025,43 @@ impl Tree {
     }
 
     fn map(&self, target: &str, group: Option<&str>) -> Option<Vec<LunConfig>> {
-        let t = self.cfg.iscsi_target(target)?;
+        let (luns, groups) = match srp_port_of(target) {
+            Some(p) => {
+                let t = self.cfg.targets.srp.iter().find(|t| t.name == p)?;
+                (&t.luns, &t.ini_groups)
+            }
+            None => {
+                let t = self.cfg.iscsi_target(target)?;
+                (&t.luns, &t.ini_groups)
+            }
+        };
         match group {
-            None => Some(t.luns.clone()),
-            Some(g) => t
-                .ini_groups
-                .iter()
-                .find(|x| x.name == g)
-                .map(|x| x.luns.clone()),
+            None => Some(luns.clone()),
+            Some(g) => groups.iter().find(|x| x.name == g).map(|x| x.luns.clone()),
         }
     }
 
+    /// The initiator groups of an iSCSI target or (by [`SRP_KEY`]) an SRP
+    /// port.
+    fn groups_of(&self, target: &str) -> Vec<GroupConfig> {
+        match srp_port_of(target) {
+            Some(p) => self
+                .cfg
+                .targets
+                .srp
+                .iter()
+                .find(|t| t.name == p)
+                .map(|t| t.ini_groups.clone()),
+            None => self.cfg.iscsi_target(target).map(|t| t.ini_groups.clone()),
+        }
+        .unwrap_or_default()
+    }
+
     fn initiators(&self, target: &str, group: &str) -> Vec<String> {
-        self.cfg
-            .iscsi_target(target)
-            .and_then(|t| t.ini_groups.iter().find(|g| g.name == group))
-            .map(|g| g.initiators.clone())
+        self.groups_of(target)
+            .into_iter()
+            .find(|g| g.name == group)
+            .map(|g| g.initiators)
             .unwrap_or_default()
     }
 
@@ -1081,13 +1129,22 @@ impl Tree {
                 dir("iscsi", "iSCSI targets (RFC 7143)"),
                 dir("srp", "SRP target ports (T10 SRP)"),
             ],
-            Node::Srp => cfg
-                .targets
-                .srp
-                .iter()
-                .map(|t| dir(&t.name, "SRP target port"))
+            Node::Srp => std::iter::once(mgmt("add_target, del_target"))
+                .chain(
+                    cfg.targets
+                        .srp
+                        .iter()
+                        .map(|t| dir(&t.name, "SRP target port")),
+                )
                 .collect(),
-            Node::SrpPort(_) => SRP_ATTRS.iter().map(|a| attr(a, false)).collect(),
+            Node::SrpPort(_) => vec![
+                dir("luns", "default LUN map"),
+                dir("ini_groups", "initiator groups (LUN masking)"),
+                dir("sessions", "logged-in I_T nexuses and their channels"),
+            ]
+            .into_iter()
+            .chain(SRP_ATTRS.iter().map(|a| attr(a, a.name == "enabled")))
+            .collect(),
             Node::Iscsi => std::iter::once(mgmt("add_target, del_target"))
                 .chain(
                     cfg.targets
@@ -1124,9 +1181,7 @@ impl Tree {
             Node::Lun(..) => LUN_ATTRS.iter().map(|a| attr(a, false)).collect(),
             Node::Groups(t) => std::iter::once(mgmt("create, del"))
                 .chain(
-                    cfg.iscsi_target(&t)
-                        .map(|t| t.ini_groups.clone())
-                        .unwrap_or_default()
+                    self.groups_of(&t)
                         .iter()
                         .map(|g| dir(&g.name, "initiator group")),
                 )
@@ -1159,6 +1214,7 @@ impl Tree {
                     kind: match leaf {
                         Node::HandlerMgmt(_)
                         | Node::IscsiMgmt
+                        | Node::SrpMgmt
                         | Node::LunsMgmt(..)
                         | Node::GroupsMgmt(_)
                         | Node::InitiatorsMgmt(..) => EntryKind::Mgmt,
@@ -1189,6 +1245,7 @@ impl Tree {
         Ok(match node {
             Node::HandlerMgmt(_) => usage(HANDLER_USAGE),
             Node::IscsiMgmt => usage(TARGETS_USAGE),
+            Node::SrpMgmt => usage(SRP_TARGETS_USAGE),
             Node::LunsMgmt(..) => usage(LUNS_USAGE),
             Node::GroupsMgmt(_) => usage(GROUPS_USAGE),
             Node::InitiatorsMgmt(..) => usage(INITIATORS_USAGE),
@@ -1306,18 +1363,6 @@ impl Tree {
                     .iter()
                     .find(|p| &p.name == t)
                     .ok_or_else(|| MgmtError::Refused(format!("no SRP port {t:?}")))?;
-                let map = |luns: &[LunConfig]| -> Vec<String> {
-                    luns.iter()
-                        .map(|l| {
-                            format!(
-                                "{} {}{}",
-                                l.lun,
-                                l.device,
-                                if l.read_only { " ro" } else { "" }
-                            )
-                        })
-                        .collect()
-                };
                 let id: String = t
                     .port_id_bytes()
                     .iter()
@@ -1337,28 +1382,12 @@ impl Tree {
                     | ("listen", crate::config::SrpProviderConfig::Verbs { listen, .. }) => {
                         (listen.clone(), true)
                     }
-                    ("credits", _) => (t.credits.to_string(), true),
-                    ("luns", _) => (map(&t.luns).join("\n"), !t.luns.is_empty()),
-                    _ => (
-                        t.ini_groups
-                            .iter()
-                            .map(|g| {
-                                format!(
-                                    "{}: {} -> {}",
-                                    g.name,
-                                    g.initiators.join(" "),
-                                    map(&g.luns).join(", ")
-                                )
-                            })
-                            .collect::<Vec<_>>()
-                            .join("\n"),
-                        !t.ini_groups.is_empty(),
-                    ),
+                    _ => (t.credits.to_string(), true),
                 };
                 AttrValue {
                     value,
                     key,
-                    writable: false,
+                    writable: a.name == "enabled",
                     description: a.desc.into(),
                 }
             }
@@ -1370,6 +1399,7 @@ impl Tree {
                     "group" => s.group.clone().unwrap_or_default(),
                     "connections" => s.connections.join("\n"),
                     "active_commands" => s.active_commands.to_string(),
+                    "lun_count" => s.lun_count.to_string(),
                     "stats" => fmt_stats(&s.stats),
                     _ => {
                         return Err(MgmtError::NotWritable {
@@ -1589,7 +1619,7 @@ impl Tree {
                     return Err(bad("write 1 to close the session".into()));
                 }
                 self.rt
-                    .close_session(&t, &s.initiator, s.isid)
+                    .close_session(srp_port_of(&t).unwrap_or(&t), &s.initiator, s.isid)
                     .map_err(|source| MgmtError::Runtime {
                         what: format!("close session {} of {t}", s.initiator),
                         source,
@@ -1599,8 +1629,22 @@ impl Tree {
                     s.initiator, s.isid
                 ));
             }
+            Node::SrpAttr(t, a) if a.name == "enabled" => {
+                let mut p = self
+                    .cfg
+                    .targets
+                    .srp
+                    .iter()
+                    .find(|p| p.name == t)
+                    .cloned()
+                    .ok_or_else(|| bad("no such SRP port".into()))?;
+                p.enabled = parse_bool(value).map_err(bad)?;
+                let what = format!("set_enabled srp {t} {}", b01(p.enabled));
+                return self.execute_srp(&t, Some(p), what);
+            }
             Node::HandlerMgmt(_)
             | Node::IscsiMgmt
+            | Node::SrpMgmt
             | Node::LunsMgmt(..)
             | Node::GroupsMgmt(_)
             | Node::InitiatorsMgmt(..) => {
@@ -1617,6 +1661,7 @@ impl Tree {
         let change = match node {
             Node::HandlerMgmt(h) => self.handler_cmd(h, command)?,
             Node::IscsiMgmt => self.targets_cmd(command)?,
+            Node::SrpMgmt => return self.srp_targets_cmd(command),
             Node::LunsMgmt(t, g) => self.luns_cmd(&t, g, command)?,
             Node::GroupsMgmt(t) => self.groups_cmd(&t, command)?,
             Node::InitiatorsMgmt(t, g) => self.initiators_cmd(&t, &g, command)?,
@@ -1627,7 +1672,217 @@ impl Tree {
                 });
             }
         };
+        if let Some((port, new)) = self.srp_edit(&change)? {
+            let what = change.to_string().replace(SRP_KEY, "srp ");
+            return self.execute_srp(&port, Some(new), what);
+        }
         self.execute(change)
+    }
+
+    /// A LUN map, group or initiator change of an SRP port (by
+    /// [`SRP_KEY`]) as the port's new configuration; `None` for iSCSI.
+    fn srp_edit(
+        &self,
+        c: &Change,
+    ) -> Result<Option<(String, crate::config::SrpTargetConfig)>, MgmtError> {
+        let target = match c {
+            Change::SetLunMap { target, .. }
+            | Change::AddGroup { target, .. }
+            | Change::DelGroup { target, .. }
+            | Change::SetInitiators { target, .. }
+            | Change::MoveInitiator { target, .. } => target,
+            _ => return Ok(None),
+        };
+        let Some(port) = srp_port_of(target) else {
+            return Ok(None);
+        };
+        let mut p = self
+            .cfg
+            .targets
+            .srp
+            .iter()
+            .find(|t| t.name == port)
+            .cloned()
+            .ok_or_else(|| MgmtError::Refused(format!("no SRP port {port:?}")))?;
+        let group = |p: &mut crate::config::SrpTargetConfig, g: &str| {
+            p.ini_groups
+                .iter_mut()
+                .position(|x| x.name == g)
+                .ok_or_else(|| MgmtError::Refused(format!("SRP port {port:?} has no group {g:?}")))
+        };
+        match c {
+            Change::SetLunMap {
+                group: None, luns, ..
+            } => p.luns = luns.clone(),
+            Change::SetLunMap {
+                group: Some(g),
+                luns,
+                ..
+            } => {
+                let i = group(&mut p, g)?;
+                p.ini_groups[i].luns = luns.clone();
+            }
+            Change::AddGroup { group: g, .. } => p.ini_groups.push(GroupConfig {
+                name: g.clone(),
+                initiators: Vec::new(),
+                luns: Vec::new(),
+            }),
+            Change::DelGroup { group: g, .. } => {
+                let i = group(&mut p, g)?;
+                p.ini_groups.remove(i);
+            }
+            Change::SetInitiators {
+                group: g,
+                initiators,
+                ..
+            } => {
+                let i = group(&mut p, g)?;
+                p.ini_groups[i].initiators = initiators.clone();
+            }
+            Change::MoveInitiator {
+                from,
+                from_list,
+                to,
+                to_list,
+                ..
+            } => {
+                let i = group(&mut p, from)?;
+                p.ini_groups[i].initiators = from_list.clone();
+                let j = group(&mut p, to)?;
+                p.ini_groups[j].initiators = to_list.clone();
+            }
+            _ => return Ok(None),
+        }
+        Ok(Some((port.to_string(), p)))
+    }
+
+    /// Adds, replaces or (`new` None) removes SRP port `name`: model copy,
+    /// validation, runtime, adoption, as [`Tree::execute`] does.
+    fn execute_srp(
+        &mut self,
+        name: &str,
+        new: Option<crate::config::SrpTargetConfig>,
+        what: String,
+    ) -> Result<String, MgmtError> {
+        let mut cand = self.cfg.clone();
+        let at = cand.targets.srp.iter().position(|t| t.name == name);
+        match (&new, at) {
+            (Some(p), Some(i)) => cand.targets.srp[i] = p.clone(),
+            (Some(p), None) => cand.targets.srp.push(p.clone()),
+            (None, Some(i)) => {
+                cand.targets.srp.remove(i);
+            }
+            (None, None) => {
+                return Err(MgmtError::Refused(format!("no SRP port {name:?}")));
+            }
+        }
+        cand.validate()?;
+        self.rt
+            .set_srp_target(name, new.as_ref())
+            .map_err(|source| {
+                tracing::warn!(change = %what, "refused by the running system: {source}");
+                MgmtError::Runtime {
+                    what: what.clone(),
+                    source,
+                }
+            })?;
+        tracing::info!(change = %what, "configuration changed");
+        self.cfg = cand;
+        Ok(self.after_change(what))
+    }
+
+    fn srp_targets_cmd(&mut self, command: &str) -> Result<String, MgmtError> {
+        use crate::config::{SrpProviderConfig, SrpTargetConfig, parse_port_id};
+        let u = SRP_TARGETS_USAGE;
+        let cmd = parse_cmd(command, u)?;
+        match cmd.words[0].as_str() {
+            "add_target" => {
+                cmd.arity(
+                    2,
+                    &[
+                        "listen", "provider", "device", "hca_port", "port_id", "credits",
+                    ],
+                    u,
+                )?;
+                let name = &cmd.words[1];
+                validate_object_name(name).map_err(|m| usage_err(m, u))?;
+                if self.cfg.targets.srp.iter().any(|t| &t.name == name) {
+                    return Err(MgmtError::Refused(format!(
+                        "SRP port {name:?} already exists"
+                    )));
+                }
+                let param = |k: &str| {
+                    cmd.params
+                        .iter()
+                        .find(|(pk, _)| pk == k)
+                        .map(|(_, v)| v.as_str())
+                };
+                let listen = param("listen")
+                    .ok_or_else(|| usage_err("add_target: listen= is required".into(), u))?;
+                let mut t = SrpTargetConfig::soft(name.clone(), listen);
+                t.enabled = false;
+                match param("provider").unwrap_or("soft") {
+                    "soft" => {
+                        if param("device").is_some() || param("hca_port").is_some() {
+                            return Err(usage_err(
+                                "device= and hca_port= are for provider=verbs".into(),
+                                u,
+                            ));
+                        }
+                    }
+                    "verbs" => {
+                        t.provider = SrpProviderConfig::Verbs {
+                            device: param("device").map(str::to_string),
+                            port: match param("hca_port") {
+                                Some(v) => v.parse().map_err(|_| {
+                                    usage_err(
+                                        format!("parameter hca_port: {v:?}; valid: 1..255"),
+                                        u,
+                                    )
+                                })?,
+                                None => 1,
+                            },
+                            listen: listen.to_string(),
+                        }
+                    }
+                    other => {
+                        return Err(usage_err(
+                            format!("parameter provider: {other:?}; valid: soft, verbs"),
+                            u,
+                        ));
+                    }
+                }
+                if let Some(v) = param("port_id") {
+                    if parse_port_id(v).is_none() {
+                        return Err(usage_err(
+                            format!("parameter port_id: {v:?} is not 32 hex digits"),
+                            u,
+                        ));
+                    }
+                    t.port_id = Some(v.to_string());
+                }
+                if let Some(v) = param("credits") {
+                    t.credits = v.parse().map_err(|_| {
+                        usage_err(format!("parameter credits: {v:?}; valid: 1..4096"), u)
+                    })?;
+                }
+                let what = format!("add_target srp {name}");
+                self.execute_srp(name, Some(t), what)
+            }
+            "del_target" => {
+                cmd.arity(2, &[], u)?;
+                let name = cmd.words[1].clone();
+                if !self.cfg.targets.srp.iter().any(|t| t.name == name) {
+                    return Err(MgmtError::Refused(format!(
+                        "no SRP port {name:?}; {}",
+                        names_hint("SRP ports", self.cfg.targets.srp.iter().map(|t| &t.name))
+                    )));
+                }
+                let what = format!("del_target srp {name}");
+                self.execute_srp(&name, None, what)
+            }
+            other => Err(usage_err(format!("unknown command {other:?}"), u)),
+        }
     }
 
     fn handler_cmd(&self, h: Handler, command: &str) -> Result<Change, MgmtError> {
@@ -2014,11 +2269,7 @@ impl Tree {
     fn groups_cmd(&self, target: &str, command: &str) -> Result<Change, MgmtError> {
         let u = GROUPS_USAGE;
         let cmd = parse_cmd(command, u)?;
-        let groups = self
-            .cfg
-            .iscsi_target(target)
-            .map(|t| t.ini_groups.clone())
-            .unwrap_or_default();
+        let groups = self.groups_of(target);
         match cmd.words[0].as_str() {
             "create" => {
                 cmd.arity(2, &[], u)?;
@@ -2065,12 +2316,10 @@ impl Tree {
             initiators,
         };
         let owner = |p: &str| -> Option<String> {
-            self.cfg.iscsi_target(target).and_then(|t| {
-                t.ini_groups
-                    .iter()
-                    .find(|g| g.initiators.iter().any(|x| x == p))
-                    .map(|g| g.name.clone())
-            })
+            self.groups_of(target)
+                .into_iter()
+                .find(|g| g.initiators.iter().any(|x| x == p))
+                .map(|g| g.name)
         };
         match cmd.words[0].as_str() {
             "add" => {
@@ -2106,14 +2355,11 @@ impl Tree {
                         "{p:?} is not in group {group:?}"
                     )));
                 }
-                let t = self
-                    .cfg
-                    .iscsi_target(target)
-                    .ok_or_else(|| MgmtError::Refused("no target".into()))?;
-                let Some(dg) = t.ini_groups.iter().find(|g| &g.name == dest) else {
+                let groups = self.groups_of(target);
+                let Some(dg) = groups.iter().find(|g| &g.name == dest) else {
                     return Err(MgmtError::Refused(format!(
                         "no group {dest:?}; {}",
-                        names_hint("groups", t.ini_groups.iter().map(|g| &g.name))
+                        names_hint("groups", groups.iter().map(|g| &g.name))
                     )));
                 };
                 if dest == group {
@@ -2988,7 +3234,7 @@ mod tests {
     }
 
     #[test]
-    fn srp_ports_are_listed_read_only() {
+    fn srp_ports_are_managed_like_iscsi_targets() {
         let mut cfg = sample();
         let mut p = crate::config::SrpTargetConfig::soft("srp0", "/run/ferrite/srp0.sock");
         p.luns.push(LunConfig {
@@ -2997,25 +3243,28 @@ mod tests {
             read_only: true,
         });
         cfg.targets.srp.push(p);
-        let mut t = Tree::new(cfg, Arc::new(FakeRuntime::new()), None);
+        let rt = Arc::new(FakeRuntime::new());
+        let mut t = Tree::new(cfg, rt.clone(), None);
         let names = |v: Vec<Entry>| v.into_iter().map(|e| e.name).collect::<Vec<_>>();
         assert_eq!(names(t.ls("/targets").unwrap()), ["iscsi", "srp"]);
-        assert_eq!(names(t.ls("/targets/srp").unwrap()), ["srp0"]);
-        let attrs = t.ls("/targets/srp/srp0").unwrap();
-        assert_eq!(attrs.len(), SRP_ATTRS.len());
-        assert!(attrs.iter().all(|e| !e.writable));
+        assert_eq!(names(t.ls("/targets/srp").unwrap()), ["mgmt", "srp0"]);
+        let entries = t.ls("/targets/srp/srp0").unwrap();
+        assert_eq!(entries.len(), SRP_ATTRS.len() + 3);
+        let writable: Vec<String> = entries
+            .iter()
+            .filter(|e| e.writable)
+            .map(|e| e.name.clone())
+            .collect();
+        assert_eq!(writable, ["enabled"]);
         let get = |t: &Tree, a: &str| t.get(&format!("/targets/srp/srp0/{a}")).unwrap().value;
         assert_eq!(get(&t, "enabled"), "1");
         assert_eq!(get(&t, "provider"), "soft");
         assert_eq!(get(&t, "listen"), "/run/ferrite/srp0.sock");
         assert_eq!(get(&t, "credits"), "128");
-        assert_eq!(get(&t, "luns"), "3 spare ro");
+        assert_eq!(get(&t, "luns/3/device"), "spare");
+        assert_eq!(get(&t, "luns/3/read_only"), "1");
         assert_eq!(get(&t, "port_id").len(), 34);
         assert!(t.exported("spare").contains(&"srp/srp0/luns/3".to_string()));
-        assert!(matches!(
-            t.set("/targets/srp/srp0/enabled", "0"),
-            Err(MgmtError::NotWritable { .. })
-        ));
         assert!(t.get("/targets/srp/nosuch").is_err());
         assert!(t.get("/targets/srp/srp0/nosuch").is_err());
         // A device an SRP port maps cannot be deleted.
@@ -3023,6 +3272,134 @@ mod tests {
             t.run("/handlers/vdisk_nullio/mgmt", "del_device spare")
                 .is_err()
         );
+
+        // Maps, groups and initiators: the iSCSI commands, one runtime call
+        // carrying the port's whole new configuration each.
+        rt.clear_calls();
+        t.run("/targets/srp/srp0/luns/mgmt", "add null0 0").unwrap();
+        t.run("/targets/srp/srp0/ini_groups/mgmt", "create hosts")
+            .unwrap();
+        t.run(
+            "/targets/srp/srp0/ini_groups/hosts/initiators/mgmt",
+            "add 0xfe80*",
+        )
+        .unwrap();
+        t.run(
+            "/targets/srp/srp0/ini_groups/hosts/luns/mgmt",
+            "add spare 0 read_only=1",
+        )
+        .unwrap();
+        assert!(
+            t.run("/targets/srp/srp0/luns/mgmt", "add nosuch 1")
+                .is_err()
+        );
+        assert_eq!(
+            rt.calls(),
+            [
+                "set_srp_target srp0 enabled=true luns=0=null0,3=spare groups=",
+                "set_srp_target srp0 enabled=true luns=0=null0,3=spare groups=hosts[]()",
+                "set_srp_target srp0 enabled=true luns=0=null0,3=spare groups=hosts[0xfe80*]()",
+                "set_srp_target srp0 enabled=true luns=0=null0,3=spare groups=hosts[0xfe80*](0=spare)",
+            ]
+        );
+        assert_eq!(
+            names(
+                t.ls("/targets/srp/srp0/ini_groups/hosts/initiators")
+                    .unwrap()
+            ),
+            ["mgmt", "0xfe80*"]
+        );
+        let p = &t.config().targets.srp[0];
+        assert_eq!(p.ini_groups[0].luns[0].device, "spare");
+        assert!(p.ini_groups[0].luns[0].read_only);
+        // The iSCSI target's groups are untouched.
+        assert_eq!(t.config().targets.iscsi[0].ini_groups.len(), 2);
+
+        // enabled is writable; a refused change leaves the model alone.
+        rt.clear_calls();
+        t.set("/targets/srp/srp0/enabled", "0").unwrap();
+        assert_eq!(get(&t, "enabled"), "0");
+        rt.fail_on(Some("set_srp_target"));
+        assert!(t.set("/targets/srp/srp0/enabled", "1").is_err());
+        assert_eq!(get(&t, "enabled"), "0");
+        rt.fail_on(None);
+
+        // Ports come and go through /targets/srp/mgmt.
+        rt.clear_calls();
+        assert!(
+            t.run("/targets/srp/mgmt", "add_target p1").is_err(),
+            "listen is required"
+        );
+        assert!(
+            t.run("/targets/srp/mgmt", "add_target p1 listen=rel.sock")
+                .is_err(),
+            "a relative path fails validation"
+        );
+        assert!(
+            t.run("/targets/srp/mgmt", "add_target srp0 listen=/x.sock")
+                .is_err()
+        );
+        t.run(
+            "/targets/srp/mgmt",
+            "add_target p1 listen=/run/p1.sock credits=64",
+        )
+        .unwrap();
+        assert_eq!(get_p1(&t, "enabled"), "0", "created disabled");
+        assert_eq!(get_p1(&t, "credits"), "64");
+        t.run(
+            "/targets/srp/mgmt",
+            "add_target h1 provider=verbs listen=192.0.2.1:5000 device=mlx5_0 hca_port=2",
+        )
+        .unwrap();
+        assert_eq!(
+            t.get("/targets/srp/h1/provider").unwrap().value,
+            "verbs mlx5_0 port 2"
+        );
+        t.run("/targets/srp/mgmt", "del_target h1").unwrap();
+        assert!(t.run("/targets/srp/mgmt", "del_target h1").is_err());
+        assert_eq!(
+            rt.calls(),
+            [
+                "set_srp_target p1 enabled=false luns= groups=",
+                "set_srp_target h1 enabled=false luns= groups=",
+                "set_srp_target h1 -",
+            ]
+        );
+        assert!(
+            t.get("/targets/srp/mgmt")
+                .unwrap()
+                .value
+                .contains("add_target")
+        );
+
+        // SRP sessions are listed under their port, not under an iSCSI
+        // target of the same name.
+        rt.set_sessions(vec![SessionInfo {
+            fabric: Fabric::Srp,
+            target: "srp0".into(),
+            initiator: "0xfe800000000000000000000000000001".into(),
+            connections: vec!["soft core 0 qpn 0x1".into(), "soft core 0 qpn 0x2".into()],
+            lun_count: 2,
+            active_commands: 5,
+            ..SessionInfo::default()
+        }]);
+        let s = "/targets/srp/srp0/sessions/0xfe800000000000000000000000000001";
+        assert_eq!(
+            names(t.ls("/targets/srp/srp0/sessions").unwrap()),
+            ["0xfe800000000000000000000000000001"]
+        );
+        assert_eq!(t.get(&format!("{s}/lun_count")).unwrap().value, "2");
+        assert_eq!(t.get(&format!("{s}/active_commands")).unwrap().value, "5");
+        assert_eq!(
+            t.get(&format!("{s}/connections"))
+                .unwrap()
+                .value
+                .lines()
+                .count(),
+            2
+        );
+        assert!(names(t.ls(&format!("/targets/iscsi/{T}/sessions")).unwrap()).is_empty());
+
         // Applying a configuration whose SRP ports differ is refused as a
         // whole; an identical SRP section applies.
         let mut other = t.config().clone();
@@ -3031,5 +3408,9 @@ mod tests {
         assert_eq!(t.config().targets.srp[0].credits, 128);
         let same = t.config().clone();
         assert!(t.apply(&same).unwrap().is_empty());
+    }
+
+    fn get_p1(t: &Tree, a: &str) -> String {
+        t.get(&format!("/targets/srp/p1/{a}")).unwrap().value
     }
 }

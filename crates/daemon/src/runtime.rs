@@ -8,7 +8,9 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ferrite_core::device::{AccessGroup, Device, DeviceId, LunEntry, LunMap, Target};
-use ferrite_mgmt::config::{DeviceConfig, IscsiParamsConfig, IscsiTargetConfig, LunConfig};
+use ferrite_mgmt::config::{
+    DeviceConfig, IscsiParamsConfig, IscsiTargetConfig, LunConfig, SrpTargetConfig,
+};
 use ferrite_mgmt::runtime::{DeviceAttr, Runtime, RuntimeError, SessionInfo, Stats, TargetAttr};
 use ferrite_reactor::mailbox::MailboxTx;
 use ferrite_scsi::Lun;
@@ -34,8 +36,10 @@ struct State {
     params: IscsiParamsConfig,
     /// Listening portals and how many targets use each.
     portals: BTreeMap<SocketAddr, usize>,
-    /// SRP target ports as built at start-up (republished unchanged).
+    /// SRP target ports as cores see them.
     srp_targets: BTreeMap<String, Arc<crate::srp::SrpTarget>>,
+    /// Their configurations.
+    srp_cfgs: BTreeMap<String, SrpTargetConfig>,
 }
 
 /// The running system, as the management tree sees it.
@@ -90,6 +94,12 @@ impl DaemonRuntime {
                 params: cfg.iscsi.clone(),
                 portals,
                 srp_targets: system.snapshot.srp_targets.clone(),
+                srp_cfgs: cfg
+                    .targets
+                    .srp
+                    .iter()
+                    .map(|t| (t.name.clone(), t.clone()))
+                    .collect(),
             }),
             cores,
             registry,
@@ -196,13 +206,69 @@ impl DaemonRuntime {
                 }
             }
             if changed {
-                *t = Arc::new(crate::srp::SrpTarget {
-                    target: Arc::new(nt),
-                    port_id: t.port_id,
-                    credits: t.credits,
-                });
+                *t = Arc::new(t.with_target(Arc::new(nt)));
             }
         }
+    }
+
+    /// The SRP port `cfg` as cores will see it. Maps whose configuration
+    /// did not change keep their `Arc`, so that only sessions whose map
+    /// changed get a unit attention; listener and channel board carry over
+    /// unless the provider moved.
+    fn build_srp(st: &State, cfg: &SrpTargetConfig) -> Result<crate::srp::SrpTarget, RuntimeError> {
+        let old_cfg = st.srp_cfgs.get(&cfg.name);
+        let old = st.srp_targets.get(&cfg.name);
+        let luns = match (old_cfg, old) {
+            (Some(oc), Some(o)) if oc.luns == cfg.luns => o.target.luns.clone(),
+            _ => Self::build_map(st, &cfg.luns)?,
+        };
+        let mut groups = Vec::new();
+        for g in &cfg.ini_groups {
+            let same = old_cfg
+                .and_then(|oc| oc.ini_groups.iter().find(|x| x.name == g.name))
+                .filter(|x| x.luns == g.luns);
+            let prev = old.and_then(|o| o.target.groups.iter().find(|x| x.name == g.name));
+            let map = match (same, prev) {
+                (Some(_), Some(p)) => p.luns.clone(),
+                _ => Self::build_map(st, &g.luns)?,
+            };
+            groups.push(AccessGroup {
+                name: g.name.clone(),
+                initiators: g.initiators.clone(),
+                luns: map,
+            });
+        }
+        // Relative port ids go on after every other port's (VPD 83h tells
+        // ports apart by them); a port keeps its own.
+        let rel_port_id = match old {
+            Some(o) => o.target.rel_port_id,
+            None => {
+                let iscsi = st.targets.values().map(|t| t.cfg.tpgt).max().unwrap_or(0);
+                let srp = st
+                    .srp_targets
+                    .values()
+                    .map(|t| t.target.rel_port_id)
+                    .max()
+                    .unwrap_or(0);
+                let n = u16::try_from(st.targets.len()).unwrap_or(u16::MAX);
+                iscsi.max(srp).max(n).saturating_add(1)
+            }
+        };
+        let target = Arc::new(Target {
+            name: cfg.name.clone(),
+            rel_port_id,
+            enabled: cfg.enabled,
+            luns,
+            groups,
+        });
+        Ok(match old {
+            Some(o) => crate::srp::SrpTarget {
+                port_id: cfg.port_id_bytes(),
+                credits: cfg.credits,
+                ..o.with_target(target)
+            },
+            None => crate::srp::srp_target(cfg, target),
+        })
     }
 
     fn listen(&self, st: &mut State, addrs: &[SocketAddr]) -> Result<(), RuntimeError> {
@@ -525,6 +591,43 @@ impl Runtime for DaemonRuntime {
         Ok(())
     }
 
+    fn set_srp_target(
+        &self,
+        name: &str,
+        target: Option<&SrpTargetConfig>,
+    ) -> Result<(), RuntimeError> {
+        let mut st = self.lock()?;
+        let Some(cfg) = target else {
+            st.srp_targets
+                .remove(name)
+                .ok_or_else(|| RuntimeError::NotFound(format!("SRP port {name}")))?;
+            st.srp_cfgs.remove(name);
+            // Cores log the port's channels out; core 0 closes its listener.
+            self.publish(&st);
+            tracing::info!(port = %name, "SRP target port removed");
+            return Ok(());
+        };
+        let mut built = Self::build_srp(&st, cfg)?;
+        let moved = st
+            .srp_cfgs
+            .get(name)
+            .is_none_or(|old| old.provider != cfg.provider);
+        if moved {
+            // A new port, or one whose endpoint changed: bound here, so
+            // that a failure (address in use, no permission) is the
+            // command's answer; core 0 takes the listener from the snapshot.
+            built.listener = crate::srp::bind_port(cfg).map_err(|e| failed(format!("{e:#}")))?;
+            if st.srp_cfgs.contains_key(name) {
+                // Channels of the old endpoint stay; new logins come here.
+                tracing::info!(port = %name, "SRP target port moved");
+            }
+        }
+        st.srp_targets.insert(name.to_string(), Arc::new(built));
+        st.srp_cfgs.insert(name.to_string(), cfg.clone());
+        self.publish(&st);
+        Ok(())
+    }
+
     fn sessions(&self) -> Vec<SessionInfo> {
         let mut v = self.registry.sessions();
         for s in &mut v {
@@ -534,10 +637,29 @@ impl Runtime for DaemonRuntime {
                 s.active_commands = io.active;
             }
         }
+        if let Ok(st) = self.state.lock() {
+            for s in &mut v {
+                if let Some(t) = st.targets.get(&s.target) {
+                    let map = match &s.group {
+                        Some(g) => t.groups.iter().find(|x| &x.name == g).map(|x| &x.luns),
+                        None => Some(&t.luns),
+                    };
+                    s.lun_count = map.map_or(0, |m| m.luns.len() as u32);
+                }
+            }
+            for (name, t) in &st.srp_targets {
+                v.extend(t.board.sessions(name));
+            }
+        }
         v
     }
 
     fn close_session(&self, target: &str, initiator: &str, isid: u64) -> Result<(), RuntimeError> {
+        if self.lock()?.srp_targets.contains_key(target) {
+            return Err(RuntimeError::Unsupported(format!(
+                "closing one SRP nexus ({initiator} on {target}); disable the port or remove its LUNs"
+            )));
+        }
         let Some(tsih) = self.registry.find(target, initiator, isid) else {
             return Err(RuntimeError::NotFound(format!(
                 "session of {initiator} (isid {isid:#014x}) on {target}"

@@ -1,48 +1,55 @@
 //! The SRP fabric on the reactors: target ports (listeners), login policy,
-//! and the pump between each SRP channel ([`ferrite_srp::target::TargetConn`])
-//! and its core session, as `fabrics/srp`'s "Driver-facing API" describes.
+//! and the pump between SRP channels ([`ferrite_srp::target::TargetConn`])
+//! and their core sessions, as `fabrics/srp`'s "Driver-facing API" describes.
 //!
-//! Owns: binding the configured SRP ports at start-up, the one-line report
-//! of a machine without an HCA, accepting logins (on the core that owns the
-//! listeners) and spreading the accepted connections over the cores, and
-//! running each connection on its core for its life.
+//! Owns: binding SRP ports (at start-up, [`bind_ports`]; while running,
+//! [`bind_port`] from the management runtime), the one-line report of a
+//! machine without an HCA, accepting logins on the core that owns the
+//! listeners (core 0) and dealing them to the cores, the multi-channel
+//! policy (SRP r16a §6.2: every channel of one I_T nexus runs on one core
+//! and shares one core session), running each channel on its core for its
+//! life, and the per-port channel board that `ferritectl sessions` reads.
 //!
 //! Does not own: the SRP protocol (`ferrite-srp`), the providers
 //! (`ferrite-rdma`), SCSI (the core's `Shard`), or configuration changes
-//! (`runtime.rs` publishes snapshots; a port's LUN maps follow them, its
-//! listener does not move).
+//! (`runtime.rs` builds [`SrpTarget`]s and publishes snapshots; cores
+//! follow them).
 //!
-//! Providers: `soft` ports are served. A `verbs` port is bound only when an
-//! RDMA device exists; on a machine without one the daemon logs once, at
-//! start, `RDMA fabrics idle: no RDMA device found`, and serves everything
-//! else. Serving verbs ports from the reactor is not wired yet: with a
-//! device present they are reported as not served (see `docs/srp.md`).
+//! Providers: `soft` and `verbs` ports go through the same code (listener,
+//! login, channel, pump); they differ only in how a queue pair, its
+//! protection domain and completion queue are made ([`PortListener`],
+//! [`Request`]). On a machine without an RDMA device the daemon logs once,
+//! at start, `RDMA fabrics idle: no RDMA device found`, and a configured
+//! verbs port stays idle.
 //!
-//! Reactor rules: nothing here blocks. The soft provider's listener queues
-//! requests from its own thread and has no fd, so the owning core looks at
-//! it on a short timer ([`LISTEN_TICK`]); completions wake the reactor
-//! through the completion queue's fd ([`SrpCore::wake_fds`]).
+//! Reactor rules: nothing here blocks. Every listener and completion queue
+//! has an fd the reactor sleeps on ([`SrpCore::wake_fds`]): the soft
+//! listener's is readable while login requests wait, RDMA CM's is its event
+//! channel.
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::RawFd;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use anyhow::{Context, Result};
+use ferrite_core::Action;
+use ferrite_core::cmd::Abort;
 use ferrite_core::device::{LunMap, Target};
 use ferrite_core::shard::{Nexus, SessionId, Shard};
 use ferrite_mgmt::config::{SrpProviderConfig, SrpTargetConfig};
+use ferrite_mgmt::runtime::{Fabric, SessionInfo};
 use ferrite_rdma::soft::{
     ConnRequest, QpAttrs, SoftAddr, SoftCq, SoftDevice, SoftListener, SoftPd, SoftQp,
 };
-use ferrite_rdma::{CompletionQueue, QueuePair, WcStatus, WorkCompletion};
-use ferrite_scsi::{Lun, Sense};
+use ferrite_rdma::verbs::{
+    VerbsConnRequest, VerbsCq, VerbsListener, VerbsPd, VerbsQp, VerbsQpAttrs,
+};
+use ferrite_rdma::{CompletionQueue, ProtectionDomain, WcStatus, WorkCompletion};
 use ferrite_srp::channel::{self, ChannelConfig, Event, Login};
 use ferrite_srp::iu;
 use ferrite_srp::target::{RecvRing, TargetConn};
-
-/// How often the core owning soft listeners looks for login requests.
-pub const LISTEN_TICK: Duration = Duration::from_millis(5);
 
 /// An SRP target port as cores read it from the snapshot.
 #[derive(Debug)]
@@ -50,62 +57,211 @@ pub struct SrpTarget {
     pub target: Arc<Target>,
     pub port_id: [u8; 16],
     pub credits: u32,
+    /// The port's listener when the management runtime bound it (a port
+    /// added or moved while running); ports bound at start-up are handed
+    /// to core 0 by [`bind_ports`] instead.
+    pub listener: Option<Arc<PortListener>>,
+    /// The port's logged-in channels, for the session list.
+    pub board: Arc<SessionBoard>,
 }
 
-/// Builds the snapshot entry of an SRP port configuration.
+impl SrpTarget {
+    /// The same port with new LUN maps, groups or enabled flag: listener and
+    /// channel board carry over.
+    pub fn with_target(&self, target: Arc<Target>) -> SrpTarget {
+        SrpTarget {
+            target,
+            port_id: self.port_id,
+            credits: self.credits,
+            listener: self.listener.clone(),
+            board: self.board.clone(),
+        }
+    }
+}
+
+/// Builds the snapshot entry of an SRP port configuration (no listener:
+/// see [`SrpTarget::listener`]).
 pub fn srp_target(t: &SrpTargetConfig, target: Arc<Target>) -> SrpTarget {
     SrpTarget {
         target,
         port_id: t.port_id_bytes(),
         credits: t.credits,
+        listener: None,
+        board: Arc::default(),
     }
 }
 
-/// A bound port, owned by one core.
-pub struct SrpPort {
-    pub name: String,
-    listener: SoftListener,
+/// Where a port takes login requests from.
+pub enum PortListener {
+    /// The soft provider (test and development).
+    Soft(SoftListener),
+    /// RDMA CM on an HCA. `device` and `hca_port` narrow which requests
+    /// the port takes (None/0: any). The mutex only makes the listener
+    /// shareable in a snapshot; core 0 alone takes requests from it.
+    Verbs {
+        listener: Mutex<VerbsListener>,
+        device: Option<String>,
+        hca_port: u8,
+    },
 }
 
-impl std::fmt::Debug for SrpPort {
+impl std::fmt::Debug for PortListener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "SrpPort({}, {:?})", self.name, self.listener.addr())
+        match self {
+            PortListener::Soft(l) => write!(f, "soft {:?}", l.addr()),
+            PortListener::Verbs {
+                device, hca_port, ..
+            } => write!(f, "verbs {device:?} port {hca_port}"),
+        }
     }
 }
 
-/// Binds every configured SRP port this machine can serve, and logs the
-/// RDMA device situation once.
-pub fn bind_ports(targets: &[SrpTargetConfig]) -> Result<Vec<SrpPort>> {
-    let hcas = rdma_device_count();
-    let mut out = Vec::new();
-    for t in targets {
-        match &t.provider {
-            SrpProviderConfig::Soft { listen } => {
-                let addr = soft_addr(listen)?;
-                if let SoftAddr::Unix(p) = &addr {
-                    // A stale socket from an earlier run would make bind fail.
-                    let _ = std::fs::remove_file(p);
-                }
-                let listener = SoftListener::bind(&addr)
-                    .with_context(|| format!("SRP port {}: listening on {listen}", t.name))?;
-                tracing::info!(port = %t.name, listen = %listen, provider = "soft (test and development)",
-                    port_id = %hex(&t.port_id_bytes()), "SRP target port listening");
-                out.push(SrpPort {
-                    name: t.name.clone(),
-                    listener,
-                });
-            }
-            SrpProviderConfig::Verbs { device, port, .. } => {
-                if hcas == 0 {
-                    tracing::info!(port = %t.name, "SRP target port idle: no RDMA device");
-                } else {
-                    tracing::warn!(port = %t.name, device = ?device, hca_port = port,
-                        "SRP over the verbs provider is not served by ferrited yet; port idle");
+impl PortListener {
+    /// Readable while requests may be waiting.
+    fn fd(&self) -> Option<RawFd> {
+        match self {
+            PortListener::Soft(l) => Some(l.fd()),
+            PortListener::Verbs { listener, .. } => listener.lock().ok().map(|l| l.fd()),
+        }
+    }
+
+    fn poll_request(&self) -> Option<Request> {
+        match self {
+            PortListener::Soft(l) => l.poll_request().map(Request::Soft),
+            PortListener::Verbs {
+                listener,
+                device,
+                hca_port,
+            } => {
+                let l = listener.lock().ok()?;
+                loop {
+                    let r = l.poll_request()?;
+                    let dev_ok = device.as_deref().is_none_or(|d| r.context().name() == d);
+                    let port_ok = *hca_port == 0 || r.port_num() == *hca_port;
+                    if dev_ok && port_ok {
+                        return Some(Request::Verbs(r));
+                    }
+                    // Another HCA port's address: not this SRP port's
+                    // business (dropping the request refuses it).
+                    tracing::debug!(
+                        device = %r.context().name(),
+                        hca_port = r.port_num(),
+                        "SRP login on another HCA port refused"
+                    );
                 }
             }
         }
     }
+}
+
+/// A login request, from either provider.
+pub enum Request {
+    Soft(ConnRequest),
+    Verbs(VerbsConnRequest),
+}
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Request::Soft(r) => write!(f, "soft {r:?}"),
+            Request::Verbs(r) => write!(f, "verbs {r:?}"),
+        }
+    }
+}
+
+impl Request {
+    fn private_data(&self) -> &[u8] {
+        match self {
+            Request::Soft(r) => r.private_data(),
+            Request::Verbs(r) => r.private_data(),
+        }
+    }
+
+    fn reject(self, private_data: &[u8]) -> Result<(), ferrite_rdma::RdmaError> {
+        match self {
+            Request::Soft(r) => r.reject(private_data),
+            Request::Verbs(r) => r.reject(private_data),
+        }
+    }
+}
+
+/// A bound port, owned by core 0.
+pub struct SrpPort {
+    pub name: String,
+    listener: Arc<PortListener>,
+}
+
+impl std::fmt::Debug for SrpPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SrpPort({}, {:?})", self.name, self.listener)
+    }
+}
+
+/// Binds every configured SRP port this machine can serve, and logs the
+/// RDMA device situation once (start-up).
+pub fn bind_ports(targets: &[SrpTargetConfig]) -> Result<Vec<SrpPort>> {
+    let hcas = rdma_device_count();
+    let mut out = Vec::new();
+    for t in targets {
+        if let Some(listener) = bind_listener(t, hcas)? {
+            out.push(SrpPort {
+                name: t.name.clone(),
+                listener: Arc::new(listener),
+            });
+        }
+    }
     Ok(out)
+}
+
+/// Binds one port while the daemon runs (management). `Ok(None)`: a verbs
+/// port on a machine without an RDMA device, configured and idle.
+pub fn bind_port(t: &SrpTargetConfig) -> Result<Option<Arc<PortListener>>> {
+    let hcas = match &t.provider {
+        SrpProviderConfig::Soft { .. } => 0,
+        SrpProviderConfig::Verbs { .. } => {
+            ferrite_rdma::verbs::devices().map(|d| d.len()).unwrap_or(0)
+        }
+    };
+    Ok(bind_listener(t, hcas)?.map(Arc::new))
+}
+
+fn bind_listener(t: &SrpTargetConfig, hcas: usize) -> Result<Option<PortListener>> {
+    match &t.provider {
+        SrpProviderConfig::Soft { listen } => {
+            let addr = soft_addr(listen)?;
+            if let SoftAddr::Unix(p) = &addr {
+                // A stale socket from an earlier run would make bind fail.
+                let _ = std::fs::remove_file(p);
+            }
+            let listener = SoftListener::bind(&addr)
+                .with_context(|| format!("SRP port {}: listening on {listen}", t.name))?;
+            tracing::info!(port = %t.name, listen = %listen, provider = "soft (test and development)",
+                port_id = %hex(&t.port_id_bytes()), "SRP target port listening");
+            Ok(Some(PortListener::Soft(listener)))
+        }
+        SrpProviderConfig::Verbs {
+            device,
+            port,
+            listen,
+        } => {
+            if hcas == 0 {
+                tracing::info!(port = %t.name, "SRP target port idle: no RDMA device");
+                return Ok(None);
+            }
+            let addr: std::net::SocketAddr = listen
+                .parse()
+                .with_context(|| format!("{listen:?} is not an address:port"))?;
+            let listener = VerbsListener::bind(&addr, 128)
+                .with_context(|| format!("SRP port {}: RDMA CM listening on {listen}", t.name))?;
+            tracing::info!(port = %t.name, listen = %listen, device = ?device, hca_port = port,
+                port_id = %hex(&t.port_id_bytes()), "SRP target port listening (verbs)");
+            Ok(Some(PortListener::Verbs {
+                listener: Mutex::new(listener),
+                device: device.clone(),
+                hca_port: *port,
+            }))
+        }
+    }
 }
 
 /// Counts RDMA devices, logging `RDMA fabrics idle: no RDMA device found`
@@ -113,7 +269,12 @@ pub fn bind_ports(targets: &[SrpTargetConfig]) -> Result<Vec<SrpPort>> {
 fn rdma_device_count() -> usize {
     match ferrite_rdma::verbs::devices() {
         Ok(d) => {
-            ferrite_rdma::log_idle_if_empty(&d);
+            if !ferrite_rdma::log_idle_if_empty(&d) {
+                for dev in &d {
+                    tracing::info!(device = %dev.name, ports = dev.ports,
+                        guid = %format!("{:016x}", dev.guid), "RDMA device found");
+                }
+            }
             d.len()
         }
         Err(e) => {
@@ -143,21 +304,113 @@ pub fn hex(id: &[u8; 16]) -> String {
     s
 }
 
+/// One channel as the board shows it.
+#[derive(Debug)]
+struct BoardEntry {
+    initiator: String,
+    /// The I_T nexus: channels with the same `(core, nexus)` share a core
+    /// session.
+    core: usize,
+    nexus: u32,
+    channel: String,
+    group: Option<String>,
+    luns: u32,
+    active: Arc<AtomicU64>,
+}
+
+/// The channels logged in on one SRP port. Written by cores at login,
+/// logout and map changes (the control path), read by the management
+/// thread; commands in flight are counters the owning core stores.
+#[derive(Debug, Default)]
+pub struct SessionBoard {
+    next: AtomicU64,
+    channels: Mutex<BTreeMap<u64, BoardEntry>>,
+}
+
+impl SessionBoard {
+    fn add(&self, e: BoardEntry) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut m) = self.channels.lock() {
+            m.insert(id, e);
+        }
+        id
+    }
+
+    fn remove(&self, id: u64) {
+        if let Ok(mut m) = self.channels.lock() {
+            m.remove(&id);
+        }
+    }
+
+    fn set_map(&self, id: u64, group: Option<String>, luns: u32) {
+        if let Ok(mut m) = self.channels.lock()
+            && let Some(e) = m.get_mut(&id)
+        {
+            e.group = group;
+            e.luns = luns;
+        }
+    }
+
+    /// The port's I_T nexuses, one [`SessionInfo`] each, with their
+    /// channels as connections.
+    pub fn sessions(&self, port: &str) -> Vec<SessionInfo> {
+        let Ok(m) = self.channels.lock() else {
+            return Vec::new();
+        };
+        let mut by_nexus: BTreeMap<(usize, u32), SessionInfo> = BTreeMap::new();
+        for e in m.values() {
+            let s = by_nexus
+                .entry((e.core, e.nexus))
+                .or_insert_with(|| SessionInfo {
+                    fabric: Fabric::Srp,
+                    target: port.to_string(),
+                    initiator: e.initiator.clone(),
+                    group: e.group.clone(),
+                    lun_count: e.luns,
+                    ..SessionInfo::default()
+                });
+            s.connections.push(e.channel.clone());
+            s.active_commands += e.active.load(Ordering::Relaxed);
+        }
+        by_nexus.into_values().collect()
+    }
+}
+
 /// Messages for a core's SRP part.
 pub enum SrpMsg {
     /// A login request taken by the listening core, to run on this one.
-    Incoming { port: String, req: ConnRequest },
+    Incoming { port: String, req: Request },
+}
+
+/// How a channel's queue pair completes: into the core's shared soft CQ,
+/// or into its own verbs CQ.
+enum ChanCq {
+    Soft,
+    Verbs { cq: VerbsCq, event_fd: RawFd },
 }
 
 /// One channel on this core.
 struct SrpConn {
     conn: TargetConn,
+    cq: ChanCq,
+    /// The core session (I_T nexus) this channel belongs to; several
+    /// channels may share one (SRP r16a §6.2 MULTI-CHANNEL ACTION 1).
+    /// None once the session is closed.
     session: Option<SessionId>,
+    /// The channel has ended (logout, error, disconnect).
+    closed: bool,
     port: String,
     initiator: String,
+    initiator_id: [u8; 16],
     luns: Arc<LunMap>,
-    /// Capacity generation last seen per LUN (an AER on change).
-    gens: Vec<(Lun, u32)>,
+    board: Arc<SessionBoard>,
+    board_id: u64,
+    active: Arc<AtomicU64>,
+}
+
+/// Verbs resources of one device on one core.
+struct VerbsDev {
+    pd: VerbsPd,
 }
 
 /// The SRP part of one core.
@@ -167,11 +420,15 @@ pub struct SrpCore {
     _dev: SoftDevice,
     pd: SoftPd,
     cq: Option<SoftCq>,
+    verbs: HashMap<String, VerbsDev>,
     conns: slab::Slab<SrpConn>,
+    /// Soft queue pairs by number (they share the core's CQ).
     by_qpn: HashMap<u32, usize>,
     wcs: Vec<WorkCompletion>,
     rr: usize,
-    next_listen: Option<Instant>,
+    /// Core 0: where each I_T nexus's channels run, so that every channel
+    /// of one initiator port on one target port lands on one core.
+    nexus_core: HashMap<(String, [u8; 16]), usize>,
     stopping: bool,
 }
 
@@ -185,16 +442,17 @@ impl SrpCore {
             _dev: dev,
             pd,
             cq: None,
+            verbs: HashMap::new(),
             conns: slab::Slab::new(),
             by_qpn: HashMap::new(),
             wcs: Vec::new(),
             rr: core,
-            next_listen: None,
+            nexus_core: HashMap::new(),
             stopping: false,
         }
     }
 
-    /// Hands this core the bound ports (core 0).
+    /// Hands this core the ports bound at start-up (core 0).
     pub fn set_ports(&mut self, ports: Vec<SrpPort>) {
         self.ports = ports;
     }
@@ -204,11 +462,11 @@ impl SrpCore {
         self.conns.is_empty()
     }
 
-    fn cq(&mut self) -> Result<&SoftCq> {
+    fn soft_cq(&mut self) -> Result<SoftCq> {
         if self.cq.is_none() {
             self.cq = Some(SoftCq::new().context("creating a completion queue")?);
         }
-        self.cq.as_ref().context("completion queue")
+        self.cq.clone().context("completion queue")
     }
 
     /// Takes waiting login requests and sends each to a core. Returns the
@@ -216,16 +474,32 @@ impl SrpCore {
     fn take_requests(
         &mut self,
         peers: &[ferrite_reactor::mailbox::MailboxTx<crate::worker::Msg>],
-    ) -> Vec<(String, ConnRequest)> {
+    ) -> Vec<(String, Request)> {
         let mut here = Vec::new();
         if self.stopping {
             return here;
         }
+        let n = peers.len().max(1);
         for p in &self.ports {
             while let Some(req) = p.listener.poll_request() {
-                let n = peers.len().max(1);
-                let target = self.rr % n;
-                self.rr = self.rr.wrapping_add(1);
+                // SRP r16a §6.2: channels of one I_T nexus (initiator port
+                // id, target port) are one nexus, so they share one core
+                // session, so they run on one core. A new nexus is dealt
+                // round-robin.
+                let nexus = iu::LoginReq::parse(req.private_data())
+                    .ok()
+                    .map(|r| (p.name.clone(), r.initiator_port_id));
+                let target = match nexus.as_ref().and_then(|k| self.nexus_core.get(k)) {
+                    Some(&c) if c < n => c,
+                    _ => {
+                        let c = self.rr % n;
+                        self.rr = self.rr.wrapping_add(1);
+                        if let Some(k) = nexus {
+                            self.nexus_core.insert(k, c);
+                        }
+                        c
+                    }
+                };
                 if target == self.core || peers.is_empty() {
                     here.push((p.name.clone(), req));
                 } else if let Err(e) =
@@ -242,14 +516,15 @@ impl SrpCore {
     }
 
     /// A login request: SRP r16a §6.2-§6.4 through `channel::login`, then
-    /// the port's policy (enabled, LUN map by initiator port id).
+    /// the port's policy (enabled, LUN map by initiator port id) and the
+    /// multi-channel action.
     pub fn incoming(
         &mut self,
         now: Instant,
         shard: &mut Shard,
         targets: &BTreeMap<String, Arc<SrpTarget>>,
         port: &str,
-        req: ConnRequest,
+        req: Request,
     ) {
         if self.stopping {
             return;
@@ -262,11 +537,16 @@ impl SrpCore {
             target_port_id: t.port_id,
             ..ChannelConfig::default()
         };
-        let initiator = match iu::LoginReq::parse(req.private_data()) {
-            Ok(r) => hex(&r.initiator_port_id),
-            Err(_) => String::new(),
+        let Ok(login_req) = iu::LoginReq::parse(req.private_data()) else {
+            return reject(
+                req,
+                iu::LoginRejReason::UNABLE_TO_ESTABLISH,
+                "malformed SRP_LOGIN_REQ",
+            );
         };
-        let (channel, rsp) = match channel::login(cfg.clone(), req.private_data()) {
+        let initiator_id = login_req.initiator_port_id;
+        let initiator = hex(&initiator_id);
+        let (channel, mut rsp) = match channel::login(cfg.clone(), req.private_data()) {
             Login::Reject(rej) => {
                 tracing::warn!(port, initiator = %initiator, reason = rej.reason.0, "SRP login rejected");
                 if let Err(e) = req.reject(&rej.encode()) {
@@ -284,100 +564,317 @@ impl SrpCore {
                 "port disabled",
             );
         }
-        let cq = match self.cq() {
-            Ok(cq) => cq.clone(),
-            Err(e) => {
-                tracing::warn!(error = %e, "SRP login refused");
-                return reject(req, iu::LoginRejReason::INSUFFICIENT_RESOURCES, "no CQ");
-            }
-        };
         let attrs = QpAttrs {
             max_send_wr: (cfg.credits as usize * 4).max(256),
             max_recv_wr: cfg.recv_count() as usize,
             ..QpAttrs::default()
         };
+        // The channels this login joins or ends (SRP r16a §6.2).
+        let same_nexus: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| {
+                !c.closed && c.session.is_some() && c.port == port && c.initiator_id == initiator_id
+            })
+            .map(|(k, _)| k)
+            .collect();
+        let multi = login_req.req_flags & 0x3 == iu::MULTICHAN_MULTI;
+        let made = match req {
+            Request::Soft(r) => {
+                self.accept_soft(r, &cfg, attrs, channel, &mut rsp, &same_nexus, multi)
+            }
+            Request::Verbs(r) => {
+                self.accept_verbs(r, &cfg, attrs, channel, &mut rsp, &same_nexus, multi)
+            }
+        };
+        let Some((conn, cq)) = made else { return };
+        // SRP r16a §6.2 MULTI-CHANNEL ACTION: 0 ends the nexus's other
+        // channels (their tasks are aborted with the old nexus), 1 adds
+        // this channel to it.
+        let joined = match (multi, same_nexus.first()) {
+            (true, Some(&k)) => self.conns.get(k).and_then(|c| c.session),
+            _ => None,
+        };
+        if !multi && !same_nexus.is_empty() {
+            let mut ended = Vec::new();
+            for &k in &same_nexus {
+                if let Some(c) = self.conns.get_mut(k) {
+                    c.conn.terminate(iu::TLogoutReason::MULTI_CHANNEL_ACTION);
+                    c.conn.pump();
+                    c.closed = true;
+                    if let Some(sid) = c.session.take() {
+                        ended.push(sid);
+                    }
+                }
+            }
+            ended.sort_by_key(|s| s.0);
+            ended.dedup();
+            for sid in ended {
+                shard.close_session(now, sid);
+            }
+            tracing::info!(core = self.core, port, initiator = %initiator, channels = same_nexus.len(),
+                "SRP single-channel login: the initiator port's other channels terminated");
+        }
+        let (sid, luns) = match joined.and_then(|sid| {
+            same_nexus
+                .first()
+                .and_then(|&k| self.conns.get(k))
+                .map(|c| (sid, c.luns.clone()))
+        }) {
+            Some(j) => j,
+            None => {
+                let luns = t.target.map_for(&initiator);
+                let nexus = Nexus {
+                    initiator: initiator.clone(),
+                    initiator_port: initiator.clone(),
+                    target: t.target.name.clone(),
+                    rel_port_id: t.target.rel_port_id,
+                };
+                // The SRP target can report events (SRP_AER_REQ): aen = true.
+                (shard.open_session(now, nexus, luns.clone(), true), luns)
+            }
+        };
+        let qpn = conn.qp().qp_num();
+        let provider = match cq {
+            ChanCq::Soft => "soft",
+            ChanCq::Verbs { .. } => "verbs",
+        };
+        let active = Arc::new(AtomicU64::new(0));
+        let board_id = t.board.add(BoardEntry {
+            initiator: initiator.clone(),
+            core: self.core,
+            nexus: sid.0,
+            channel: format!("{provider} core {} qpn {qpn:#x}", self.core),
+            group: group_of(&t.target, &luns),
+            luns: luns.luns.len() as u32,
+            active: active.clone(),
+        });
+        tracing::info!(core = self.core, port, initiator = %initiator, qpn,
+            channels = if joined.is_some() { same_nexus.len() + 1 } else { 1 }, "SRP login");
+        let soft = matches!(cq, ChanCq::Soft);
+        let key = self.conns.insert(SrpConn {
+            conn,
+            cq,
+            session: Some(sid),
+            closed: false,
+            port: port.to_string(),
+            initiator,
+            initiator_id,
+            luns,
+            board: t.board.clone(),
+            board_id,
+            active,
+        });
+        if soft {
+            self.by_qpn.insert(qpn, key);
+        }
+    }
+
+    /// The MULTI-CHANNEL RESULT of a login (SRP r16a §6.3).
+    fn multi_result(rsp: &mut iu::LoginRsp, same_nexus: &[usize], multi: bool) {
+        rsp.rsp_flags = match (same_nexus.is_empty(), multi) {
+            (true, _) => iu::LOGIN_RSP_NO_CHANNEL,
+            (false, true) => iu::LOGIN_RSP_MAINTAINED,
+            (false, false) => iu::LOGIN_RSP_TERMINATED,
+        };
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn accept_soft(
+        &mut self,
+        req: ConnRequest,
+        cfg: &ChannelConfig,
+        attrs: QpAttrs,
+        channel: Box<channel::Channel>,
+        rsp: &mut iu::LoginRsp,
+        same_nexus: &[usize],
+        multi: bool,
+    ) -> Option<(TargetConn, ChanCq)> {
+        let cq = match self.soft_cq() {
+            Ok(cq) => cq,
+            Err(e) => {
+                tracing::warn!(error = %e, "SRP login refused");
+                reject(
+                    Request::Soft(req),
+                    iu::LoginRejReason::INSUFFICIENT_RESOURCES,
+                    "no CQ",
+                );
+                return None;
+            }
+        };
         let qp = SoftQp::create(&self.pd, &cq, &cq, None, attrs);
         let ring =
-            match RecvRing::for_config(&self.pd, &cfg).and_then(|r| r.post_all(&qp).map(|_| r)) {
+            match RecvRing::for_config(&self.pd, cfg).and_then(|r| r.post_all(&qp).map(|_| r)) {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::warn!(error = %e, "SRP login refused");
-                    return reject(
-                        req,
+                    reject(
+                        Request::Soft(req),
                         iu::LoginRejReason::INSUFFICIENT_RESOURCES,
                         "receive ring",
                     );
+                    return None;
                 }
             };
+        Self::multi_result(rsp, same_nexus, multi);
         if let Err(e) = qp.accept(req, &rsp.encode()) {
             tracing::warn!(error = %e, "SRP accept failed");
-            return;
+            return None;
         }
-        let qpn = qp.qp_num();
-        let conn = match TargetConn::new(
+        match TargetConn::new(
             channel,
             Box::new(qp),
             Box::new(self.pd.clone()),
             ring,
             attrs.max_sge,
         ) {
-            Ok(c) => c,
+            Ok(c) => Some((c, ChanCq::Soft)),
             Err(e) => {
                 tracing::warn!(error = %e, "SRP channel setup failed");
-                return;
+                None
+            }
+        }
+    }
+
+    /// The same as [`SrpCore::accept_soft`] on an HCA: the protection
+    /// domain is the device's on this core, the completion queue the
+    /// channel's own (sized for it, so it can never overflow).
+    #[allow(clippy::too_many_arguments)]
+    fn accept_verbs(
+        &mut self,
+        req: VerbsConnRequest,
+        cfg: &ChannelConfig,
+        attrs: QpAttrs,
+        channel: Box<channel::Channel>,
+        rsp: &mut iu::LoginRsp,
+        same_nexus: &[usize],
+        multi: bool,
+    ) -> Option<(TargetConn, ChanCq)> {
+        let ctx = req.context();
+        let name = ctx.name();
+        if !self.verbs.contains_key(&name) {
+            match ctx.alloc_pd() {
+                Ok(pd) => {
+                    self.verbs.insert(name.clone(), VerbsDev { pd });
+                }
+                Err(e) => {
+                    tracing::warn!(device = %name, error = %e, "SRP login refused: no protection domain");
+                    reject(
+                        Request::Verbs(req),
+                        iu::LoginRejReason::INSUFFICIENT_RESOURCES,
+                        "no PD",
+                    );
+                    return None;
+                }
+            }
+        }
+        let pd = self.verbs.get(&name)?.pd.clone();
+        let vattrs = VerbsQpAttrs {
+            max_send_wr: attrs.max_send_wr as u32,
+            max_recv_wr: attrs.max_recv_wr as u32,
+            max_sge: attrs.max_sge as u32,
+            ..VerbsQpAttrs::default()
+        };
+        let depth = (vattrs.max_send_wr + vattrs.max_recv_wr) as i32;
+        let cq = match ctx.create_cq(depth) {
+            Ok(cq) => cq,
+            Err(e) => {
+                tracing::warn!(device = %name, error = %e, "SRP login refused: no CQ");
+                reject(
+                    Request::Verbs(req),
+                    iu::LoginRejReason::INSUFFICIENT_RESOURCES,
+                    "no CQ",
+                );
+                return None;
             }
         };
-        let luns = t.target.map_for(&initiator);
-        let nexus = Nexus {
-            initiator: initiator.clone(),
-            initiator_port: initiator.clone(),
-            target: t.target.name.clone(),
-            rel_port_id: t.target.rel_port_id,
+        // A failed QP creation refuses the request itself.
+        let qp = match VerbsQp::for_request(req, &pd, &cq, &cq, None, vattrs) {
+            Ok(qp) => qp,
+            Err(e) => {
+                tracing::warn!(device = %name, error = %e, "SRP login refused: no queue pair");
+                return None;
+            }
         };
-        // The SRP target can report events (SRP_AER_REQ): aen = true.
-        let sid = shard.open_session(now, nexus, luns.clone(), true);
-        let gens = luns
-            .luns
-            .iter()
-            .map(|(l, e)| (*l, e.device.generation()))
-            .collect();
-        tracing::info!(core = self.core, port, initiator = %initiator, qpn, "SRP login");
-        let key = self.conns.insert(SrpConn {
-            conn,
-            session: Some(sid),
-            port: port.to_string(),
-            initiator,
-            luns,
-            gens,
-        });
-        self.by_qpn.insert(qpn, key);
+        let pd_dyn: &dyn ProtectionDomain = &pd;
+        let ring = match RecvRing::for_config(pd_dyn, cfg).and_then(|r| r.post_all(&qp).map(|_| r))
+        {
+            Ok(r) => r,
+            Err(e) => {
+                // Dropping an unaccepted QP disconnects its id.
+                tracing::warn!(error = %e, "SRP login refused: receive ring");
+                return None;
+            }
+        };
+        Self::multi_result(rsp, same_nexus, multi);
+        if let Err(e) = qp.accept(&rsp.encode()) {
+            tracing::warn!(error = %e, "SRP accept failed");
+            return None;
+        }
+        let event_fd = qp.event_fd();
+        match TargetConn::new(channel, Box::new(qp), Box::new(pd), ring, attrs.max_sge) {
+            Ok(c) => Some((c, ChanCq::Verbs { cq, event_fd })),
+            Err(e) => {
+                tracing::warn!(error = %e, "SRP channel setup failed");
+                None
+            }
+        }
     }
 
     /// A new snapshot: channels whose port is gone or disabled are logged
-    /// out (SRP_T_LOGOUT); those whose LUN map changed get the new one.
+    /// out (SRP_T_LOGOUT); sessions whose LUN map changed get the new one
+    /// (the core raises REPORTED LUNS DATA HAS CHANGED, as an AEN too).
+    /// Core 0 also takes the ports the runtime bound and drops those
+    /// removed.
     pub fn apply_snapshot(
         &mut self,
         shard: &mut Shard,
         targets: &BTreeMap<String, Arc<SrpTarget>>,
     ) {
+        if self.core == 0 && !self.stopping {
+            self.ports.retain(|p| match targets.get(&p.name) {
+                None => {
+                    tracing::info!(port = %p.name, "SRP target port closed");
+                    false
+                }
+                Some(t) => t
+                    .listener
+                    .as_ref()
+                    .is_none_or(|l| Arc::ptr_eq(l, &p.listener)),
+            });
+            for (name, t) in targets {
+                if let Some(l) = &t.listener
+                    && !self.ports.iter().any(|p| &p.name == name)
+                {
+                    self.ports.push(SrpPort {
+                        name: name.clone(),
+                        listener: l.clone(),
+                    });
+                }
+            }
+        }
+        let mut remapped: Vec<SessionId> = Vec::new();
         for (_, c) in self.conns.iter_mut() {
             let Some(sid) = c.session else { continue };
             match targets.get(&c.port) {
                 Some(t) if t.target.enabled => {
                     let new = t.target.map_for(&c.initiator);
                     if !Arc::ptr_eq(&new, &c.luns) {
-                        shard.set_luns(sid, new.clone());
-                        c.gens = new
-                            .luns
-                            .iter()
-                            .map(|(l, e)| (*l, e.device.generation()))
-                            .collect();
+                        if !remapped.contains(&sid) {
+                            shard.set_luns(sid, new.clone());
+                            remapped.push(sid);
+                        }
+                        c.board.set_map(
+                            c.board_id,
+                            group_of(&t.target, &new),
+                            new.luns.len() as u32,
+                        );
                         c.luns = new;
                     }
                 }
                 _ => {
                     tracing::info!(port = %c.port, initiator = %c.initiator, "SRP port removed or disabled: logging out");
-                    c.conn.handle_action(ferrite_core::Action::Close);
+                    c.conn.handle_action(Action::Close);
                     c.conn.pump();
                 }
             }
@@ -389,7 +886,7 @@ impl SrpCore {
         self.stopping = true;
         self.ports.clear();
         for (_, c) in self.conns.iter_mut() {
-            c.conn.handle_action(ferrite_core::Action::Close);
+            c.conn.handle_action(Action::Close);
             c.conn.pump();
         }
     }
@@ -403,8 +900,7 @@ impl SrpCore {
         peers: &[ferrite_reactor::mailbox::MailboxTx<crate::worker::Msg>],
     ) -> bool {
         let mut progress = false;
-        if !self.ports.is_empty() && self.next_listen.is_none_or(|t| t <= now) {
-            self.next_listen = Some(now + LISTEN_TICK);
+        if !self.ports.is_empty() {
             for (port, req) in self.take_requests(peers) {
                 progress = true;
                 self.incoming(now, shard, targets, &port, req);
@@ -416,12 +912,7 @@ impl SrpCore {
                 progress = true;
             }
             for wc in &self.wcs {
-                if !matches!(wc.status, WcStatus::Success | WcStatus::WrFlushErr) {
-                    // A remote access error (bad rkey, bounds) or a transport
-                    // failure breaks the queue pair: the channel ends.
-                    tracing::warn!(core = self.core, qpn = wc.qp_num, status = ?wc.status,
-                        opcode = ?wc.opcode, "SRP channel: work request failed; closing the channel");
-                }
+                log_failed(self.core, wc);
                 if let Some(&key) = self.by_qpn.get(&wc.qp_num)
                     && let Some(c) = self.conns.get_mut(key)
                 {
@@ -429,58 +920,81 @@ impl SrpCore {
                 }
             }
         }
-        let mut finished = Vec::new();
-        for (key, c) in self.conns.iter_mut() {
-            c.conn.poll_conn_events();
-            if c.session.is_some() {
-                // SBC-4 §4.10 / SPC-4 §5.12: a capacity change is reported
-                // as an event where the fabric can (SRP_AER_REQ).
-                for (lun, g) in c.gens.iter_mut() {
-                    if let Some(e) = c.luns.luns.get(lun) {
-                        let now_g = e.device.generation();
-                        if now_g != *g {
-                            *g = now_g;
-                            c.conn.handle_action(ferrite_core::Action::Aen {
-                                lun: *lun,
-                                sense: Sense::CAPACITY_DATA_HAS_CHANGED,
-                            });
-                            progress = true;
-                        }
-                    }
+        for (_, c) in self.conns.iter_mut() {
+            if let ChanCq::Verbs { cq, .. } = &c.cq {
+                self.wcs.clear();
+                if cq.poll_cq(&mut self.wcs) > 0 {
+                    progress = true;
+                }
+                for wc in &self.wcs {
+                    log_failed(self.core, wc);
+                    c.conn.handle_completion(wc);
                 }
             }
-            progress |= drive(now, c, shard);
-            if c.session.is_none() && c.conn.finished() {
-                finished.push(key);
-            }
+            c.conn.poll_conn_events();
         }
+        progress |= drive(now, &mut self.conns, shard);
+        let finished: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.closed && c.conn.finished())
+            .map(|(k, _)| k)
+            .collect();
         for key in finished {
             let c = self.conns.remove(key);
             let qpn = c.conn.qp().qp_num();
-            self.by_qpn.remove(&qpn);
+            if matches!(c.cq, ChanCq::Soft) {
+                self.by_qpn.remove(&qpn);
+            }
+            c.board.remove(c.board_id);
             tracing::info!(core = self.core, port = %c.port, initiator = %c.initiator, "SRP channel closed");
         }
         progress
     }
 
-    /// When the listening core must look at its listeners next.
+    /// No timer: listeners and completion queues wake the reactor.
     pub fn next_deadline(&self) -> Option<Instant> {
-        if self.ports.is_empty() {
-            None
-        } else {
-            self.next_listen
-        }
+        None
     }
 
-    /// The completion queue's fd.
+    /// The fds that wake this core: listeners (core 0), the soft
+    /// completion queue, and each verbs channel's CQ and RDMA CM events.
     pub fn wake_fds(&self, out: &mut Vec<RawFd>) {
+        for p in &self.ports {
+            if let Some(fd) = p.listener.fd() {
+                out.push(fd);
+            }
+        }
         if let Some(cq) = &self.cq {
             out.push(cq.fd());
+        }
+        for (_, c) in self.conns.iter() {
+            if let ChanCq::Verbs { cq, event_fd } = &c.cq {
+                out.push(cq.fd());
+                out.push(*event_fd);
+            }
         }
     }
 }
 
-fn reject(req: ConnRequest, reason: iu::LoginRejReason, why: &str) {
+fn log_failed(core: usize, wc: &WorkCompletion) {
+    if !matches!(wc.status, WcStatus::Success | WcStatus::WrFlushErr) {
+        // A remote access error (bad rkey, bounds) or a transport failure
+        // breaks the queue pair: the channel ends.
+        tracing::warn!(core, qpn = wc.qp_num, status = ?wc.status,
+            opcode = ?wc.opcode, "SRP channel: work request failed; closing the channel");
+    }
+}
+
+/// The initiator group whose map `luns` is (None: the default map).
+fn group_of(t: &Target, luns: &Arc<LunMap>) -> Option<String> {
+    t.groups
+        .iter()
+        .find(|g| Arc::ptr_eq(&g.luns, luns))
+        .map(|g| g.name.clone())
+}
+
+fn reject(req: Request, reason: iu::LoginRejReason, why: &str) {
     tracing::warn!(why, reason = reason.0, "SRP login rejected");
     let rej = iu::LoginRej {
         tag: iu::iu_tag(req.private_data()).unwrap_or(0),
@@ -492,47 +1006,123 @@ fn reject(req: ConnRequest, reason: iu::LoginRejReason, why: &str) {
     }
 }
 
-/// Moves events and actions between a channel and its session until both
-/// are quiet, then posts what the channel produced.
-fn drive(now: Instant, c: &mut SrpConn, shard: &mut Shard) -> bool {
+/// The initiator tag an action is about (None: not a task's).
+fn action_tag(a: &Action) -> Option<u64> {
+    match a {
+        Action::FetchData { tag, .. } | Action::Respond { tag, .. } => Some(tag.0),
+        Action::TmfDone { tag, .. } => Some(tag.0),
+        Action::Aen { .. } | Action::Close => None,
+    }
+}
+
+/// Moves events and actions between the channels and their sessions until
+/// all are quiet, then posts what the channels produced. A session's
+/// actions go to the channel holding the task's tag (tags are unique in an
+/// I_T nexus, across its channels); an event goes to one live channel; a
+/// close to all of them.
+fn drive(now: Instant, conns: &mut slab::Slab<SrpConn>, shard: &mut Shard) -> bool {
     let mut any = false;
     loop {
         let mut progress = false;
-        while let Some(ev) = c.conn.poll_event() {
-            progress = true;
-            let session = c.session.and_then(|s| shard.session(s));
-            match (ev, session) {
-                (Event::Submit(req), Some(mut s)) => {
-                    s.submit(now, req);
+        let mut ended: Vec<SessionId> = Vec::new();
+        for (_, c) in conns.iter_mut() {
+            while let Some(ev) = c.conn.poll_event() {
+                progress = true;
+                if let Event::Closed = ev {
+                    c.closed = true;
+                    if let Some(sid) = c.session {
+                        ended.push(sid);
+                    }
+                    continue;
                 }
-                (Event::TaskMgmt(t), Some(mut s)) => {
-                    s.task_mgmt(now, t);
+                let Some(mut s) = c.session.and_then(|s| shard.session(s)) else {
+                    continue;
+                };
+                match ev {
+                    Event::Submit(req) => {
+                        s.submit(now, req);
+                    }
+                    Event::TaskMgmt(t) => {
+                        s.task_mgmt(now, t);
+                    }
+                    Event::DataOut { id, result } => s.data_out_done_at(now, id, result),
+                    Event::ResponseSent(id) => s.response_sent(id),
+                    Event::Closed => {}
                 }
-                (Event::DataOut { id, result }, Some(mut s)) => s.data_out_done_at(now, id, result),
-                (Event::ResponseSent(id), Some(mut s)) => s.response_sent(id),
-                (Event::Closed, _) => {
-                    // The core aborts what it holds; nothing it still has
-                    // will be answered on this channel.
-                    if let Some(sid) = c.session.take() {
-                        shard.close_session(now, sid);
+            }
+        }
+        // A session ends with its last channel; the core aborts what it
+        // still holds, and nothing it has is answered.
+        for sid in ended {
+            let live = conns
+                .iter()
+                .any(|(_, c)| c.session == Some(sid) && !c.closed);
+            if !live {
+                for (_, c) in conns.iter_mut() {
+                    if c.session == Some(sid) {
+                        c.session = None;
                     }
                 }
-                (_, None) => {}
+                shard.close_session(now, sid);
             }
         }
-        if let Some(sid) = c.session
-            && let Some(mut s) = shard.session(sid)
-        {
+        let mut sids: Vec<SessionId> = conns.iter().filter_map(|(_, c)| c.session).collect();
+        sids.sort_by_key(|s| s.0);
+        sids.dedup();
+        for sid in sids {
+            let Some(mut s) = shard.session(sid) else {
+                continue;
+            };
+            let mut orphans = Vec::new();
             while let Some(a) = s.poll_action() {
                 progress = true;
-                c.conn.handle_action(a);
+                let target = match action_tag(&a) {
+                    Some(tag) => conns
+                        .iter()
+                        .find(|(_, c)| c.session == Some(sid) && c.conn.channel().has_task(tag))
+                        .map(|(k, _)| k),
+                    None if matches!(a, Action::Close) => {
+                        for (_, c) in conns.iter_mut().filter(|(_, c)| c.session == Some(sid)) {
+                            c.conn.handle_action(Action::Close);
+                        }
+                        continue;
+                    }
+                    None => conns
+                        .iter()
+                        .find(|(_, c)| c.session == Some(sid) && !c.closed)
+                        .map(|(k, _)| k),
+                };
+                match target.and_then(|k| conns.get_mut(k)) {
+                    Some(c) => c.conn.handle_action(a),
+                    None => orphans.push(a),
+                }
+            }
+            // A task whose channel is gone while its nexus lives on (a
+            // channel of several ended): complete it toward the core
+            // without sending anything.
+            for a in orphans {
+                match a {
+                    Action::FetchData { id, .. } => {
+                        s.data_out_done_at(now, id, Err(Abort::ConnectionLost))
+                    }
+                    Action::Respond { id, .. } => s.response_sent(id),
+                    _ => {}
+                }
             }
         }
-        c.conn.pump();
+        for (_, c) in conns.iter_mut() {
+            c.conn.pump();
+        }
         if !progress {
             break;
         }
         any = true;
+    }
+    for (_, c) in conns.iter_mut() {
+        let n = c.conn.channel().tasks() as u64;
+        if c.active.load(Ordering::Relaxed) != n {
+            c.active.store(n, Ordering::Relaxed);
+        }
     }
     any
 }
@@ -561,7 +1151,7 @@ mod tests {
     }
 
     #[test]
-    fn bind_serves_soft_ports_only() {
+    fn bind_serves_soft_ports_and_verbs_ports_only_with_a_device() {
         let dir = std::env::temp_dir().join(format!("fsrp-unit-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let sock = dir.join("p.sock");
@@ -572,11 +1162,49 @@ mod tests {
             port: 1,
             listen: "127.0.0.1:0".into(),
         };
-        let ports = bind_ports(&[soft, verbs]).unwrap();
-        assert_eq!(ports.len(), 1);
+        let hcas = ferrite_rdma::verbs::devices().map(|d| d.len()).unwrap_or(0);
+        let ports = bind_ports(&[soft, verbs.clone()]).unwrap();
+        // Without an HCA (CI, this machine) the verbs port is idle; with
+        // one it is bound through RDMA CM like any other port.
+        assert_eq!(ports.len(), if hcas == 0 { 1 } else { 2 });
         assert_eq!(ports[0].name, "p0");
+        assert!(matches!(*ports[0].listener, PortListener::Soft(_)));
         assert!(sock.exists());
+        if hcas == 0 {
+            assert!(bind_port(&verbs).unwrap().is_none());
+        }
+        let fd = ports[0].listener.fd();
+        assert!(fd.is_some_and(|fd| fd >= 0));
         drop(ports);
+        assert!(!sock.exists(), "a dropped soft port removes its socket");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_board_groups_channels_by_nexus() {
+        let b = SessionBoard::default();
+        let e = |core, nexus, ch: &str, n| BoardEntry {
+            initiator: "0x01".into(),
+            core,
+            nexus,
+            channel: ch.into(),
+            group: None,
+            luns: 2,
+            active: Arc::new(AtomicU64::new(n)),
+        };
+        let a = b.add(e(1, 7, "soft core 1 qpn 0x1", 3));
+        b.add(e(1, 7, "soft core 1 qpn 0x2", 4));
+        b.add(e(0, 7, "soft core 0 qpn 0x3", 0));
+        let s = b.sessions("srp0");
+        assert_eq!(s.len(), 2, "same nexus id on another core is another nexus");
+        let two = s.iter().find(|s| s.connections.len() == 2).unwrap();
+        assert_eq!(two.active_commands, 7);
+        assert_eq!(two.fabric, Fabric::Srp);
+        assert_eq!(two.target, "srp0");
+        assert_eq!(two.lun_count, 2);
+        b.set_map(a, Some("g".into()), 5);
+        b.remove(a);
+        let s = b.sessions("srp0");
+        assert_eq!(s.iter().map(|s| s.connections.len()).sum::<usize>(), 2);
     }
 }

@@ -215,6 +215,15 @@ impl Context {
         Ok(out)
     }
 
+    /// The device's name (`mlx5_0`): what a configuration names it by.
+    pub fn name(&self) -> String {
+        // SAFETY: a live context's `device` points to its device, whose
+        // name is a NUL-terminated string owned by the library.
+        unsafe { CStr::from_ptr(sys::ibv_get_device_name((*self.ctx).device)) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
     fn port_count(&self) -> Result<u8, RdmaError> {
         // SAFETY: ibv_device_attr is plain data; all-zero is a valid value.
         let mut attr: sys::ibv_device_attr = unsafe { std::mem::zeroed() };
@@ -925,6 +934,13 @@ impl VerbsConnRequest {
     /// The connect request's private data.
     pub fn private_data(&self) -> &[u8] {
         &self.private_data
+    }
+
+    /// The HCA port the request arrived on (1-based).
+    pub fn port_num(&self) -> u8 {
+        // SAFETY: the id is live until accepted or rejected; `port_num` is
+        // a plain field the connection manager sets for a request.
+        unsafe { (*self.id).port_num }
     }
 
     /// The device the request arrived on.

@@ -345,6 +345,21 @@ impl Channel {
         self.tasks.len()
     }
 
+    /// True when the task with this initiator tag belongs to this channel:
+    /// a driver running several channels on one I_T nexus (SRP r16a §6.2
+    /// MULTI-CHANNEL ACTION 1) routes the core's actions by it.
+    pub fn has_task(&self, tag: u64) -> bool {
+        self.tasks.contains_key(&tag)
+    }
+
+    /// Ends the channel from the target side with `reason` (SRP r16a §6.6
+    /// SRP_T_LOGOUT), e.g. [`TLogoutReason::MULTI_CHANNEL_ACTION`] when a
+    /// new login of the same initiator port asked for its channels to be
+    /// terminated.
+    pub fn terminate(&mut self, reason: TLogoutReason) {
+        self.logout(reason);
+    }
+
     /// The next thing to put on the queue pair.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         self.tx.pop_front()

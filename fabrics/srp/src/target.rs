@@ -184,6 +184,12 @@ impl TargetConn {
         self.channel.handle_action(a);
     }
 
+    /// Ends the channel with an SRP_T_LOGOUT carrying `reason` (then call
+    /// [`TargetConn::pump`]).
+    pub fn terminate(&mut self, reason: crate::iu::TLogoutReason) {
+        self.channel.terminate(reason);
+    }
+
     /// Looks at connection events (disconnects).
     pub fn poll_conn_events(&mut self) {
         while let Some(ev) = self.qp.poll_event() {

@@ -134,17 +134,33 @@ fn print_response(cmd: &Cmd, rsp: &Response) -> Result<()> {
                 writeln!(out, "no sessions")?;
             }
             for s in ss {
-                writeln!(
-                    out,
-                    "{} {} isid=0x{:012x} tsih={} group={} connections={} active={}",
-                    s.target,
-                    s.initiator,
-                    s.isid,
-                    s.tsih,
-                    s.group.as_deref().unwrap_or("-"),
-                    s.connections.join(","),
-                    s.active_commands
-                )?;
+                match s.fabric {
+                    ferrite_mgmt::runtime::Fabric::Iscsi => writeln!(
+                        out,
+                        "iscsi {} {} isid=0x{:012x} tsih={} group={} luns={} connections={} active={}",
+                        s.target,
+                        s.initiator,
+                        s.isid,
+                        s.tsih,
+                        s.group.as_deref().unwrap_or("-"),
+                        s.lun_count,
+                        s.connections.join(","),
+                        s.active_commands
+                    )?,
+                    // SRP: the I_T nexus is (initiator port id, target
+                    // port); its RDMA channels are the connections.
+                    ferrite_mgmt::runtime::Fabric::Srp => writeln!(
+                        out,
+                        "srp {} {} group={} luns={} channels={} [{}] active={}",
+                        s.target,
+                        s.initiator,
+                        s.group.as_deref().unwrap_or("-"),
+                        s.lun_count,
+                        s.connections.len(),
+                        s.connections.join(", "),
+                        s.active_commands
+                    )?,
+                }
             }
         }
         Cmd::Stats => {

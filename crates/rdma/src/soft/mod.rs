@@ -630,6 +630,9 @@ struct ListenShared {
     pending: Mutex<VecDeque<ConnRequest>>,
     cv: Condvar,
     stop: AtomicBool,
+    /// Readable while requests are pending (a reactor sleeps on it).
+    wake_tx: UnixStream,
+    wake_rx: UnixStream,
 }
 
 /// A listening endpoint (`rdma_listen`).
@@ -680,10 +683,15 @@ impl SoftListener {
                 (RawListener::Tcp(l), SoftAddr::Tcp(local))
             }
         };
+        let (wake_tx, wake_rx) = UnixStream::pair()?;
+        wake_tx.set_nonblocking(true)?;
+        wake_rx.set_nonblocking(true)?;
         let shared = Arc::new(ListenShared {
             pending: Mutex::new(VecDeque::new()),
             cv: Condvar::new(),
             stop: AtomicBool::new(false),
+            wake_tx,
+            wake_rx,
         });
         let sh = shared.clone();
         let thread = thread::Builder::new()
@@ -703,7 +711,21 @@ impl SoftListener {
 
     /// The next connection request, if one is waiting.
     pub fn poll_request(&self) -> Option<ConnRequest> {
-        lock(&self.shared.pending).pop_front()
+        let mut q = lock(&self.shared.pending);
+        if q.len() <= 1 {
+            // Drained under the lock, before the last request leaves: a
+            // request queued later always leaves the fd readable.
+            let mut sink = [0u8; 64];
+            while matches!((&self.shared.wake_rx).read(&mut sink), Ok(n) if n > 0) {}
+        }
+        q.pop_front()
+    }
+
+    /// Readable while connection requests are waiting (what `rdma_cm`'s
+    /// event channel fd is to a reactor); [`SoftListener::poll_request`]
+    /// until it returns `None` re-arms it.
+    pub fn fd(&self) -> RawFd {
+        self.shared.wake_rx.as_raw_fd()
     }
 
     /// Waits up to `timeout` for a connection request.
@@ -755,10 +777,14 @@ fn listen_loop(raw: RawListener, sh: Arc<ListenShared>) {
                 if stream.set_read_timeout(None).is_err() {
                     continue;
                 }
-                lock(&sh.pending).push_back(ConnRequest {
+                let mut q = lock(&sh.pending);
+                q.push_back(ConnRequest {
                     stream,
                     private_data,
                 });
+                // A full pipe already means "readable".
+                let _ = (&sh.wake_tx).write(&[1]);
+                drop(q);
                 sh.cv.notify_all();
             }
             _ => stream.shutdown(),

@@ -542,3 +542,44 @@ fn write_is_visible_before_the_send_behind_it_and_unsignaled_is_silent() {
     assert_eq!(swc[0].wr_id, 2, "unsignaled WRITE produced a completion");
     drop(bufs);
 }
+
+fn readable(fd: RawFd, ms: i32) -> bool {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: a valid pollfd on the stack, count 1.
+    unsafe { libc::poll(&mut pfd, 1, ms) > 0 }
+}
+
+#[test]
+fn listener_fd_is_readable_exactly_while_requests_wait() {
+    let listener = SoftListener::bind(&unix_addr("lfd")).unwrap();
+    assert!(!readable(listener.fd(), 0), "no request yet");
+    let addr = listener.addr().clone();
+    let h = thread::spawn(move || {
+        let mut v = Vec::new();
+        for k in 0..2u8 {
+            let s = side("i");
+            let qp = SoftQp::create(&s.pd, &s.cq, &s.cq, None, QpAttrs::default());
+            // Each connect is refused below; what matters is the request.
+            v.push(qp.connect(&addr, &[k], Duration::from_secs(5)).is_err());
+        }
+        v
+    });
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while got.len() < 2 && Instant::now() < deadline {
+        if !readable(listener.fd(), 100) {
+            continue;
+        }
+        while let Some(req) = listener.poll_request() {
+            got.push(req.private_data().to_vec());
+            req.reject(b"no").unwrap();
+        }
+        assert!(!readable(listener.fd(), 0), "drained: not readable");
+    }
+    assert_eq!(got, vec![vec![0u8], vec![1u8]]);
+    assert_eq!(h.join().unwrap(), vec![true, true]);
+}
