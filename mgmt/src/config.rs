@@ -780,6 +780,13 @@ pub struct IscsiTargetConfig {
     /// Mutual CHAP: how the target authenticates to initiators that ask.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outgoing_user: Option<ChapUser>,
+    /// CHAP per initiator group, by group name (SCST-like `IncomingUser`
+    /// on a group): an initiator whose name matches a group listed here
+    /// must authenticate as one of that group's users, and the target's
+    /// `incoming_users` do not apply to it. Mutual CHAP still answers with
+    /// the target's `outgoing_user`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub group_incoming_users: BTreeMap<String, Vec<ChapUser>>,
 }
 
 /// A CHAP name and secret (RFC 7143 §12.1.3). Debug output hides the secret.
@@ -872,6 +879,7 @@ impl IscsiTargetConfig {
             alias: None,
             incoming_users: Vec::new(),
             outgoing_user: None,
+            group_incoming_users: BTreeMap::new(),
         }
     }
 
@@ -936,6 +944,10 @@ pub struct IscsiParamsConfig {
     /// Digests accepted for headers and data (RFC 7143 §13.1), in order of
     /// preference.
     pub digests: Vec<Digest>,
+    /// HeaderDigest only, in order of preference; empty: `digests`.
+    pub header_digests: Vec<Digest>,
+    /// DataDigest only, in order of preference; empty: `digests`.
+    pub data_digests: Vec<Digest>,
     /// CHAP for discovery sessions: initiators must authenticate as one of
     /// these (none: no authentication).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -969,6 +981,8 @@ impl Default for IscsiParamsConfig {
             login_timeout_s: 15,
             queue_depth: 128,
             digests: vec![Digest::Crc32c, Digest::Off],
+            header_digests: Vec::new(),
+            data_digests: Vec::new(),
             discovery_incoming_users: Vec::new(),
             discovery_outgoing_user: None,
         }
@@ -1249,6 +1263,24 @@ impl Config {
                 }
                 validate_lun_map(&g.luns, &devices, &format!("{gat}.luns"))?;
             }
+            for (g, users) in &t.group_incoming_users {
+                let gat = format!("{at}.group_incoming_users.{g}");
+                if !groups.contains_key(g.as_str()) {
+                    return Err(ConfigError::invalid(
+                        gat,
+                        format!("target has no initiator group {g:?}"),
+                    ));
+                }
+                // The same rules as the target's users, including RFC 7143
+                // §12.1.3: not the secret the target answers mutual CHAP with.
+                validate_chap(
+                    users,
+                    t.outgoing_user.as_ref(),
+                    &format!("{at}.group_incoming_users"),
+                    g,
+                    "outgoing_user",
+                )?;
+            }
         }
         validate_srp_targets(&self.targets.srp, &devices)?;
         self.iscsi.validate()?;
@@ -1356,6 +1388,25 @@ impl Config {
 }
 
 impl IscsiParamsConfig {
+    /// The HeaderDigest values accepted, in order of preference (RFC 7143
+    /// §13.1): `header_digests`, else `digests`.
+    pub fn header_digest_list(&self) -> &[Digest] {
+        if self.header_digests.is_empty() {
+            &self.digests
+        } else {
+            &self.header_digests
+        }
+    }
+
+    /// The DataDigest values accepted: `data_digests`, else `digests`.
+    pub fn data_digest_list(&self) -> &[Digest] {
+        if self.data_digests.is_empty() {
+            &self.digests
+        } else {
+            &self.data_digests
+        }
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         const MAX_24: u32 = (1 << 24) - 1;
         for (field, v, sec) in [
@@ -1416,12 +1467,17 @@ impl IscsiParamsConfig {
                 "empty; valid: a list of \"crc32c\" and/or \"none\"",
             ));
         }
-        if self.digests.len() > 2 || (self.digests.len() == 2 && self.digests[0] == self.digests[1])
-        {
-            return Err(ConfigError::invalid(
-                "iscsi.digests",
-                "a digest is listed twice; valid: a list of \"crc32c\" and/or \"none\"",
-            ));
+        for (field, list) in [
+            ("iscsi.digests", &self.digests),
+            ("iscsi.header_digests", &self.header_digests),
+            ("iscsi.data_digests", &self.data_digests),
+        ] {
+            if list.len() > 2 || (list.len() == 2 && list[0] == list[1]) {
+                return Err(ConfigError::invalid(
+                    field,
+                    "a digest is listed twice; valid: a list of \"crc32c\" and/or \"none\"",
+                ));
+            }
         }
         validate_chap(
             &self.discovery_incoming_users,
@@ -1779,6 +1835,24 @@ mod tests {
             ("reactor.cores", |c| c.reactor.cores = Some(0), "at least 1"),
             ("iscsi.queue_depth", |c| c.iscsi.queue_depth = 0, "1..4096"),
             ("iscsi.digests", |c| c.iscsi.digests.clear(), "empty"),
+            (
+                "iscsi.data_digests",
+                |c| c.iscsi.data_digests = vec![Digest::Crc32c, Digest::Crc32c],
+                "twice",
+            ),
+            (
+                "targets.iscsi[0].group_incoming_users.nogroup",
+                |c| {
+                    c.targets.iscsi[0].group_incoming_users.insert(
+                        "nogroup".into(),
+                        vec![ChapUser {
+                            user: "g".into(),
+                            secret: "group-secret-1234".into(),
+                        }],
+                    );
+                },
+                "no initiator group",
+            ),
             (
                 "iscsi.digests",
                 |c| c.iscsi.digests = vec![Digest::Off, Digest::Off],

@@ -333,6 +333,14 @@ const ISCSI_PARAMS: &[AttrDef] = &[
         desc: "digests accepted, in order of preference: crc32c and/or none (RFC 7143 §13.1)",
     },
     AttrDef {
+        name: "header_digests",
+        desc: "HeaderDigest values accepted, in order of preference; empty: as digests (RFC 7143 §13.1)",
+    },
+    AttrDef {
+        name: "data_digests",
+        desc: "DataDigest values accepted, in order of preference; empty: as digests (RFC 7143 §13.1)",
+    },
+    AttrDef {
         name: "discovery_incoming_users",
         desc: "CHAP users for discovery sessions (read-only; add_attribute IncomingUser)",
     },
@@ -444,6 +452,9 @@ enum Node {
     Groups(String),
     GroupsMgmt(String),
     Group(String, String),
+    /// `/targets/iscsi/<iqn>/ini_groups/<g>/incoming_users`: the group's
+    /// CHAP users (read-only; `group_incoming_users` in the configuration).
+    GroupUsers(String, String),
     Initiators(String, String),
     InitiatorsMgmt(String, String),
     Initiator(String, String, String),
@@ -972,7 +983,13 @@ impl Tree {
                 Node::Group(ref t, ref g) => match c {
                     "initiators" => Node::Initiators(t.clone(), g.clone()),
                     "luns" => Node::Luns(t.clone(), Some(g.clone())),
-                    _ => return Err(no(names_hint("entries", ["initiators", "luns"]))),
+                    "incoming_users" => Node::GroupUsers(t.clone(), g.clone()),
+                    _ => {
+                        return Err(no(names_hint(
+                            "entries",
+                            ["initiators", "luns", "incoming_users"],
+                        )));
+                    }
                 },
                 Node::Initiators(ref t, ref g) => {
                     let pats = self.initiators(t, g);
@@ -1012,6 +1029,7 @@ impl Tree {
                 | Node::LunsMgmt(..)
                 | Node::LunAttr(..)
                 | Node::GroupsMgmt(_)
+                | Node::GroupUsers(..)
                 | Node::InitiatorsMgmt(..)
                 | Node::Initiator(..)
                 | Node::SessionAttr(..)
@@ -1186,9 +1204,15 @@ impl Tree {
                         .map(|g| dir(&g.name, "initiator group")),
                 )
                 .collect(),
-            Node::Group(..) => vec![
+            Node::Group(t, g) => vec![
                 dir("initiators", "initiator name patterns"),
                 dir("luns", "the group's LUN map"),
+                Entry {
+                    name: "incoming_users".into(),
+                    kind: EntryKind::Attr,
+                    writable: false,
+                    description: self.get_node(&Node::GroupUsers(t, g), path)?.description,
+                },
             ],
             Node::Initiators(t, g) => std::iter::once(mgmt("add, del, move, clear"))
                 .chain(
@@ -1255,6 +1279,19 @@ impl Tree {
                 writable: false,
                 description: "device of this handler".into(),
             },
+            Node::GroupUsers(t, g) => {
+                let users = cfg
+                    .iscsi_target(t)
+                    .and_then(|t| t.group_incoming_users.get(g))
+                    .map(|u| chap_names(u))
+                    .unwrap_or_default();
+                AttrValue {
+                    key: !users.is_empty(),
+                    value: users,
+                    writable: false,
+                    description: "CHAP users of this group, replacing the target's for its initiators (read-only; group_incoming_users in the configuration)".into(),
+                }
+            }
             Node::Initiator(_, _, p) => AttrValue {
                 value: p.clone(),
                 key: false,
@@ -3412,5 +3449,58 @@ mod tests {
 
     fn get_p1(t: &Tree, a: &str) -> String {
         t.get(&format!("/targets/srp/p1/{a}")).unwrap().value
+    }
+
+    #[test]
+    fn group_chap_users_and_digest_lists() {
+        let mut cfg = sample();
+        cfg.targets.iscsi[0].group_incoming_users.insert(
+            "hosts".into(),
+            vec![crate::config::ChapUser {
+                user: "grp".into(),
+                secret: "group-secret-99".into(),
+            }],
+        );
+        cfg.validate().unwrap();
+        let rt = Arc::new(FakeRuntime::new());
+        let mut t = Tree::new(cfg, rt, None);
+        let hosts = format!("/targets/iscsi/{T}/ini_groups/hosts");
+        let v = t.get(&format!("{hosts}/incoming_users")).unwrap();
+        assert_eq!((v.value.as_str(), v.key, v.writable), ("grp", true, false));
+        assert!(
+            t.ls(&hosts)
+                .unwrap()
+                .iter()
+                .any(|e| e.name == "incoming_users")
+        );
+        let v = t
+            .get(&format!(
+                "/targets/iscsi/{T}/ini_groups/other/incoming_users"
+            ))
+            .unwrap();
+        assert_eq!(v.value, "");
+        assert!(
+            t.set(&format!("{hosts}/incoming_users"), "x").is_err(),
+            "read-only"
+        );
+
+        // Header and data digests: lists of their own, empty = `digests`.
+        assert_eq!(t.get("/targets/iscsi/data_digests").unwrap().value, "");
+        t.set("/targets/iscsi/header_digests", "crc32c").unwrap();
+        t.set("/targets/iscsi/data_digests", "none,crc32c").unwrap();
+        let p = &t.config().iscsi;
+        use crate::config::Digest;
+        assert_eq!(p.header_digest_list(), [Digest::Crc32c]);
+        assert_eq!(p.data_digest_list(), [Digest::Off, Digest::Crc32c]);
+        assert_eq!(
+            t.get("/targets/iscsi/data_digests").unwrap().to_text(),
+            "none crc32c\n[key]"
+        );
+        assert!(t.set("/targets/iscsi/data_digests", "none none").is_err());
+        t.set("/targets/iscsi/header_digests", "").unwrap();
+        assert_eq!(
+            t.config().iscsi.header_digest_list(),
+            t.config().iscsi.digests.as_slice()
+        );
     }
 }

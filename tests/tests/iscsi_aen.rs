@@ -141,3 +141,106 @@ fn target_disable_and_shutdown_announce_the_drop() {
         "no AsyncEvent 3 before the close on shutdown: {ev:?}"
     );
 }
+
+/// Sends NOP-Out pings until an Async Message arrives (the initiator reads
+/// what the target sent meanwhile); panics after 10 s.
+fn wait_async(f: &Ferrited, i: &mut ferrite_iscsi::initiator::Initiator<std::net::TcpStream>) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while i.async_msgs.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "no Async Message within 10 s:\n{}",
+            f.log_text()
+        );
+        i.nop(b"ping", false).expect("NOP-Out");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn lun_resized_live_is_announced_by_an_async_message() {
+    const MIB: u64 = 1 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("grow.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(8 * MIB)
+        .unwrap();
+    let f = Ferrited::start_default(dir.path());
+    ctl(
+        &f,
+        &[
+            "do",
+            "/handlers/vdisk_fileio/mgmt",
+            &format!("add_device grow filename={}", img.display()),
+        ],
+    );
+    ctl(
+        &f,
+        &[
+            "do",
+            &format!("/targets/iscsi/{IQN}/luns/mgmt"),
+            "add grow 1",
+        ],
+    );
+    let mut i = logged_in(&f, "resize-aen");
+    let tur = [0u8; 6];
+    let lun1 = 1u64 << 48;
+    // Each LUN's first command takes the nexus' POWER ON unit attention.
+    for lun in [0, lun1] {
+        let _ = i.command(&Command {
+            cdb: &tur,
+            lun,
+            attr: 1,
+            ..Command::default()
+        });
+    }
+    i.nop(b"settle", false).expect("NOP-Out");
+    assert!(i.async_msgs.is_empty(), "an event before the resize");
+
+    ctl(&f, &["set", "/devices/grow/size", &(24 * MIB).to_string()]);
+    wait_async(&f, &mut i);
+    let m = &i.async_msgs[0];
+    let b = m.bhs();
+    assert_eq!(b.opcode(), Opcode::ASYNC_MSG);
+    assert_eq!(b.0[36], 0, "AsyncEvent 0: SCSI asynchronous event");
+    assert_eq!(&b.0[8..16], &lun1.to_be_bytes(), "the resized LUN");
+    let sense = &m.data[2..];
+    assert_eq!(sense[2] & 0x0f, 0x06, "UNIT ATTENTION: {sense:02x?}");
+    assert_eq!(
+        (sense[12], sense[13]),
+        (0x2a, 0x09),
+        "CAPACITY DATA HAS CHANGED: {sense:02x?}"
+    );
+    assert_eq!(i.async_msgs.len(), 1, "one resize, one event");
+
+    // READ CAPACITY (16) reports the new size (after the unit attention
+    // that stays pending for initiators that ignore AEN).
+    let rc16 = [0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0];
+    let mut blocks = 0;
+    for _ in 0..2 {
+        let r = i
+            .command(&Command {
+                cdb: &rc16,
+                lun: lun1,
+                attr: 1,
+                read_len: 32,
+                ..Command::default()
+            })
+            .expect("READ CAPACITY (16)");
+        if r.status == 0 {
+            blocks = u64::from_be_bytes(r.data[..8].try_into().unwrap()) + 1;
+            break;
+        }
+    }
+    assert_eq!(blocks, 24 * MIB / 512);
+    // LUN 0 was not resized: no unit attention there.
+    let r = i
+        .command(&Command {
+            cdb: &tur,
+            attr: 1,
+            ..Command::default()
+        })
+        .expect("TEST UNIT READY");
+    assert_eq!(r.status, 0, "LUN 0 saw the resize of LUN 1");
+}

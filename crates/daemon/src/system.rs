@@ -13,7 +13,7 @@ use ferrite_core::backend::Backend;
 use ferrite_core::device::{AccessGroup, Device, DeviceId, LunEntry, LunMap, Target};
 use ferrite_fileio::{FileBackend, FileOptions};
 use ferrite_iscsi::chap::{ChapAuth, ChapUser};
-use ferrite_iscsi::conn::{IscsiConfig, IscsiTarget};
+use ferrite_iscsi::conn::{GroupAuth, IscsiConfig, IscsiTarget};
 use ferrite_iscsi::keys::Digest;
 use ferrite_mgmt::config::Digest as ConfigDigest;
 use ferrite_mgmt::config::{
@@ -200,14 +200,10 @@ pub fn iscsi_config_from(
         nop_in_timeout: Duration::from_secs(p.nop_in_timeout_s.max(1) as u64),
         login_timeout: Duration::from_secs(p.login_timeout_s.max(1) as u64),
         queue_depth: p.queue_depth,
-        digests: p
-            .digests
-            .iter()
-            .map(|d| match d {
-                ConfigDigest::Crc32c => Digest::Crc32c,
-                ConfigDigest::Off => Digest::None,
-            })
-            .collect(),
+        // RFC 7143 §13.1: HeaderDigest and DataDigest are negotiated on
+        // their own lists (`digests` when a specific one is empty).
+        digests: digest_list(p.header_digest_list()),
+        data_digests: Some(digest_list(p.data_digest_list())),
         ..IscsiConfig::default()
     };
     ic.targets = target_cfgs
@@ -221,11 +217,36 @@ pub fn iscsi_config_from(
             auth: chap_auth(&t.incoming_users, t.outgoing_user.as_ref()),
         })
         .collect();
+    // CHAP per initiator group: in the order of the target's groups, as
+    // the LUN map is chosen.
+    ic.group_auth = target_cfgs
+        .iter()
+        .filter(|t| targets.get(&t.name).is_some_and(|t| t.enabled))
+        .flat_map(|t| {
+            t.ini_groups.iter().filter_map(move |g| {
+                let users = t.group_incoming_users.get(&g.name)?;
+                Some(GroupAuth {
+                    target: t.name.clone(),
+                    initiators: g.initiators.clone(),
+                    incoming: chap_auth(users, None).incoming,
+                })
+            })
+        })
+        .collect();
     ic.discovery_auth = chap_auth(
         &p.discovery_incoming_users,
         p.discovery_outgoing_user.as_ref(),
     );
     ic
+}
+
+fn digest_list(list: &[ConfigDigest]) -> Vec<Digest> {
+    list.iter()
+        .map(|d| match d {
+            ConfigDigest::Crc32c => Digest::Crc32c,
+            ConfigDigest::Off => Digest::None,
+        })
+        .collect()
 }
 
 /// CHAP credentials as the iSCSI fabric takes them (validated by mgmt:

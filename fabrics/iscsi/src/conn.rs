@@ -60,8 +60,26 @@ pub struct IscsiConfig {
     pub queue_depth: u32,
     /// Digests accepted (header and data), in order of preference.
     pub digests: Vec<Digest>,
+    /// DataDigest values accepted, if they differ from `digests` (which
+    /// then holds the HeaderDigest list): RFC 7143 §13.1 negotiates the
+    /// two keys separately.
+    pub data_digests: Option<Vec<Digest>>,
     /// CHAP credentials of discovery sessions.
     pub discovery_auth: ChapAuth,
+    /// CHAP users of initiator groups, which replace a target's incoming
+    /// users for the initiators they match ([`IscsiConfig::target_auth`]).
+    pub group_auth: Vec<GroupAuth>,
+}
+
+/// The CHAP users of one initiator group of a target (SCST-like
+/// `IncomingUser` on a group).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupAuth {
+    pub target: String,
+    /// Initiator name patterns of the group (`*`, `?`), as its LUN map
+    /// uses them.
+    pub initiators: Vec<String>,
+    pub incoming: Vec<crate::chap::ChapUser>,
 }
 
 impl Default for IscsiConfig {
@@ -83,12 +101,33 @@ impl Default for IscsiConfig {
             login_timeout: Duration::from_secs(15),
             queue_depth: 128,
             digests: vec![Digest::Crc32c, Digest::None],
+            data_digests: None,
             discovery_auth: ChapAuth::default(),
+            group_auth: Vec::new(),
         }
     }
 }
 
 impl IscsiConfig {
+    /// The CHAP credentials a login from `initiator` to `target` must
+    /// satisfy: the target's, with the incoming users of the first of its
+    /// initiator groups with CHAP users whose patterns match `initiator`
+    /// (the same first-match rule that picks the group's LUN map). `None`
+    /// for an unknown target.
+    pub fn target_auth(&self, target: &str, initiator: &str) -> Option<ChapAuth> {
+        let t = self.targets.iter().find(|t| t.name == target)?;
+        let mut auth = t.auth.clone();
+        if let Some(g) = self.group_auth.iter().find(|g| {
+            g.target == target
+                && g.initiators
+                    .iter()
+                    .any(|p| ferrite_core::device::wildcard_match(p, initiator))
+        }) {
+            auth.incoming = g.incoming.clone();
+        }
+        Some(auth)
+    }
+
     fn limits(&self) -> Limits {
         Limits {
             max_recv_data_segment_length: self
@@ -103,6 +142,7 @@ impl IscsiConfig {
             max_outstanding_r2t: self.max_outstanding_r2t.max(1),
             max_connections: self.max_connections.max(1),
             digests: self.digests.clone(),
+            data_digests: self.data_digests.clone(),
             ..Limits::default()
         }
     }
@@ -1854,5 +1894,45 @@ mod tests {
         assert_eq!(parse_cdb(&c16, &ahs).unwrap().1, 0x1000);
         assert!(parse_cdb(&c16, &[0, 40, 1, 0]).is_none());
         assert!(parse_cdb(&c16, &[0, 1, 9, 0]).is_none());
+    }
+
+    #[test]
+    fn group_chap_users_replace_the_targets_for_matching_initiators() {
+        let user = |u: &str| crate::chap::ChapUser {
+            user: u.into(),
+            secret: format!("{u}-secret-123").into_bytes(),
+        };
+        let target = |name: &str| IscsiTarget {
+            name: name.into(),
+            alias: None,
+            tpgt: 1,
+            portals: vec![],
+            auth: ChapAuth {
+                incoming: vec![user("alice")],
+                outgoing: Some(user("tgt")),
+            },
+        };
+        let cfg = IscsiConfig {
+            targets: vec![target("iqn.t:a"), target("iqn.t:b")],
+            group_auth: vec![GroupAuth {
+                target: "iqn.t:a".into(),
+                initiators: vec!["iqn.i:admin*".into()],
+                incoming: vec![user("bob")],
+            }],
+            ..IscsiConfig::default()
+        };
+        let a = cfg.target_auth("iqn.t:a", "iqn.i:admin-1").unwrap();
+        assert_eq!(a.incoming, vec![user("bob")]);
+        assert_eq!(
+            a.outgoing,
+            Some(user("tgt")),
+            "mutual CHAP stays the target's"
+        );
+        let a = cfg.target_auth("iqn.t:a", "iqn.i:other").unwrap();
+        assert_eq!(a.incoming, vec![user("alice")]);
+        // Another target's groups do not apply.
+        let a = cfg.target_auth("iqn.t:b", "iqn.i:admin-1").unwrap();
+        assert_eq!(a.incoming, vec![user("alice")]);
+        assert!(cfg.target_auth("iqn.t:none", "iqn.i:admin-1").is_none());
     }
 }

@@ -154,6 +154,9 @@ pub struct Limits {
     pub default_time2retain: u16,
     /// Digests accepted, in the target's order of preference.
     pub digests: Vec<Digest>,
+    /// DataDigest values accepted when they differ from `digests` (which
+    /// then applies to HeaderDigest only).
+    pub data_digests: Option<Vec<Digest>>,
     /// Authentication methods accepted.
     pub auth_methods: Vec<AuthMethod>,
 }
@@ -171,6 +174,7 @@ impl Default for Limits {
             default_time2wait: 2,
             default_time2retain: 0,
             digests: vec![Digest::Crc32c, Digest::None],
+            data_digests: None,
             auth_methods: vec![AuthMethod::None],
         }
     }
@@ -416,10 +420,15 @@ impl Negotiator {
                 }
             }
             "HeaderDigest" | "DataDigest" => {
+                // RFC 7143 §13.1: each key is negotiated on its own list.
+                let accepted = match (&l.data_digests, key) {
+                    (Some(d), "DataDigest") => d,
+                    _ => &l.digests,
+                };
                 let pick = value
                     .split(',')
                     .filter_map(Digest::parse)
-                    .find(|d| l.digests.contains(d));
+                    .find(|d| accepted.contains(d));
                 match pick {
                     Some(d) => {
                         if key == "HeaderDigest" {
@@ -760,6 +769,39 @@ mod tests {
         assert_eq!(
             n.apply("HeaderDigest", "MD5", Phase::Operational),
             Ok(Some("Reject".into()))
+        );
+    }
+
+    #[test]
+    fn header_and_data_digests_negotiate_on_their_own_lists() {
+        // RFC 7143 §13.1: headers must carry CRC32C, data must not.
+        let mut n = Negotiator::new(Limits {
+            digests: vec![Digest::Crc32c],
+            data_digests: Some(vec![Digest::None]),
+            ..Limits::default()
+        });
+        assert_eq!(
+            n.apply("HeaderDigest", "None,CRC32C", Phase::Operational),
+            Ok(Some("CRC32C".into()))
+        );
+        assert_eq!(
+            n.apply("DataDigest", "CRC32C,None", Phase::Operational),
+            Ok(Some("None".into()))
+        );
+        assert_eq!(n.params.header_digest, Digest::Crc32c);
+        assert_eq!(n.params.data_digest, Digest::None);
+        let mut n = Negotiator::new(Limits {
+            digests: vec![Digest::None],
+            data_digests: Some(vec![Digest::Crc32c]),
+            ..Limits::default()
+        });
+        assert_eq!(
+            n.apply("DataDigest", "None", Phase::Operational),
+            Ok(Some("Reject".into()))
+        );
+        assert_eq!(
+            n.apply("HeaderDigest", "CRC32C,None", Phase::Operational),
+            Ok(Some("None".into()))
         );
     }
 

@@ -158,9 +158,12 @@ impl Login {
         if get("SessionType") == Some("Discovery") {
             return self.cfg.discovery_auth.clone();
         }
+        // The initiator's group may carry its own CHAP users.
         get("TargetName")
-            .and_then(|n| self.cfg.targets.iter().find(|t| t.name == n))
-            .map(|t| t.auth.clone())
+            .and_then(|n| {
+                self.cfg
+                    .target_auth(n, get("InitiatorName").unwrap_or_default())
+            })
             .unwrap_or_default()
     }
 
