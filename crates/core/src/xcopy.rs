@@ -995,6 +995,317 @@ mod tests {
         assert!(c.results(s1, &cdb(0, 3), None, &mut out).is_err());
     }
 
+    // ----- through a shard, the way a fabric and a reactor drive it -----
+
+    mod shard {
+        use std::collections::VecDeque;
+        use std::sync::Mutex;
+        use std::time::Instant;
+
+        use super::*;
+        use crate::backend::{BlockDone, Busy};
+        use crate::cmd::{
+            Action, CmdRequest, Response, TaskAttr, TaskTag, TmfFunction, TmfRequest, TmfResponse,
+        };
+        use crate::shard::{Nexus, Shard};
+        use ferrite_scsi::Status;
+
+        /// Device memory plus what the test tells its queues: a depth past
+        /// which submit is Busy, and whether completions are withheld.
+        struct Ctl {
+            data: Vec<u8>,
+            depth: usize,
+            hold: bool,
+            busy: usize,
+        }
+
+        struct Mem(Arc<Mutex<Ctl>>);
+        struct MemQ(Arc<Mutex<Ctl>>, VecDeque<(u64, BlockOp)>);
+
+        impl Backend for Mem {
+            fn geometry(&self) -> Geometry {
+                Geometry {
+                    block_size: 512,
+                    num_blocks: self.0.lock().unwrap().data.len() as u64 / 512,
+                    phys_exp: 0,
+                }
+            }
+            fn caps(&self) -> Caps {
+                Caps::default()
+            }
+            fn open_queue(&self, _: u32) -> Result<Box<dyn BackendQueue>, BackendError> {
+                Ok(Box::new(MemQ(self.0.clone(), VecDeque::new())))
+            }
+        }
+
+        impl BackendQueue for MemQ {
+            fn submit(&mut self, tag: u64, op: BlockOp) -> Result<(), Busy<BlockOp>> {
+                let mut c = self.0.lock().unwrap();
+                if self.1.len() >= c.depth {
+                    c.busy += 1;
+                    return Err(Busy(op));
+                }
+                self.1.push_back((tag, op));
+                Ok(())
+            }
+            fn poll(&mut self, out: &mut Vec<BlockDone>) {
+                let mut c = self.0.lock().unwrap();
+                if c.hold {
+                    return;
+                }
+                while let Some((tag, op)) = self.1.pop_front() {
+                    let buf = match op {
+                        BlockOp::Read { offset, mut buf } => {
+                            let o = offset as usize;
+                            let n = buf.len();
+                            buf.copy_in(0, &c.data[o..o + n]);
+                            Some(buf)
+                        }
+                        BlockOp::Write { offset, buf, .. } => {
+                            let v = buf.to_vec();
+                            let o = offset as usize;
+                            c.data[o..o + v.len()].copy_from_slice(&v);
+                            Some(buf)
+                        }
+                        _ => None,
+                    };
+                    out.push(BlockDone {
+                        tag,
+                        result: Ok(()),
+                        buf,
+                    });
+                }
+            }
+            fn in_flight(&self) -> usize {
+                self.1.len()
+            }
+        }
+
+        struct H {
+            shard: Shard,
+            sid: SessionId,
+            now: Instant,
+            ctl: [Arc<Mutex<Ctl>>; 2],
+            next: u64,
+        }
+
+        fn mem_dev(id: u32, naa: u64, ctl: &Arc<Mutex<Ctl>>) -> Arc<Device> {
+            Arc::new(Device::new(
+                DeviceId(id),
+                format!("m{id}"),
+                Arc::new(Mem(ctl.clone())),
+                Identity {
+                    vendor: "FERRITE".into(),
+                    product: "mem".into(),
+                    revision: "0.1".into(),
+                    serial: format!("m{id}"),
+                    naa,
+                    eui64: 0,
+                },
+                DeviceFlags::default(),
+            ))
+        }
+
+        fn h(depth: usize) -> H {
+            let size = 8 << 20;
+            let src: Vec<u8> = (0..size).map(|i| (i * 7 + i / 4099) as u8).collect();
+            let ctl = [
+                Arc::new(Mutex::new(Ctl {
+                    data: src,
+                    depth,
+                    hold: false,
+                    busy: 0,
+                })),
+                Arc::new(Mutex::new(Ctl {
+                    data: vec![0; size],
+                    depth,
+                    hold: false,
+                    busy: 0,
+                })),
+            ];
+            let m = map(&[
+                (0, mem_dev(1, A, &ctl[0]), false),
+                (1, mem_dev(2, B, &ctl[1]), false),
+            ]);
+            let now = Instant::now();
+            let mut shard = Shard::new(0, BufPool::new(64 << 10, 256));
+            let nexus = Nexus {
+                initiator: "iqn.i".into(),
+                initiator_port: "iqn.i,i,0x1".into(),
+                target: "iqn.t".into(),
+                rel_port_id: 1,
+            };
+            let sid = shard.open_session(now, nexus, Arc::new(m), false);
+            let mut h = H {
+                shard,
+                sid,
+                now,
+                ctl,
+                next: 1,
+            };
+            // The power-on unit attention of LUN 1.
+            h.submit(1, &[0; 6], &[]);
+            let _ = h.wait();
+            h
+        }
+
+        impl H {
+            /// Submits `cdb` to `lun` with `data` as Data-Out.
+            fn submit(&mut self, lun: u16, cdb: &[u8], data: &[u8]) -> TaskTag {
+                let tag = TaskTag(self.next);
+                self.next += 1;
+                let req = CmdRequest {
+                    lun: Lun(lun),
+                    lun_raw: [0; 8],
+                    tag,
+                    cdb: crate::cmd::Cdb::from_slice(cdb),
+                    attr: TaskAttr::Simple,
+                    dir: if data.is_empty() {
+                        DataDir::Read
+                    } else {
+                        DataDir::Write
+                    },
+                    expected_len: if data.is_empty() {
+                        255
+                    } else {
+                        data.len() as u32
+                    },
+                    expected_read_len: 0,
+                };
+                let now = self.now;
+                let mut s = self.shard.session(self.sid).unwrap();
+                s.submit(now, req);
+                if !data.is_empty() {
+                    match s.poll_action() {
+                        Some(Action::FetchData { id, mut buf, .. }) => {
+                            buf.copy_in(0, data);
+                            s.data_out_done(id, Ok(buf));
+                        }
+                        other => panic!("{other:?}"),
+                    }
+                }
+                tag
+            }
+
+            /// Polls until an action comes out (or 10000 rounds pass).
+            fn wait(&mut self) -> Option<Action> {
+                for _ in 0..10_000 {
+                    if let Some(a) = self.shard.session(self.sid).unwrap().poll_action() {
+                        if let Action::Respond { id, .. } = &a {
+                            self.shard.session(self.sid).unwrap().response_sent(*id);
+                        }
+                        return Some(a);
+                    }
+                    self.shard.poll(self.now);
+                }
+                None
+            }
+
+            fn response(&mut self) -> Response {
+                match self.wait() {
+                    Some(Action::Respond { rsp, .. }) => rsp,
+                    other => panic!("{other:?}"),
+                }
+            }
+        }
+
+        fn xcopy_cdb(len: usize) -> [u8; 16] {
+            let mut c = [0u8; 16];
+            c[0] = 0x83;
+            c[10..14].copy_from_slice(&(len as u32).to_be_bytes());
+            c
+        }
+
+        #[test]
+        fn copies_between_devices_through_full_queues() {
+            let mut h = h(2);
+            // 3 MiB + 4 KiB from LBA 8 of device 1 to LBA 100 of device 2.
+            let p = params(&[ident(A, 512), ident(B, 512)], &[(0, 1, 6152, 8, 100)], 0);
+            h.submit(1, &xcopy_cdb(p.len()), &p);
+            let rsp = h.response();
+            assert_eq!(rsp.status, Status::GOOD, "{:?}", rsp.sense);
+            let src = h.ctl[0].lock().unwrap().data[8 * 512..(8 + 6152) * 512].to_vec();
+            let dst = h.ctl[1].lock().unwrap().data[100 * 512..(100 + 6152) * 512].to_vec();
+            assert!(src == dst, "copied data differs");
+            assert!(
+                h.ctl[1].lock().unwrap().data[..100 * 512]
+                    .iter()
+                    .all(|&b| b == 0)
+            );
+            // A queue of two made the copy wait, not fail.
+            assert!(h.ctl[0].lock().unwrap().busy + h.ctl[1].lock().unwrap().busy > 0);
+            // RECEIVE COPY RESULTS, COPY STATUS of list 7.
+            let mut rcr = [0u8; 16];
+            rcr[0] = 0x84;
+            rcr[2] = 7;
+            rcr[13] = 12;
+            h.submit(1, &rcr, &[]);
+            let rsp = h.response();
+            let data = rsp.data.unwrap().to_vec();
+            assert_eq!(&data[4..12], &[1, 0, 1, 0, 0x00, 0x30, 0x10, 0x00]);
+        }
+
+        #[test]
+        fn abort_task_waits_for_the_chunks_in_flight() {
+            let mut h = h(64);
+            h.ctl[0].lock().unwrap().hold = true;
+            let p = params(&[ident(A, 512), ident(B, 512)], &[(0, 1, 8192, 0, 0)], 0);
+            let tag = h.submit(1, &xcopy_cdb(p.len()), &p);
+            for _ in 0..10 {
+                h.shard.poll(h.now);
+            }
+            let now = h.now;
+            h.shard.session(h.sid).unwrap().task_mgmt(
+                now,
+                TmfRequest {
+                    func: TmfFunction::AbortTask { tag },
+                    lun: Lun(1),
+                    tag: TaskTag(999),
+                },
+            );
+            // Nothing answers while the source's reads are held.
+            for _ in 0..10 {
+                h.shard.poll(h.now);
+                assert!(h.shard.session(h.sid).unwrap().poll_action().is_none());
+            }
+            h.ctl[0].lock().unwrap().hold = false;
+            match h.wait() {
+                Some(Action::TmfDone { rsp, .. }) => assert_eq!(rsp, TmfResponse::Complete),
+                other => panic!("{other:?}"),
+            }
+            // No status for the aborted copy, and nothing was written.
+            for _ in 0..10 {
+                h.shard.poll(h.now);
+                assert!(h.shard.session(h.sid).unwrap().poll_action().is_none());
+            }
+            assert!(h.ctl[1].lock().unwrap().data.iter().all(|&b| b == 0));
+        }
+
+        #[test]
+        fn a_second_copy_with_the_list_id_in_use_is_refused() {
+            let mut h = h(64);
+            h.ctl[0].lock().unwrap().hold = true;
+            let p = params(&[ident(A, 512), ident(B, 512)], &[(0, 1, 64, 0, 0)], 0);
+            h.submit(1, &xcopy_cdb(p.len()), &p);
+            h.submit(1, &xcopy_cdb(p.len()), &p);
+            let rsp = h.response();
+            assert_eq!(
+                rsp.sense.as_deref().map(|s| (s[2], s[12], s[13])),
+                Some((0x05, 0x00, 0x16))
+            );
+            // COPY STATUS reports the first in progress.
+            let mut rcr = [0u8; 16];
+            rcr[0] = 0x84;
+            rcr[2] = 7;
+            rcr[13] = 12;
+            h.submit(1, &rcr, &[]);
+            let data = h.response().data.unwrap().to_vec();
+            assert_eq!(data[4], 0);
+            h.ctl[0].lock().unwrap().hold = false;
+            assert_eq!(h.response().status, Status::GOOD);
+        }
+    }
+
     #[test]
     fn tags_round_trip() {
         let t = tag(0xf_ffff, 0xdead_beef, 7);
