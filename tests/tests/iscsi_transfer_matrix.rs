@@ -163,7 +163,7 @@ fn lengths(c: &Case) -> Vec<usize> {
     let (f, m) = (c.first_eff() as usize, c.max as usize);
     let mut v: Vec<usize> = [BS, f - BS, f, f + BS, m, m + BS, 2 * m + f]
         .into_iter()
-        .filter(|&l| l >= BS && l <= 256 * 1024)
+        .filter(|l| (BS..=256 * 1024).contains(l))
         .collect();
     v.sort_unstable();
     v.dedup();
