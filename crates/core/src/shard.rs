@@ -1889,6 +1889,7 @@ impl Shard {
                     }
                     let w =
                         self.abort_where(|c| c.entry.as_ref().is_some_and(|e| e.device.id == dev));
+                    self.xcopy_reset(dev);
                     (TmfResponse::Complete, w)
                 }
             },
@@ -1971,6 +1972,7 @@ impl Shard {
             ResetScope::LogicalUnit(dev) => {
                 let dev = *dev;
                 let w = self.abort_where(|c| c.entry.as_ref().is_some_and(|e| e.device.id == dev));
+                self.xcopy_reset(dev);
                 // BUS DEVICE RESET on this shard's nexuses now, marking the
                 // device's reset generation seen so that the originating
                 // core's bump does not raise it twice.
@@ -2314,6 +2316,26 @@ impl Shard {
             .record(sid, list, segments, bytes, rsp.sense.clone());
         self.cmds[key].cont = Cont::None;
         self.respond(key, rsp);
+    }
+
+    /// A LOGICAL UNIT RESET of `dev` (SAM-5 §6.3.3): copies of other LUs
+    /// that read or write it lose their operations there and end with
+    /// COPY ABORTED once what is in flight returns.
+    fn xcopy_reset(&mut self, dev: DeviceId) {
+        let keys: SmallVec<[usize; 4]> = self
+            .cmds
+            .iter_mut()
+            .filter_map(|(k, c)| match &mut c.cont {
+                Cont::Copy(run) if run.touches(dev) => {
+                    run.fail(Sense::COPY_ABORTED);
+                    Some(k)
+                }
+                _ => None,
+            })
+            .collect();
+        for k in keys {
+            self.xcopy_pump(k);
+        }
     }
 
     /// A chunk operation of a copy completed.

@@ -487,6 +487,11 @@ impl CopyRun {
         }
     }
 
+    /// True if a segment of this copy reads or writes `dev`.
+    pub(crate) fn touches(&self, dev: crate::device::DeviceId) -> bool {
+        self.segs.iter().any(|s| s.src.id == dev || s.dst.id == dev)
+    }
+
     /// Operations submitted and not yet completed.
     #[cfg(test)]
     pub(crate) fn in_flight(&self) -> usize {
@@ -1278,6 +1283,37 @@ mod tests {
                 h.shard.poll(h.now);
                 assert!(h.shard.session(h.sid).unwrap().poll_action().is_none());
             }
+            assert!(h.ctl[1].lock().unwrap().data.iter().all(|&b| b == 0));
+        }
+
+        #[test]
+        fn a_reset_of_the_source_lu_aborts_the_copy() {
+            let mut h = h(64);
+            h.ctl[0].lock().unwrap().hold = true;
+            let p = params(&[ident(A, 512), ident(B, 512)], &[(0, 1, 8192, 0, 0)], 0);
+            h.submit(1, &xcopy_cdb(p.len()), &p);
+            for _ in 0..10 {
+                h.shard.poll(h.now);
+            }
+            // LOGICAL UNIT RESET of LUN 0, the copy's source (the copy
+            // itself runs in LUN 1's task set).
+            let now = h.now;
+            h.shard.session(h.sid).unwrap().task_mgmt(
+                now,
+                TmfRequest {
+                    func: TmfFunction::LogicalUnitReset,
+                    lun: Lun(0),
+                    tag: TaskTag(999),
+                },
+            );
+            match h.wait() {
+                Some(Action::TmfDone { rsp, .. }) => assert_eq!(rsp, TmfResponse::Complete),
+                other => panic!("{other:?}"),
+            }
+            h.ctl[0].lock().unwrap().hold = false;
+            let rsp = h.response();
+            assert_eq!(rsp.status, Status::CHECK_CONDITION);
+            assert_eq!(rsp.sense.as_deref().map(|s| s[2] & 0x0f), Some(0x0a));
             assert!(h.ctl[1].lock().unwrap().data.iter().all(|&b| b == 0));
         }
 
