@@ -110,6 +110,8 @@ pub(crate) struct DeviceShared {
     /// compares it with the last it saw to raise BUS DEVICE RESET FUNCTION
     /// OCCURRED (SAM-5 §6.3.3) without a message between cores.
     pub(crate) reset_gen: AtomicU32,
+    /// SBC-4 §4.11: a sanitize operation running or failed.
+    pub(crate) sanitize: crate::sanitize::SanitizeShared,
 }
 
 /// Control page D_SENSE: sense data in descriptor format.
@@ -141,7 +143,7 @@ impl DeviceShared {
         }
         if let Ok(mut q) = self.pr_ua.lock() {
             q.retain(|(n, s)| {
-                if n.initiator_port == initiator_port && n.target == target {
+                if n.covers(initiator_port, target) {
                     out.push(*s);
                     false
                 } else {
@@ -353,6 +355,11 @@ impl Device {
     /// A copy of the persistent reservation state (management, tests).
     pub fn reservations(&self) -> PrState {
         self.shared.pr.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+
+    /// Where a sanitize of this logical unit stands (management, tests).
+    pub fn sanitize_status(&self) -> crate::sanitize::Status {
+        self.shared.sanitize.status()
     }
 
     /// Software write protect (Control mode page SWP, SPC-4 §7.5.7).

@@ -110,6 +110,17 @@ pub enum Plan {
     /// RECEIVE COPY RESULTS: parameter data from the copies of this I_T
     /// nexus ([`crate::xcopy`]).
     CopyResults,
+    /// SBC-4 §5.30 SANITIZE with the service action `sa` (see
+    /// [`crate::sanitize`]): fetch the `param_len`-byte parameter list, then
+    /// start the sanitize operation; answer at once with `immed`, else when
+    /// it ends.
+    Sanitize {
+        sa: u8,
+        immed: bool,
+        ause: bool,
+        param_len: u32,
+        residual: Residual,
+    },
 }
 
 /// How a [`Plan::ReadModifyWrite`] combines Data-Out with the medium.
@@ -438,6 +449,7 @@ fn plan_lu(
             }
         }
         Opcode::COMPARE_AND_WRITE => plan_compare_and_write(cdb, e, expected_len, dir),
+        Opcode::SANITIZE => crate::sanitize::plan(cdb, e, expected_len, dir),
         Opcode::WRITE_ATOMIC_16 => {
             // SBC-4 §5.49: LBA in bytes 2..10, ATOMIC BOUNDARY 10..12 (no
             // boundaries: MAXIMUM ATOMIC BOUNDARY SIZE is zero), TRANSFER
@@ -878,6 +890,23 @@ const SUPPORTED: &[Supported] = &[
         &[0x41, 0xfe, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0x04],
     ),
     cmd(0x42, &[0x42, 0x01, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04]),
+    // SBC-4 §5.30 SANITIZE: IMMED, AUSE; BLOCK ERASE only where it is
+    // offered (see `data_in`), CRYPTOGRAPHIC ERASE never.
+    Supported {
+        opcode: 0x48,
+        sa: Some(crate::sanitize::sa::OVERWRITE),
+        usage: &[0x48, 0xa1, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04],
+    },
+    Supported {
+        opcode: 0x48,
+        sa: Some(crate::sanitize::sa::BLOCK_ERASE),
+        usage: &[0x48, 0xa2, 0, 0, 0, 0, 0, 0, 0, 0x04],
+    },
+    Supported {
+        opcode: 0x48,
+        sa: Some(crate::sanitize::sa::EXIT_FAILURE_MODE),
+        usage: &[0x48, 0xbf, 0, 0, 0, 0, 0, 0, 0, 0x04],
+    },
     cmd(0x55, &[0x55, 0x11, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04]),
     cmd(0x56, &[0x56, 0, 0, 0, 0, 0, 0, 0, 0, 0x04]),
     cmd(0x57, &[0x57, 0, 0, 0, 0, 0, 0, 0, 0, 0x04]),
@@ -936,6 +965,11 @@ const SUPPORTED: &[Supported] = &[
         opcode: 0x5f,
         sa: Some(6),
         usage: &[0x5f, 0x06, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
+    },
+    Supported {
+        opcode: 0x5f,
+        sa: Some(7),
+        usage: &[0x5f, 0x07, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
     },
     // SPC-4 §6.4 EXTENDED COPY (LID1) and §6.23 RECEIVE COPY RESULTS.
     Supported {
@@ -1232,9 +1266,15 @@ pub fn data_in(cdb: &[u8], ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<u32, 
             let e = ctx.entry.ok_or(Sense::LOGICAL_UNIT_NOT_SUPPORTED)?;
             let c = ReportOpcodesCdb::decode(cdb)?;
             let thin = lbpme(e);
+            let block_erase = crate::sanitize::block_erase_supported(e);
             let table: Vec<Supported> = SUPPORTED
                 .iter()
                 .filter(|s| thin || s.opcode != Opcode::UNMAP.0)
+                .filter(|s| {
+                    block_erase
+                        || (s.opcode, s.sa)
+                            != (Opcode::SANITIZE.0, Some(crate::sanitize::sa::BLOCK_ERASE))
+                })
                 .copied()
                 .collect();
             opcodes::report_supported_opcodes(&c, &table, out)?;
@@ -1247,7 +1287,7 @@ pub fn data_in(cdb: &[u8], ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<u32, 
 /// Whether this device reports logical block provisioning management
 /// (LBPME, LBPU, LBPWS, LBPWS10): a thin-provisioned device whose backend
 /// can deallocate.
-fn lbpme(e: &LunEntry) -> bool {
+pub(crate) fn lbpme(e: &LunEntry) -> bool {
     e.device.flags.thin_provisioned && e.device.backend.caps().unmap
 }
 
@@ -1381,7 +1421,14 @@ fn inquiry_data(c: &InquiryCdb, ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<
             )
         }
         vpd::BLOCK_DEVICE_CHARACTERISTICS => {
-            inquiry::block_device_characteristics(pq, e.device.flags.rotational, out)
+            // WABEREQ 01b where BLOCK ERASE is offered: reads after it
+            // complete (returning what LBPRZ says).
+            inquiry::block_device_characteristics(
+                pq,
+                e.device.flags.rotational,
+                u8::from(crate::sanitize::block_erase_supported(e)),
+                out,
+            )
         }
         vpd::LOGICAL_BLOCK_PROVISIONING => inquiry::logical_block_provisioning(
             pq,
@@ -1495,7 +1542,7 @@ mod tests {
             assert_eq!(Opcode(s.opcode).cdb_len(), Some(s.usage.len()), "{s:?}");
             assert_eq!(s.usage[0], s.opcode);
             if let Some(sa) = s.sa {
-                assert_eq!(s.usage[1], sa);
+                assert_eq!(s.usage[1] & 0x1f, sa);
             }
         }
     }

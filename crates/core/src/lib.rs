@@ -22,6 +22,7 @@ pub mod cmd;
 pub mod device;
 pub mod emulate;
 pub mod pr;
+pub mod sanitize;
 pub mod shard;
 pub mod stats;
 pub mod xcopy;

@@ -13,9 +13,17 @@
 //! them after every change while APTPL is set ([`DirStore`] writes one file
 //! atomically in a directory).
 //!
-//! Not supported, and reported so in REPORT CAPABILITIES: SPEC_I_PT
-//! (SIP_C = 0), REGISTER AND MOVE and REPLACE LOST RESERVATION (INVALID
-//! FIELD IN CDB).
+//! Registrations name initiator ports the way the fabrics name them
+//! (`iqn...,i,0x<isid>` for iSCSI, `0x<32 hex digits>` for SRP), so a
+//! registration made for a port through SPEC_I_PT or REGISTER AND MOVE
+//! before that initiator logged in applies as soon as it does; an iSCSI
+//! TransportID without an ISID (format 00b) names every port of that
+//! initiator. ALL_TG_PT registrations hold through every target port.
+//!
+//! Not supported: REPLACE LOST RESERVATION (INVALID FIELD IN CDB), and
+//! REGISTER AND MOVE to a target port the logical unit has seen no
+//! registration through (INVALID FIELD IN PARAMETER LIST: the device
+//! server knows a relative target port identifier only from a nexus).
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -31,6 +39,7 @@ pub mod out_sa {
     pub const PREEMPT: u8 = 4;
     pub const PREEMPT_AND_ABORT: u8 = 5;
     pub const REGISTER_AND_IGNORE: u8 = 6;
+    pub const REGISTER_AND_MOVE: u8 = 7;
 }
 
 /// PERSISTENT RESERVE IN service actions (SPC-4 table 187).
@@ -78,8 +87,72 @@ pub struct Registration {
 
 impl Registration {
     fn matches(&self, n: &PrNexus) -> bool {
-        self.nexus.initiator_port == n.initiator_port
+        port_matches(&self.nexus.initiator_port, &n.initiator_port)
             && (self.all_tg_pt || self.nexus.target == n.target)
+    }
+}
+
+impl PrNexus {
+    /// Whether this nexus (as registered or reserving) covers the I_T
+    /// nexus of `initiator_port` through `target`: the same port, or any
+    /// port of an iSCSI initiator named without an ISID.
+    pub fn covers(&self, initiator_port: &str, target: &str) -> bool {
+        self.target == target && port_matches(&self.initiator_port, initiator_port)
+    }
+}
+
+/// `registered` names `port`: the same port, or an iSCSI name without an
+/// ISID (TransportID format 00b, SPC-4 §7.6.4.6) naming its initiator.
+fn port_matches(registered: &str, port: &str) -> bool {
+    registered == port
+        || (!registered.contains(",i,0x")
+            && port
+                .split_once(",i,0x")
+                .is_some_and(|(name, _)| name == registered))
+}
+
+/// SPC-4 §7.6.4 protocol identifiers this target parses TransportIDs of.
+const PROTO_SRP: u8 = 0x4;
+const PROTO_ISCSI: u8 = 0x5;
+
+/// Parses the TransportID at the start of `b` (SPC-4 §7.6.4.5 SRP,
+/// §7.6.4.6 iSCSI): the initiator port it names, as the fabrics name
+/// ports, and its length. `None` if it is not one this target knows.
+pub fn parse_transport_id(b: &[u8]) -> Option<(String, usize)> {
+    let first = *b.first()?;
+    let format = first >> 6;
+    match first & 0x0f {
+        PROTO_SRP if format == 0 => {
+            let id = b.get(8..24)?;
+            let mut port = String::from("0x");
+            for x in id {
+                port.push_str(&format!("{x:02x}"));
+            }
+            Some((port, 24))
+        }
+        PROTO_ISCSI if format <= 1 => {
+            let addl = u16::from_be_bytes([*b.get(2)?, *b.get(3)?]) as usize;
+            let len = 4 + addl;
+            let field = b.get(4..len)?;
+            let end = field.iter().position(|&c| c == 0).unwrap_or(field.len());
+            let text = std::str::from_utf8(&field[..end]).ok()?;
+            if text.is_empty() || !text.is_ascii() || text.contains(char::is_whitespace) {
+                return None;
+            }
+            let port = match (format, text.split_once(",i,0x")) {
+                (0, None) if !text.contains(',') => text.to_string(),
+                (1, Some((name, isid)))
+                    if !name.is_empty()
+                        && isid.len() == 12
+                        && isid.chars().all(|c| c.is_ascii_hexdigit()) =>
+                {
+                    format!("{name},i,0x{}", isid.to_ascii_lowercase())
+                }
+                _ => return None,
+            };
+            Some((port, len))
+        }
+        _ => None,
     }
 }
 
@@ -214,7 +287,7 @@ impl PrState {
             None => false,
             Some(r) => match &r.holder {
                 None => self.reg_of(n).is_some(),
-                Some(h) => h.initiator_port == n.initiator_port && h.target == n.target,
+                Some(h) => h.covers(&n.initiator_port, &n.target),
             },
         }
     }
@@ -266,29 +339,47 @@ impl PrState {
         let scope = cdb[2] >> 4;
         let rtype = cdb[2] & 0x0f;
         let plen = u32::from_be_bytes([cdb[5], cdb[6], cdb[7], cdb[8]]) as usize;
-        if !matches!(sa, 0..=6) {
+        if !matches!(sa, 0..=7) {
             return Err(PrError::Check(
                 Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(4)),
             ));
         }
-        // SPC-4 §6.17.3: the basic parameter list is 24 bytes.
-        if plen != 24 || params.len() < 24 {
+        // SPC-4 §6.17.3: the basic parameter list is 24 bytes; REGISTER
+        // with SPEC_I_PT (§6.17.3) and REGISTER AND MOVE (§6.17.4) add
+        // TransportIDs after it, their length in bytes 24..28 and 20..24.
+        if plen < 24 || params.len() < plen {
             return Err(PrError::Check(Sense::PARAMETER_LIST_LENGTH_ERROR));
         }
+        let be32 = |at: usize| {
+            u32::from_be_bytes([params[at], params[at + 1], params[at + 2], params[at + 3]])
+                as usize
+        };
         let key = u64::from_be_bytes(params[0..8].try_into().unwrap_or([0; 8]));
         let sakey = u64::from_be_bytes(params[8..16].try_into().unwrap_or([0; 8]));
         let flags = params[20];
-        let spec_i_pt = flags & 0x08 != 0;
+        let spec_i_pt = sa != out_sa::REGISTER_AND_MOVE && flags & 0x08 != 0;
         let all_tg_pt = flags & 0x04 != 0;
         let aptpl = flags & 0x01 != 0;
-        if spec_i_pt {
-            // SIP_C = 0.
+        let want = if sa == out_sa::REGISTER_AND_MOVE {
+            24 + be32(20)
+        } else if spec_i_pt {
+            if plen >= 28 { 28 + be32(24) } else { 28 }
+        } else {
+            24
+        };
+        if plen != want {
+            return Err(PrError::Check(Sense::PARAMETER_LIST_LENGTH_ERROR));
+        }
+        let params = &params[..plen];
+        let mut fx = OutEffects::default();
+        let me = self.reg_of(n);
+        if spec_i_pt && (sa != out_sa::REGISTER || me.is_some()) {
+            // SPC-4 §6.17.3: SPEC_I_PT is for REGISTER from an
+            // unregistered I_T nexus only.
             return Err(PrError::Check(
                 Sense::INVALID_FIELD_IN_PARAMETER_LIST.param_field(20, Some(3)),
             ));
         }
-        let mut fx = OutEffects::default();
-        let me = self.reg_of(n);
         match sa {
             out_sa::REGISTER | out_sa::REGISTER_AND_IGNORE => {
                 let ignore = sa == out_sa::REGISTER_AND_IGNORE;
@@ -299,12 +390,28 @@ impl PrState {
                         if !ignore && key != 0 {
                             return Err(PrError::Conflict);
                         }
+                        // SPC-4 §5.14.7: with SPEC_I_PT, every I_T nexus a
+                        // TransportID names through this target port (or
+                        // every port, ALL_TG_PT) is registered too; all of
+                        // them or none.
+                        let others = if spec_i_pt {
+                            self.specified_nexuses(n, &params[28..])?
+                        } else {
+                            Vec::new()
+                        };
                         if sakey != 0 {
                             self.regs.push(Registration {
                                 nexus: n.clone(),
                                 all_tg_pt,
                                 key: sakey,
                             });
+                            for nexus in others {
+                                self.regs.push(Registration {
+                                    nexus,
+                                    all_tg_pt,
+                                    key: sakey,
+                                });
+                            }
                             self.generation = self.generation.wrapping_add(1);
                         }
                     }
@@ -365,6 +472,10 @@ impl PrState {
                             }
                         }
                     }
+                    out_sa::REGISTER_AND_MOVE => {
+                        self.register_and_move(n, i, sakey, params)?;
+                        self.generation = self.generation.wrapping_add(1);
+                    }
                     out_sa::CLEAR => {
                         for o in self.others(n) {
                             fx.ua.push((o, Sense::RESERVATIONS_PREEMPTED));
@@ -385,6 +496,110 @@ impl PrState {
         Ok(fx)
     }
 
+    /// The I_T nexuses the TransportIDs of a SPEC_I_PT list name through
+    /// the target port of `n`; INVALID FIELD IN PARAMETER LIST (pointing
+    /// at the TransportID) for one this target cannot parse or one already
+    /// registered.
+    fn specified_nexuses(&self, n: &PrNexus, tids: &[u8]) -> Result<Vec<PrNexus>, PrError> {
+        let mut out: Vec<PrNexus> = Vec::new();
+        let mut at = 0;
+        while at < tids.len() {
+            let bad = || {
+                PrError::Check(
+                    Sense::INVALID_FIELD_IN_PARAMETER_LIST.param_field((28 + at) as u16, None),
+                )
+            };
+            let (port, len) = parse_transport_id(&tids[at..]).ok_or_else(bad)?;
+            let nexus = PrNexus {
+                initiator_port: port,
+                target: n.target.clone(),
+                rel_port: n.rel_port,
+            };
+            let taken = self.reg_of(&nexus).is_some()
+                || nexus.covers(&n.initiator_port, &n.target)
+                || out
+                    .iter()
+                    .any(|o| o.covers(&nexus.initiator_port, &nexus.target));
+            if taken {
+                return Err(bad());
+            }
+            out.push(nexus);
+            at += len;
+        }
+        Ok(out)
+    }
+
+    /// SPC-4 §5.14.8 REGISTER AND MOVE by `n` (registration `i`, its key
+    /// checked): the reservation `n` holds moves, type and scope kept, to
+    /// the I_T nexus of the TransportID and RELATIVE TARGET PORT
+    /// IDENTIFIER, registered with the service action key if it was not;
+    /// UNREG then unregisters `n`.
+    fn register_and_move(
+        &mut self,
+        n: &PrNexus,
+        i: usize,
+        sakey: u64,
+        params: &[u8],
+    ) -> Result<(), PrError> {
+        let res = match &self.res {
+            // Only the holder of a reservation that has one holder moves it.
+            Some(r) if r.holder.is_some() && self.is_holder(n) => r.clone(),
+            _ => return Err(PrError::Conflict),
+        };
+        if sakey == 0 {
+            return Err(PrError::Check(
+                Sense::INVALID_FIELD_IN_PARAMETER_LIST.param_field(8, None),
+            ));
+        }
+        let unreg = params[17] & 0x02 != 0;
+        let aptpl = params[17] & 0x01 != 0;
+        let rel = u16::from_be_bytes([params[18], params[19]]);
+        let bad_tid =
+            || PrError::Check(Sense::INVALID_FIELD_IN_PARAMETER_LIST.param_field(24, None));
+        let (port, len) = parse_transport_id(&params[24..]).ok_or_else(bad_tid)?;
+        if 24 + len > params.len() {
+            return Err(bad_tid());
+        }
+        let target = if rel == n.rel_port {
+            n.target.clone()
+        } else {
+            match self.regs.iter().find(|r| r.nexus.rel_port == rel) {
+                Some(r) => r.nexus.target.clone(),
+                None => {
+                    return Err(PrError::Check(
+                        Sense::INVALID_FIELD_IN_PARAMETER_LIST.param_field(18, None),
+                    ));
+                }
+            }
+        };
+        let dest = PrNexus {
+            initiator_port: port,
+            target,
+            rel_port: rel,
+        };
+        // Moving to itself is not a move.
+        if dest.covers(&n.initiator_port, &n.target) || n.covers(&dest.initiator_port, &dest.target)
+        {
+            return Err(bad_tid());
+        }
+        if self.reg_of(&dest).is_none() {
+            self.regs.push(Registration {
+                nexus: dest.clone(),
+                all_tg_pt: false,
+                key: sakey,
+            });
+        }
+        self.res = Some(Reservation {
+            holder: Some(dest),
+            kind: res.kind,
+        });
+        if unreg {
+            self.regs.remove(i);
+        }
+        self.aptpl = aptpl;
+        Ok(())
+    }
+
     /// Removes registration `i`; SPC-4 §5.13.11.2.3: the holder's
     /// unregistration releases its reservation (the last registrant's, for
     /// the all-registrants types).
@@ -394,7 +609,7 @@ impl PrState {
             return;
         };
         let released = match &res.holder {
-            Some(h) => h.initiator_port == r.nexus.initiator_port && h.target == r.nexus.target,
+            Some(h) => r.matches(h),
             None => self.regs.is_empty(),
         };
         if released {
@@ -505,8 +720,8 @@ impl PrState {
             in_sa::REPORT_CAPABILITIES => {
                 out.extend(8u16.to_be_bytes());
                 // CRH = 1 (RESERVE/RELEASE(6/10) with a persistent
-                // reservation: RESERVATION CONFLICT), ATP_C, PTPL_C.
-                out.push(0x10 | 0x04 | 0x01);
+                // reservation: RESERVATION CONFLICT), SIP_C, ATP_C, PTPL_C.
+                out.push(0x10 | 0x08 | 0x04 | 0x01);
                 // TMV, ALLOW COMMANDS = 000b, PTPL_A.
                 out.push(0x80 | u8::from(self.aptpl));
                 // Type mask: WR_EX_AR, EX_AC_RO, WR_EX_RO, EX_AC, WR_EX;
@@ -519,7 +734,13 @@ impl PrState {
                 out.extend(self.generation.to_be_bytes());
                 out.extend(0u32.to_be_bytes());
                 for r in &self.regs {
-                    let holder = self.is_holder(&r.nexus);
+                    // The registration the holder holds through (the
+                    // holder may be one port of a name registered whole).
+                    let holder = match self.res.as_ref().map(|x| &x.holder) {
+                        None => false,
+                        Some(None) => true,
+                        Some(Some(h)) => r.matches(h),
+                    };
                     out.extend(r.key.to_be_bytes());
                     out.extend([0u8; 4]);
                     out.push(u8::from(r.all_tg_pt) << 1 | u8::from(holder));
@@ -626,10 +847,19 @@ fn check_scope_type(scope: u8, rtype: u8) -> Result<(), PrError> {
     Ok(())
 }
 
-/// An iSCSI TransportID (SPC-4 §7.6.4.6) for an initiator port named
+/// The TransportID of an initiator port: SRP (SPC-4 §7.6.4.5) for a port
+/// named `0x<32 hex digits>`, else iSCSI (§7.6.4.6) for one named
 /// `iqn...,i,0x<isid>`: FORMAT CODE 01b (name and ISID), or 00b for a bare
 /// name; padded to a multiple of four bytes.
 fn transport_id(port: &str) -> Vec<u8> {
+    if let Some(hex) = port.strip_prefix("0x")
+        && hex.len() == 32
+        && let Ok(id) = u128::from_str_radix(hex, 16)
+    {
+        let mut v = vec![PROTO_SRP, 0, 0, 0, 0, 0, 0, 0];
+        v.extend(id.to_be_bytes());
+        return v;
+    }
     let format = if port.contains(",i,0x") { 0x40 } else { 0x00 };
     let mut name = port.as_bytes().to_vec();
     name.push(0);
@@ -794,6 +1024,213 @@ mod tests {
         assert_eq!(back.res.as_ref().unwrap().kind, 3);
         assert!(back.is_holder(&a));
         assert!(PrState::decode(b"nonsense").is_none());
+    }
+
+    /// An iSCSI TransportID, format 01b with an ISID or 00b without.
+    fn iscsi_tid(port: &str) -> Vec<u8> {
+        let format = if port.contains(",i,0x") { 0x40 } else { 0 };
+        let mut name = port.as_bytes().to_vec();
+        name.push(0);
+        while !name.len().is_multiple_of(4) || name.len() < 20 {
+            name.push(0);
+        }
+        let mut v = vec![format | 0x05, 0];
+        v.extend((name.len() as u16).to_be_bytes());
+        v.extend(name);
+        v
+    }
+
+    fn spec_i_pt(key: u64, sakey: u64, flags: u8, tids: &[Vec<u8>]) -> (Vec<u8>, [u8; 10]) {
+        let mut p = params(key, sakey, flags | 0x08).to_vec();
+        let list: Vec<u8> = tids.concat();
+        p.extend((list.len() as u32).to_be_bytes());
+        p.extend(list);
+        let mut c = cdb(0, 0);
+        c[5..9].copy_from_slice(&(p.len() as u32).to_be_bytes());
+        (p, c)
+    }
+
+    fn move_params(key: u64, sakey: u64, byte17: u8, rel: u16, tid: &[u8]) -> (Vec<u8>, [u8; 10]) {
+        let mut p = params(key, sakey, 0).to_vec();
+        p[17] = byte17;
+        p[18..20].copy_from_slice(&rel.to_be_bytes());
+        p[20..24].copy_from_slice(&(tid.len() as u32).to_be_bytes());
+        p.extend(tid);
+        let mut c = cdb(7, 0);
+        c[5..9].copy_from_slice(&(p.len() as u32).to_be_bytes());
+        (p, c)
+    }
+
+    #[test]
+    fn transport_ids() {
+        let a = nx(1);
+        let (port, len) = parse_transport_id(&iscsi_tid(&a.initiator_port)).unwrap();
+        assert_eq!((port.as_str(), len), (a.initiator_port.as_str(), 4 + 32));
+        // Upper-case ISID digits name the same port.
+        let up = iscsi_tid("iqn.test:i1,i,0x00023D000001");
+        assert_eq!(parse_transport_id(&up).unwrap().0, a.initiator_port);
+        assert_eq!(
+            parse_transport_id(&iscsi_tid("iqn.test:i9")).unwrap().0,
+            "iqn.test:i9"
+        );
+        // SRP: the 16-byte initiator port identifier, as the SRP target names it.
+        let mut srp = vec![0x04, 0, 0, 0, 0, 0, 0, 0];
+        srp.extend([0xab; 16]);
+        let (port, len) = parse_transport_id(&srp).unwrap();
+        assert_eq!((port, len), (format!("0x{}", "ab".repeat(16)), 24));
+        assert_eq!(transport_id(&format!("0x{}", "ab".repeat(16))), srp);
+        // Round trip of what READ FULL STATUS reports.
+        assert_eq!(
+            parse_transport_id(&transport_id(&a.initiator_port))
+                .unwrap()
+                .0,
+            a.initiator_port
+        );
+        // Unknown protocols, a format 01b without an ISID, a truncated one.
+        assert!(parse_transport_id(&[0x00; 24]).is_none());
+        let mut bad = iscsi_tid("iqn.test:i9");
+        bad[0] |= 0x40;
+        assert!(parse_transport_id(&bad).is_none());
+        assert!(parse_transport_id(&iscsi_tid("iqn.test:i9")[..10]).is_none());
+        assert!(parse_transport_id(&[]).is_none());
+    }
+
+    #[test]
+    fn spec_i_pt_registers_every_named_nexus_or_none() {
+        let mut st = PrState::default();
+        let (a, b, c) = (nx(1), nx(2), nx(3));
+        let (p, cd) = spec_i_pt(
+            0,
+            0x77,
+            0,
+            &[iscsi_tid(&b.initiator_port), iscsi_tid("iqn.test:i3")],
+        );
+        st.out(&a, &cd, &p).unwrap();
+        assert_eq!(st.regs.len(), 3);
+        assert!(st.regs.iter().all(|r| r.key == 0x77));
+        assert_eq!(st.generation, 1);
+        // B holds a registration before it ever sent a command; C's bare
+        // name covers every port of that initiator.
+        assert!(st.reg_of(&b).is_some() && st.reg_of(&c).is_some());
+        // A TransportID already registered: nothing at all is registered.
+        let d = nx(4);
+        let (p, cd) = spec_i_pt(
+            0,
+            0x88,
+            0,
+            &[iscsi_tid("iqn.test:i5"), iscsi_tid(&b.initiator_port)],
+        );
+        assert_eq!(
+            st.out(&d, &cd, &p).unwrap_err(),
+            PrError::Check(Sense::INVALID_FIELD_IN_PARAMETER_LIST.param_field(28 + 24, None))
+        );
+        assert_eq!(st.regs.len(), 3);
+        // A registered nexus cannot use SPEC_I_PT, nor REGISTER AND IGNORE.
+        let (p, cd) = spec_i_pt(0x77, 0x99, 0, &[iscsi_tid("iqn.test:i5")]);
+        assert!(matches!(st.out(&a, &cd, &p), Err(PrError::Check(_))));
+        let (p, mut cd) = spec_i_pt(0, 0x99, 0, &[iscsi_tid("iqn.test:i5")]);
+        cd[1] = 6;
+        assert!(matches!(st.out(&d, &cd, &p), Err(PrError::Check(_))));
+        // The TransportID list length must match the parameter list.
+        let (mut p, cd) = spec_i_pt(0, 0x99, 0, &[iscsi_tid("iqn.test:i5")]);
+        p[27] += 4;
+        assert_eq!(
+            st.out(&d, &cd, &p).unwrap_err(),
+            PrError::Check(Sense::PARAMETER_LIST_LENGTH_ERROR)
+        );
+        // ALL_TG_PT: the registrations hold through another target port.
+        let (p, cd) = spec_i_pt(0, 0x99, 0x04, &[iscsi_tid("iqn.test:i6")]);
+        st.out(&d, &cd, &p).unwrap();
+        let other_port = PrNexus {
+            initiator_port: "iqn.test:i6,i,0x000000000001".into(),
+            target: "iqn.test:other".into(),
+            rel_port: 2,
+        };
+        assert_eq!(st.reg_of(&other_port).map(|i| st.regs[i].key), Some(0x99));
+        // READ FULL STATUS reports each with its TransportID.
+        let mut out = Vec::new();
+        st.data_in(&[0x5e, 3, 0, 0, 0, 0, 0, 0x10, 0, 0], &mut out)
+            .unwrap();
+        let mut at = 8;
+        let mut ports = Vec::new();
+        while at < out.len() {
+            let len = u32::from_be_bytes(out[at + 20..at + 24].try_into().unwrap()) as usize;
+            ports.push(parse_transport_id(&out[at + 24..at + 24 + len]).unwrap().0);
+            at += 24 + len;
+        }
+        assert_eq!(
+            ports,
+            vec![
+                a.initiator_port.clone(),
+                b.initiator_port.clone(),
+                "iqn.test:i3".to_string(),
+                d.initiator_port.clone(),
+                "iqn.test:i6".to_string()
+            ]
+        );
+        // The encoded state keeps them.
+        assert_eq!(PrState::decode(&st.encode()).unwrap().regs, st.regs);
+    }
+
+    #[test]
+    fn register_and_move() {
+        let mut st = PrState::default();
+        let (a, b, c) = (nx(1), nx(2), nx(3));
+        st.out(&a, &cdb(0, 0), &params(0, 0xa, 0)).unwrap();
+        st.out(&c, &cdb(0, 0), &params(0, 0xc, 0)).unwrap();
+        let tid = iscsi_tid(&b.initiator_port);
+        // No reservation yet: RESERVATION CONFLICT.
+        let (p, cd) = move_params(0xa, 0xb, 0, 1, &tid);
+        assert_eq!(st.out(&a, &cd, &p).unwrap_err(), PrError::Conflict);
+        st.out(&a, &cdb(1, kind::WRITE_EXCLUSIVE), &params(0xa, 0, 0))
+            .unwrap();
+        // Only the holder moves it, with its own key, to another nexus,
+        // with a non-zero key, through a known target port.
+        let (p, cd) = move_params(0xc, 0xb, 0, 1, &tid);
+        assert_eq!(st.out(&c, &cd, &p).unwrap_err(), PrError::Conflict);
+        let (p, cd) = move_params(0xbad, 0xb, 0, 1, &tid);
+        assert_eq!(st.out(&a, &cd, &p).unwrap_err(), PrError::Conflict);
+        let (p, cd) = move_params(0xa, 0xb, 0, 1, &iscsi_tid(&a.initiator_port));
+        assert!(matches!(st.out(&a, &cd, &p), Err(PrError::Check(_))));
+        let (p, cd) = move_params(0xa, 0, 0, 1, &tid);
+        assert!(matches!(st.out(&a, &cd, &p), Err(PrError::Check(_))));
+        let (p, cd) = move_params(0xa, 0xb, 0, 9, &tid);
+        assert_eq!(
+            st.out(&a, &cd, &p).unwrap_err(),
+            PrError::Check(Sense::INVALID_FIELD_IN_PARAMETER_LIST.param_field(18, None))
+        );
+        let before = st.generation;
+        // The move: B is registered with the key and holds the reservation
+        // (same type); A stays registered without UNREG.
+        let (p, cd) = move_params(0xa, 0xb, 0x01, 1, &tid);
+        st.out(&a, &cd, &p).unwrap();
+        assert!(st.generation != before);
+        assert!(st.aptpl);
+        assert_eq!(st.reg_of(&b).map(|i| st.regs[i].key), Some(0xb));
+        assert!(st.is_holder(&b) && !st.is_holder(&a));
+        assert_eq!(st.res.as_ref().unwrap().kind, kind::WRITE_EXCLUSIVE);
+        assert!(st.conflicts(&a, 0x2a));
+        assert!(!st.conflicts(&b, 0x2a));
+        // B moves it back with UNREG: A holds it, B is gone.
+        let (p, cd) = move_params(0xb, 0xa, 0x02, 1, &iscsi_tid(&a.initiator_port));
+        st.out(&b, &cd, &p).unwrap();
+        assert!(st.is_holder(&a));
+        assert!(st.reg_of(&b).is_none());
+        assert_eq!(st.reg_of(&a).map(|i| st.regs[i].key), Some(0xa));
+        // An all-registrants reservation has no holder to move.
+        st.out(&a, &cdb(2, kind::WRITE_EXCLUSIVE), &params(0xa, 0, 0))
+            .unwrap();
+        st.out(&a, &cdb(1, kind::WRITE_EXCLUSIVE_AR), &params(0xa, 0, 0))
+            .unwrap();
+        let (p, cd) = move_params(0xa, 0xb, 0, 1, &tid);
+        assert_eq!(st.out(&a, &cd, &p).unwrap_err(), PrError::Conflict);
+        // The TransportID length must match the parameter list.
+        let (mut p, cd) = move_params(0xa, 0xb, 0, 1, &tid);
+        p[23] += 4;
+        assert_eq!(
+            st.out(&a, &cd, &p).unwrap_err(),
+            PrError::Check(Sense::PARAMETER_LIST_LENGTH_ERROR)
+        );
     }
 
     #[test]

@@ -37,6 +37,7 @@ use crate::cmd::{
 use crate::device::{Device, DeviceId, LunEntry, LunMap};
 use crate::emulate::{self, DataCtx, Plan, Rmw};
 use crate::pr::{PrError, PrNexus};
+use crate::sanitize::{self, Step};
 use crate::stats::{Completion, IoDir, IoStats, ShardStats};
 
 /// Depth of each backend queue this shard opens.
@@ -84,7 +85,32 @@ enum CmdState {
     Exec,
     /// `Action::Respond` is queued or being sent; waits for `response_sent`.
     Respond,
+    /// A SANITIZE without IMMED: waits for its device's sanitize operation
+    /// (a [`SanitizeJob`]), which outlives it if it is aborted.
+    Background,
 }
+
+/// A sanitize operation this shard runs for a device (SBC-4 §4.11): one
+/// block operation in flight at a time, tagged apart from commands.
+struct SanitizeJob {
+    dev: Arc<Device>,
+    op: sanitize::Operation,
+    /// The SANITIZE without IMMED that waits for the end: (slab key, seq).
+    cmd: Option<(usize, u32)>,
+    residual: Residual,
+    ause: bool,
+    /// When it started (pacing); `None` if no time was ever passed in.
+    start: Option<Instant>,
+    /// An operation a full queue handed back.
+    busy: Option<BlockOp>,
+    in_flight: bool,
+    seq: u32,
+}
+
+/// Backend tags of sanitize operations: this bit in the low half (a
+/// command's slab key never reaches it), the job's key below it, its
+/// sequence number in the high half.
+const SANITIZE_TAG: u64 = 1 << 31;
 
 /// What a command made of several block operations still has to do once
 /// the current one completes.
@@ -252,6 +278,9 @@ pub struct Shard {
     /// EXTENDED COPY: copies waiting to be pumped, results held per
     /// nexus ([`crate::xcopy`]).
     copies: crate::xcopy::Copies,
+    /// Sanitize operations started on this shard.
+    sanitizing: Slab<SanitizeJob>,
+    next_sanitize: u32,
     /// The [`capacity_epoch`](crate::device::capacity_epoch) last scanned.
     cap_epoch: u64,
 }
@@ -377,6 +406,8 @@ impl Shard {
             dev_stats: HashMap::default(),
             preempted: Vec::new(),
             copies: crate::xcopy::Copies::default(),
+            sanitizing: Slab::new(),
+            next_sanitize: 1,
             cap_epoch: crate::device::capacity_epoch(),
         }
     }
@@ -505,6 +536,9 @@ impl Shard {
         if !self.copies.wait.is_empty() {
             progress |= self.xcopy_retry();
         }
+        if !self.sanitizing.is_empty() {
+            progress |= self.drive_sanitize(Some(now));
+        }
         let epoch = crate::device::capacity_epoch();
         if epoch != self.cap_epoch {
             self.cap_epoch = epoch;
@@ -575,6 +609,9 @@ impl Shard {
         !self.retry.is_empty()
             || !self.range_wait.is_empty()
             || !self.copies.wait.is_empty()
+            // A paced sanitize waits for its next slot with nothing in
+            // flight (see `Shard::next_deadline`).
+            || self.sanitizing.iter().any(|(_, j)| !j.in_flight)
             || self.queues.values().any(|d| {
                 d.q.as_ref()
                     .is_some_and(|q| q.notify_fd().is_none() && q.in_flight() > 0)
@@ -717,9 +754,18 @@ impl Shard {
                 _ => {}
             }
             st.reset_gen = Some(rg);
+            // SBC-4 §4.11.1: while a sanitize runs (on any core) the device
+            // server answers little else, and that before a unit attention
+            // (libiscsi's Sanitize.Reset: the first command of a new nexus
+            // meets SANITIZE IN PROGRESS); after a failed one, media access
+            // meets MEDIUM FORMAT CORRUPTED.
+            if let Some(sense) = e.device.shared.sanitize.gate(op) {
+                early = Some(Response::check(sense));
+            }
             // SAM-5 §5.14: a pending unit attention fails the next command,
             // except INQUIRY, REPORT LUNS and REQUEST SENSE, and is cleared.
-            if !emulate::passes_unit_attention(op)
+            if early.is_none()
+                && !emulate::passes_unit_attention(op)
                 && let Some(ua) = st.ua.pop_front()
             {
                 early = Some(Response::check(ua));
@@ -790,7 +836,12 @@ impl Shard {
             seq,
             tag: req.tag,
             lun: lun.unwrap_or_default(),
-            attr: req.attr,
+            // SBC-4 §5.30.1: SANITIZE is processed as HEAD OF QUEUE.
+            attr: if op == ferrite_scsi::Opcode::SANITIZE.0 {
+                TaskAttr::HeadOfQueue
+            } else {
+                req.attr
+            },
             cdb: req.cdb,
             expected_len: req.expected_len,
             state: CmdState::New,
@@ -826,11 +877,12 @@ impl Shard {
         }
         // Enter the task set of this nexus and LU (a LUN with no logical unit
         // has none: INQUIRY, REPORT LUNS and REQUEST SENSE there just run).
+        let ordered = self.cmds[key].attr == TaskAttr::Ordered;
         if self.cmds[key].entry.is_some()
             && let Some(st) = self.lu_mut(key)
         {
             st.tasks.push_back(key);
-            if req.attr == TaskAttr::Ordered {
+            if ordered {
                 st.ordered += 1;
             }
             self.cmds[key].in_task_set = true;
@@ -906,7 +958,8 @@ impl Shard {
             | CmdState::QueueFull
             | CmdState::RangeWait
             | CmdState::Exec
-            | CmdState::Respond => {}
+            | CmdState::Respond
+            | CmdState::Background => {}
         }
     }
 
@@ -939,6 +992,8 @@ impl Shard {
             Plan::PrOut { param_len, .. } => self.fetch(key, param_len),
             Plan::ExtendedCopy { param_len, .. } => self.fetch(key, param_len),
             Plan::CopyResults => self.copy_results(key),
+            Plan::Sanitize { param_len: 0, .. } => self.sanitize(key, &[]),
+            Plan::Sanitize { param_len, .. } => self.fetch(key, param_len),
             Plan::Reserve | Plan::Release => {
                 let Some(s) = self.sessions.get(&c.session) else {
                     return;
@@ -1106,13 +1161,19 @@ impl Shard {
         let Some(s) = self.sessions.get_mut(&c.session) else {
             return;
         };
-        // REQUEST SENSE reports (and so clears) a pending unit attention.
-        let pending =
-            if c.entry.is_some() && c.cdb.first() == Some(&ferrite_scsi::Opcode::REQUEST_SENSE.0) {
-                s.lus.get_mut(&c.lun).and_then(|st| st.ua.pop_front())
-            } else {
-                None
-            };
+        // REQUEST SENSE reports (and so clears) a pending unit attention;
+        // SBC-4 §4.11.1: while a sanitize runs, its progress instead.
+        let pending = match c.entry.as_ref() {
+            Some(e) if c.cdb.first() == Some(&ferrite_scsi::Opcode::REQUEST_SENSE.0) => {
+                match e.device.shared.sanitize.status() {
+                    sanitize::Status::Running(p) => {
+                        Some(Sense::SANITIZE_IN_PROGRESS.with_progress(p))
+                    }
+                    _ => s.lus.get_mut(&c.lun).and_then(|st| st.ua.pop_front()),
+                }
+            }
+            _ => None,
+        };
         let ctx = DataCtx {
             entry: c.entry.as_ref(),
             luns: &s.luns,
@@ -1389,9 +1450,9 @@ impl Shard {
             .sessions
             .iter()
             .filter(|(_, s)| {
-                preempted.iter().any(|n| {
-                    n.initiator_port == s.nexus.initiator_port && n.target == s.nexus.target
-                })
+                preempted
+                    .iter()
+                    .any(|n| n.covers(&s.nexus.initiator_port, &s.nexus.target))
             })
             .map(|(k, _)| *k)
             .collect();
@@ -1486,10 +1547,192 @@ impl Shard {
         );
     }
 
+    /// Runs a SANITIZE once its parameter list (if any) arrived (SBC-4
+    /// §5.30): EXIT FAILURE MODE at once; OVERWRITE and BLOCK ERASE claim
+    /// the device and start a [`SanitizeJob`], answered now with IMMED and
+    /// when the operation ends without.
+    fn sanitize(&mut self, key: usize, params: &[u8]) {
+        let c = &self.cmds[key];
+        let (
+            Some(dev),
+            Plan::Sanitize {
+                sa,
+                immed,
+                ause,
+                residual,
+                ..
+            },
+        ) = (c.entry.as_ref().map(|e| e.device.clone()), c.plan)
+        else {
+            return;
+        };
+        let seq = c.seq;
+        let g = dev.geometry();
+        let method = match sa {
+            sanitize::sa::EXIT_FAILURE_MODE => {
+                let rsp = match dev.shared.sanitize.exit_failure_mode() {
+                    Ok(()) => good(residual),
+                    Err(s) => check(s, residual),
+                };
+                self.respond(key, rsp);
+                return;
+            }
+            sanitize::sa::OVERWRITE => match sanitize::parse_overwrite(params, g.block_size) {
+                Ok(o) => sanitize::Method::Overwrite(o),
+                Err(s) => {
+                    self.respond(key, check(s, residual));
+                    return;
+                }
+            },
+            _ => sanitize::Method::BlockErase,
+        };
+        if let Err(s) = dev.shared.sanitize.begin(ause) {
+            self.respond(key, check(s, residual));
+            return;
+        }
+        let job_seq = self.next_sanitize;
+        self.next_sanitize = self.next_sanitize.wrapping_add(1);
+        self.sanitizing.insert(SanitizeJob {
+            dev,
+            op: sanitize::Operation::new(method, g.bytes()),
+            cmd: (!immed).then_some((key, seq)),
+            residual,
+            ause,
+            start: self.now,
+            busy: None,
+            in_flight: false,
+            seq: job_seq,
+        });
+        if immed {
+            self.respond(key, good(residual));
+        } else {
+            self.cmds[key].state = CmdState::Background;
+        }
+        self.drive_sanitize(self.now);
+    }
+
+    /// Issues the next block operation of every sanitize operation with
+    /// none in flight whose pacing allows it. True if any moved.
+    fn drive_sanitize(&mut self, now: Option<Instant>) -> bool {
+        let keys: SmallVec<[usize; 4]> = self
+            .sanitizing
+            .iter()
+            .filter(|(_, j)| !j.in_flight)
+            .map(|(k, _)| k)
+            .collect();
+        let mut progress = false;
+        for k in keys {
+            let j = &mut self.sanitizing[k];
+            let op = match j.busy.take() {
+                Some(op) => op,
+                None => {
+                    if let (Some(now), Some(start)) = (now, j.start)
+                        && now < start + j.op.next_write_after()
+                    {
+                        continue;
+                    }
+                    match j.op.next_step() {
+                        Step::Done => {
+                            self.finish_sanitize(k, true);
+                            progress = true;
+                            continue;
+                        }
+                        Step::Write {
+                            offset,
+                            len,
+                            inverted,
+                        } => {
+                            let block = j.op.block(inverted);
+                            let mut buf = self.pool.sg(len as usize);
+                            let mut at = 0;
+                            while at < len as usize {
+                                at += buf.copy_in(at, &block).max(1);
+                            }
+                            BlockOp::Write {
+                                offset,
+                                buf,
+                                fua: false,
+                            }
+                        }
+                        Step::Unmap { offset, len } => BlockOp::Unmap { offset, len },
+                        Step::Flush => BlockOp::Flush,
+                    }
+                }
+            };
+            let j = &self.sanitizing[k];
+            let tag = ((j.seq as u64) << 32) | SANITIZE_TAG | k as u64;
+            let dev = j.dev.clone();
+            let Some(q) = self.queue(&dev) else {
+                self.finish_sanitize(k, false);
+                progress = true;
+                continue;
+            };
+            match q.submit(tag, op) {
+                Ok(()) => {
+                    self.sanitizing[k].in_flight = true;
+                    progress = true;
+                }
+                Err(Busy(op)) => self.sanitizing[k].busy = Some(op),
+            }
+        }
+        progress
+    }
+
+    /// A block operation of a sanitize operation finished.
+    fn sanitize_done(&mut self, d: BlockDone) {
+        let k = (d.tag & (SANITIZE_TAG - 1)) as usize;
+        let seq = (d.tag >> 32) as u32;
+        let Some(j) = self.sanitizing.get_mut(k) else {
+            return;
+        };
+        if j.seq != seq {
+            return;
+        }
+        j.in_flight = false;
+        drop(d.buf);
+        match d.result {
+            Ok(()) => {
+                j.dev.shared.sanitize.set_progress(j.op.progress());
+                self.drive_sanitize(self.now);
+            }
+            Err(e) => {
+                tracing::error!(device = %j.dev.name, error = %e, "sanitize failed");
+                self.finish_sanitize(k, false);
+            }
+        }
+    }
+
+    /// Ends a sanitize operation: the device's state says how, and the
+    /// SANITIZE that waited for it (if still there) is answered.
+    fn finish_sanitize(&mut self, k: usize, ok: bool) {
+        if !self.sanitizing.contains(k) {
+            return;
+        }
+        let j = self.sanitizing.remove(k);
+        j.dev.shared.sanitize.finish(ok, j.ause);
+        if let Some((key, seq)) = j.cmd
+            && self
+                .cmds
+                .get(key)
+                .is_some_and(|c| c.seq == seq && c.state == CmdState::Background && !c.aborted)
+        {
+            let rsp = if ok {
+                good(j.residual)
+            } else {
+                Response::check(Sense::SANITIZE_COMMAND_FAILED)
+            };
+            self.respond(key, rsp);
+        }
+    }
+
     /// A block operation finished.
     fn complete(&mut self, d: BlockDone) {
         if let Some((key, seq, slot)) = crate::xcopy::untag(d.tag) {
             self.xcopy_done(key, seq, slot, d);
+            return;
+        }
+        if d.tag & SANITIZE_TAG != 0 {
+            self.sanitize_done(d);
             return;
         }
         let key = (d.tag & 0xffff_ffff) as usize;
@@ -1721,7 +1964,12 @@ impl Shard {
         };
         c.aborted = true;
         match c.state {
-            CmdState::New | CmdState::Blocked | CmdState::QueueFull | CmdState::RangeWait => {
+            // SBC-4 §4.11.1: the sanitize operation goes on without its task.
+            CmdState::New
+            | CmdState::Blocked
+            | CmdState::QueueFull
+            | CmdState::RangeWait
+            | CmdState::Background => {
                 self.free(key);
                 false
             }
@@ -2080,6 +2328,7 @@ impl Shard {
                     Plan::PrOut { param_len, .. } => param_len,
                     Plan::ModeSelect { param_len, .. } => param_len,
                     Plan::ExtendedCopy { param_len, .. } => param_len,
+                    Plan::Sanitize { param_len, .. } => param_len,
                     _ => return,
                 };
                 if buf.len() < want as usize {
@@ -2127,6 +2376,10 @@ impl Shard {
                                 buf: medium,
                             },
                         );
+                    }
+                    Plan::Sanitize { .. } => {
+                        let params = buf.to_vec();
+                        self.sanitize(key, &params);
                     }
                     Plan::ExtendedCopy { .. } => {
                         let params = buf.to_vec();

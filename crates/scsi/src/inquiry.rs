@@ -239,12 +239,17 @@ pub fn block_limits(pq_type: u8, l: &BlockLimits, out: &mut Vec<u8>) {
 
 /// Block device characteristics (SBC-4 §6.6.2), page length 3Ch: MEDIUM
 /// ROTATION RATE 0001h for non-rotating media, 0000h (not reported)
-/// otherwise.
-pub fn block_device_characteristics(pq_type: u8, rotational: bool, out: &mut Vec<u8>) {
+/// otherwise; WABEREQ (byte 7 bits 7..6) as given: what reads of a block
+/// after a SANITIZE BLOCK ERASE return (01b: GOOD; 00b: block erase is not
+/// supported). WACEREQ is 00b: no cryptographic erase.
+pub fn block_device_characteristics(pq_type: u8, rotational: bool, wabereq: u8, out: &mut Vec<u8>) {
     let at = vpd_header(out, pq_type, vpd::BLOCK_DEVICE_CHARACTERISTICS);
     let rate: u16 = if rotational { 0 } else { 1 };
     out.extend(rate.to_be_bytes());
-    out.extend([0u8; 58]);
+    // PRODUCT TYPE, then WABEREQ | WACEREQ | NOMINAL FORM FACTOR.
+    out.push(0);
+    out.push((wabereq & 0x03) << 6);
+    out.extend([0u8; 56]);
     vpd_finish(out, at);
 }
 
@@ -349,8 +354,8 @@ mod tests {
         assert_eq!(v[3], 0x3c);
         assert_eq!(&v[8..12], &2048u32.to_be_bytes());
         let mut v = Vec::new();
-        block_device_characteristics(0, false, &mut v);
-        assert_eq!((v.len(), v[3], v[5]), (64, 0x3c, 1));
+        block_device_characteristics(0, false, 1, &mut v);
+        assert_eq!((v.len(), v[3], v[5], v[7]), (64, 0x3c, 1, 0x40));
         let mut v = Vec::new();
         logical_block_provisioning(
             0,

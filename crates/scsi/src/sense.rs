@@ -31,6 +31,10 @@ pub struct Sense {
     pub field: Option<FieldPointer>,
     /// The INFORMATION field (e.g. the first bad LBA), when VALID is set.
     pub info: Option<u64>,
+    /// SPC-4 §4.5.2.4.4 PROGRESS INDICATION (SKSV set): the fraction done
+    /// of a long operation in 65536ths, e.g. NOT READY while a sanitize
+    /// runs. Ignored when `field` is set.
+    pub progress: Option<u16>,
 }
 
 /// Sense-key-specific field pointer (SPC-4 §4.5.2.4.2).
@@ -53,7 +57,14 @@ impl Sense {
             ascq,
             field: None,
             info: None,
+            progress: None,
         }
+    }
+
+    /// This condition with a progress indication (`done` in 65536ths).
+    pub const fn with_progress(mut self, done: u16) -> Sense {
+        self.progress = Some(done);
+        self
     }
 
     /// This condition, pointing at a field of the CDB.
@@ -100,6 +111,9 @@ impl Sense {
                 b[15] |= 0x08 | (bit & 7);
             }
             b[16..18].copy_from_slice(&f.byte.to_be_bytes());
+        } else if let Some(p) = self.progress {
+            b[15] = 0x80;
+            b[16..18].copy_from_slice(&p.to_be_bytes());
         }
         b
     }
@@ -126,7 +140,7 @@ impl Sense {
             b[n + 4..n + 12].copy_from_slice(&info.to_be_bytes());
             n += 12;
         }
-        if self.field.is_some() {
+        if self.field.is_some() || self.progress.is_some() {
             b[n] = 0x02;
             b[n + 1] = 0x06;
             let f = self.to_fixed();
@@ -228,6 +242,10 @@ sense_consts! {
     PROTOCOL_SERVICE_CRC_ERROR = ABORTED_COMMAND, 0x47, 0x05;
     OVERLAPPED_COMMANDS_ATTEMPTED = ABORTED_COMMAND, 0x4e, 0x00;
     SCSI_BUS_RESET = UNIT_ATTENTION, 0x29, 0x02;
+    // SBC-4 §4.11 sanitize operations.
+    SANITIZE_IN_PROGRESS = NOT_READY, 0x04, 0x1b;
+    MEDIUM_FORMAT_CORRUPTED = MEDIUM_ERROR, 0x31, 0x00;
+    SANITIZE_COMMAND_FAILED = MEDIUM_ERROR, 0x31, 0x03;
     // SPC-4 §6.4 EXTENDED COPY and §6.23 RECEIVE COPY RESULTS.
     TOO_MANY_TARGET_DESCRIPTORS = ILLEGAL_REQUEST, 0x26, 0x06;
     UNSUPPORTED_TARGET_DESCRIPTOR_TYPE_CODE = ILLEGAL_REQUEST, 0x26, 0x07;
@@ -271,5 +289,16 @@ mod tests {
         let f = Sense::WRITE_PROTECTED.encode(false);
         assert_eq!(f.len(), 18);
         assert_eq!((f[2], f[12]), (0x07, 0x27));
+    }
+
+    #[test]
+    fn progress_indication() {
+        let s = Sense::SANITIZE_IN_PROGRESS.with_progress(0x8000);
+        let f = s.to_fixed();
+        assert_eq!((f[2], f[12], f[13]), (0x02, 0x04, 0x1b));
+        assert_eq!(&f[15..18], &[0x80, 0x80, 0x00]);
+        let d = s.to_descriptor();
+        assert_eq!(&d[8..16], &[0x02, 0x06, 0, 0, 0x80, 0x80, 0, 0]);
+        assert_eq!(Sense::SANITIZE_IN_PROGRESS.to_fixed()[15], 0);
     }
 }
