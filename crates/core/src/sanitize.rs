@@ -642,6 +642,326 @@ mod tests {
         assert_eq!(op.next_write_after(), Duration::ZERO);
     }
 
+    /// The whole path through a shard: a device in memory, two nexuses.
+    mod through_a_shard {
+        use std::collections::VecDeque;
+        use std::sync::{Arc, Mutex};
+        use std::time::{Duration, Instant};
+
+        use ferrite_reactor::buf::BufPool;
+        use ferrite_scsi::Lun;
+
+        use crate::backend::{
+            Backend, BackendError, BackendQueue, BlockDone, BlockError, BlockOp, Busy, Caps,
+            Geometry,
+        };
+        use crate::cmd::{Action, Cdb, CmdRequest, DataDir, Response, TaskAttr, TaskTag};
+        use crate::device::{Device, DeviceFlags, DeviceId, Identity, LunEntry, LunMap};
+        use crate::sanitize::Status;
+        use crate::{Nexus, SessionId, Shard, TmfFunction, TmfRequest, TmfResponse};
+
+        const BLOCKS: u64 = 64;
+
+        #[derive(Default)]
+        struct Medium {
+            data: Vec<u8>,
+            fail_writes: bool,
+        }
+
+        struct Mem(Arc<Mutex<Medium>>);
+        struct MemQ(Arc<Mutex<Medium>>, VecDeque<(u64, BlockOp)>);
+
+        impl Backend for Mem {
+            fn geometry(&self) -> Geometry {
+                Geometry {
+                    block_size: 512,
+                    num_blocks: BLOCKS,
+                    phys_exp: 0,
+                }
+            }
+            fn caps(&self) -> Caps {
+                Caps {
+                    unmap: true,
+                    unmap_zeroes: true,
+                    ..Caps::default()
+                }
+            }
+            fn open_queue(&self, _: u32) -> Result<Box<dyn BackendQueue>, BackendError> {
+                Ok(Box::new(MemQ(self.0.clone(), VecDeque::new())))
+            }
+        }
+
+        impl BackendQueue for MemQ {
+            fn submit(&mut self, tag: u64, op: BlockOp) -> Result<(), Busy<BlockOp>> {
+                self.1.push_back((tag, op));
+                Ok(())
+            }
+            fn poll(&mut self, out: &mut Vec<BlockDone>) {
+                let mut m = self.0.lock().unwrap();
+                while let Some((tag, op)) = self.1.pop_front() {
+                    let (result, buf) = match op {
+                        BlockOp::Write { .. } if m.fail_writes => (Err(BlockError::Io), None),
+                        BlockOp::Write { offset, buf, .. } => {
+                            let o = offset as usize;
+                            let v = buf.to_vec();
+                            m.data[o..o + v.len()].copy_from_slice(&v);
+                            (Ok(()), Some(buf))
+                        }
+                        BlockOp::Read { offset, mut buf } => {
+                            let o = offset as usize;
+                            let n = buf.len();
+                            buf.copy_in(0, &m.data[o..o + n]);
+                            (Ok(()), Some(buf))
+                        }
+                        BlockOp::Unmap { offset, len } | BlockOp::WriteZeroes { offset, len } => {
+                            m.data[offset as usize..(offset + len) as usize].fill(0);
+                            (Ok(()), None)
+                        }
+                        BlockOp::Flush => (Ok(()), None),
+                    };
+                    out.push(BlockDone { tag, result, buf });
+                }
+            }
+            fn in_flight(&self) -> usize {
+                self.1.len()
+            }
+        }
+
+        struct T {
+            shard: Shard,
+            dev: Arc<Device>,
+            medium: Arc<Mutex<Medium>>,
+            now: Instant,
+            tag: u64,
+        }
+
+        impl T {
+            fn new() -> (T, SessionId, SessionId) {
+                let medium = Arc::new(Mutex::new(Medium {
+                    data: vec![0x77; (BLOCKS * 512) as usize],
+                    fail_writes: false,
+                }));
+                let dev = Arc::new(Device::new(
+                    DeviceId(7),
+                    "sanitized",
+                    Arc::new(Mem(medium.clone())),
+                    Identity {
+                        vendor: "FERRITE".into(),
+                        product: "TEST".into(),
+                        revision: "1".into(),
+                        serial: "s".into(),
+                        naa: 0x5000_0000_0000_0001,
+                        eui64: 1,
+                    },
+                    DeviceFlags {
+                        thin_provisioned: true,
+                        ..DeviceFlags::default()
+                    },
+                ));
+                let mut map = LunMap::default();
+                map.luns.insert(
+                    Lun(0),
+                    LunEntry {
+                        device: dev.clone(),
+                        read_only: false,
+                    },
+                );
+                let map = Arc::new(map);
+                let now = Instant::now();
+                let mut shard = Shard::new(0, BufPool::new(4096, 8));
+                let nexus = |n: u32| Nexus {
+                    initiator: format!("iqn.test:i{n}"),
+                    initiator_port: format!("iqn.test:i{n},i,0x{n:012x}"),
+                    target: "iqn.test:t".into(),
+                    rel_port_id: 1,
+                };
+                let a = shard.open_session(now, nexus(1), map.clone(), false);
+                let b = shard.open_session(now, nexus(2), map, false);
+                let mut t = T {
+                    shard,
+                    dev,
+                    medium,
+                    now,
+                    tag: 0,
+                };
+                // Take the POWER ON unit attentions.
+                t.cmd(a, &[0; 6], &[]);
+                t.cmd(b, &[0; 6], &[]);
+                (t, a, b)
+            }
+
+            /// Submits `cdb` with `data` as Data-Out; the response, if one
+            /// came at once.
+            fn cmd(&mut self, sid: SessionId, cdb: &[u8], data: &[u8]) -> Option<Response> {
+                self.tag += 1;
+                let req = CmdRequest {
+                    lun: Lun(0),
+                    lun_raw: Lun(0).encode(),
+                    tag: TaskTag(self.tag),
+                    cdb: Cdb::from_slice(cdb),
+                    attr: TaskAttr::Simple,
+                    dir: if data.is_empty() {
+                        DataDir::Read
+                    } else {
+                        DataDir::Write
+                    },
+                    expected_len: if data.is_empty() {
+                        255
+                    } else {
+                        data.len() as u32
+                    },
+                    expected_read_len: 0,
+                };
+                let mut s = self.shard.session(sid).unwrap();
+                s.submit(self.now, req);
+                let mut out = None;
+                while let Some(a) = s.poll_action() {
+                    match a {
+                        Action::FetchData { id, mut buf, .. } => {
+                            buf.copy_in(0, data);
+                            s.data_out_done(id, Ok(buf));
+                        }
+                        Action::Respond { id, rsp, .. } => {
+                            s.response_sent(id);
+                            out = Some(rsp);
+                        }
+                        _ => {}
+                    }
+                }
+                out
+            }
+
+            /// Advances virtual time until the sanitize ends; the response
+            /// that came meanwhile for `sid`, if any.
+            fn run_out(&mut self, sid: SessionId) -> Option<Response> {
+                let mut out = None;
+                for _ in 0..10_000 {
+                    self.now += Duration::from_millis(50);
+                    self.shard.poll(self.now);
+                    let mut s = self.shard.session(sid).unwrap();
+                    while let Some(a) = s.poll_action() {
+                        if let Action::Respond { id, rsp, .. } = a {
+                            s.response_sent(id);
+                            out = Some(rsp);
+                        }
+                    }
+                    if !matches!(self.dev.sanitize_status(), Status::Running(_)) {
+                        return out;
+                    }
+                }
+                panic!("the sanitize never ended");
+            }
+        }
+
+        fn sense(r: &Option<Response>) -> (u8, u8, u8) {
+            let s = r.as_ref().unwrap().sense.as_ref().unwrap();
+            (s[2] & 0x0f, s[12], s[13])
+        }
+
+        fn good(r: &Option<Response>) -> bool {
+            r.as_ref().is_some_and(|r| r.status.0 == 0)
+        }
+
+        fn overwrite(b1: u8) -> ([u8; 10], Vec<u8>) {
+            (
+                [0x48, b1 | 0x01, 0, 0, 0, 0, 0, 0, 6, 0],
+                vec![0x01, 0, 0, 2, 0x12, 0x34],
+            )
+        }
+
+        #[test]
+        fn overwrite_outlives_its_aborted_task_and_holds_off_other_commands() {
+            let (mut t, a, b) = T::new();
+            let (cdb, p) = overwrite(0);
+            // No IMMED: no answer until the operation ends.
+            assert!(t.cmd(a, &cdb, &p).is_none());
+            assert!(matches!(t.dev.sanitize_status(), Status::Running(_)));
+            // Other commands, from either nexus: NOT READY, SANITIZE IN
+            // PROGRESS, with SKSV and a progress indication.
+            let r = t.cmd(b, &[0; 6], &[]);
+            assert_eq!(sense(&r), (0x02, 0x04, 0x1b));
+            assert_eq!(r.as_ref().unwrap().sense.as_ref().unwrap()[15], 0x80);
+            assert_eq!(
+                sense(&t.cmd(a, &[0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0], &[])),
+                (2, 4, 0x1b)
+            );
+            // A second SANITIZE too.
+            assert_eq!(sense(&t.cmd(b, &cdb, &p)), (2, 4, 0x1b));
+            // INQUIRY is served; REQUEST SENSE reports the progress, GOOD.
+            assert!(good(&t.cmd(b, &[0x12, 0, 0, 0, 36, 0], &[])));
+            let r = t.cmd(b, &[0x03, 0, 0, 0, 18, 0], &[]).unwrap();
+            assert_eq!(r.status.0, 0);
+            // ABORT TASK SET ends the task at once; the operation goes on.
+            let mut s = t.shard.session(a).unwrap();
+            s.task_mgmt(
+                t.now,
+                TmfRequest {
+                    func: TmfFunction::AbortTaskSet,
+                    lun: Lun(0),
+                    tag: TaskTag(999),
+                },
+            );
+            let done = std::iter::from_fn(|| s.poll_action()).any(|x| {
+                matches!(
+                    x,
+                    Action::TmfDone {
+                        rsp: TmfResponse::Complete,
+                        ..
+                    }
+                )
+            });
+            assert!(done, "the abort waited for the sanitize");
+            assert!(matches!(t.dev.sanitize_status(), Status::Running(_)));
+            // The aborted task never answers; the medium is overwritten.
+            assert!(t.run_out(a).is_none());
+            assert_eq!(t.dev.sanitize_status(), Status::Idle);
+            let m = t.medium.lock().unwrap();
+            assert!(m.data.chunks(2).all(|c| c == [0x12, 0x34]));
+            drop(m);
+            assert!(good(&t.cmd(b, &[0; 6], &[])));
+        }
+
+        #[test]
+        fn block_erase_with_immed_and_a_failed_overwrite() {
+            let (mut t, a, b) = T::new();
+            // IMMED: GOOD at once; the blocks are deallocated after.
+            let r = t.cmd(a, &[0x48, 0x82, 0, 0, 0, 0, 0, 0, 0, 0], &[]);
+            assert!(good(&r));
+            t.run_out(a);
+            assert!(t.medium.lock().unwrap().data.iter().all(|&x| x == 0));
+            // A failed overwrite (AUSE = 0): the SANITIZE gets SANITIZE
+            // COMMAND FAILED, media access MEDIUM FORMAT CORRUPTED, EXIT
+            // FAILURE MODE and an AUSE = 1 sanitize are refused.
+            t.medium.lock().unwrap().fail_writes = true;
+            let (cdb, p) = overwrite(0);
+            assert!(t.cmd(a, &cdb, &p).is_none());
+            let r = t.run_out(a);
+            assert_eq!(sense(&r), (0x03, 0x31, 0x03));
+            assert_eq!(t.dev.sanitize_status(), Status::Failed { ause: false });
+            let read = [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+            assert_eq!(sense(&t.cmd(b, &read, &[])), (0x03, 0x31, 0x00));
+            assert!(good(&t.cmd(b, &[0; 6], &[])));
+            let exit = [0x48, 0x1f, 0, 0, 0, 0, 0, 0, 0, 0];
+            assert_eq!(sense(&t.cmd(b, &exit, &[])), (0x05, 0x24, 0x00));
+            let (cdb, p) = overwrite(0x20);
+            assert_eq!(sense(&t.cmd(b, &cdb, &p)), (0x05, 0x24, 0x00));
+            // A sanitize that completes leaves the failure.
+            t.medium.lock().unwrap().fail_writes = false;
+            let (cdb, p) = overwrite(0x80);
+            assert!(good(&t.cmd(b, &cdb, &p)));
+            t.run_out(b);
+            assert_eq!(t.dev.sanitize_status(), Status::Idle);
+            // The read goes to the backend again.
+            assert!(t.cmd(b, &read, &[]).is_none());
+            assert!(good(&t.run_out(b)));
+            // Parameter list checks reach the initiator: OVERWRITE COUNT 0.
+            let (cdb, mut p) = overwrite(0);
+            p[0] = 0;
+            assert_eq!(sense(&t.cmd(b, &cdb, &p)), (0x05, 0x26, 0x00));
+            assert_eq!(t.dev.sanitize_status(), Status::Idle);
+        }
+    }
+
     #[test]
     fn device_state() {
         let s = SanitizeShared::default();
