@@ -51,6 +51,14 @@ pub struct InitiatorConfig {
     pub recv_len: u32,
     /// How long to wait for any one completion.
     pub timeout: Duration,
+    /// SRP r16a §6.2 MULTI-CHANNEL ACTION: false (0) asks the target to
+    /// end this initiator port's other channels to the target port, true
+    /// (1) to add this one to them (ib_srp's second and later channels).
+    pub multi_channel: bool,
+    /// The first tag this channel uses. Tags name tasks in the I_T nexus,
+    /// so the channels of one nexus take disjoint ranges (ib_srp puts the
+    /// channel index in the tag's upper bits).
+    pub first_tag: u64,
 }
 
 impl Default for InitiatorConfig {
@@ -62,6 +70,8 @@ impl Default for InitiatorConfig {
             recv_count: 72,
             recv_len: 4096,
             timeout: Duration::from_secs(10),
+            multi_channel: false,
+            first_tag: 0x1000,
         }
     }
 }
@@ -73,7 +83,11 @@ impl InitiatorConfig {
             tag: 1,
             req_it_iu_len: self.max_it_iu_len,
             req_buf_fmt: iu::BUF_FORMAT_DIRECT | iu::BUF_FORMAT_INDIRECT,
-            req_flags: iu::MULTICHAN_SINGLE,
+            req_flags: if self.multi_channel {
+                iu::MULTICHAN_MULTI
+            } else {
+                iu::MULTICHAN_SINGLE
+            },
             initiator_port_id: self.initiator_port_id,
             target_port_id: self.target_port_id,
         }
@@ -219,7 +233,7 @@ impl Initiator {
             send_pending: HashMap::new(),
             next_wr: 1,
             credits,
-            next_tag: 0x1000,
+            next_tag: cfg.first_tag,
             outstanding: HashMap::new(),
             done: HashMap::new(),
             aens: Vec::new(),
