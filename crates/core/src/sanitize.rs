@@ -912,6 +912,14 @@ mod tests {
             });
             assert!(done, "the abort waited for the sanitize");
             assert!(matches!(t.dev.sanitize_status(), Status::Running(_)));
+            // The first write is in flight; once it is done the next step
+            // waits for its slot at RATE_BYTES_PER_SEC.
+            assert_eq!(t.shard.next_deadline(), None);
+            let now = t.now;
+            t.shard.poll(now);
+            let due = t.shard.next_deadline().expect("a paced step waits");
+            assert!(due > now && due - now < Duration::from_millis(5));
+            assert!(t.shard.wants_spin());
             // The aborted task never answers; the medium is overwritten.
             assert!(t.run_out(a).is_none());
             assert_eq!(t.dev.sanitize_status(), Status::Idle);

@@ -618,6 +618,17 @@ impl Shard {
             })
     }
 
+    /// When a paced sanitize operation may issue its next write, if one
+    /// waits with nothing in flight: a reactor that sleeps until then
+    /// instead of spinning need not keep polling for it.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.sanitizing
+            .iter()
+            .filter(|(_, j)| !j.in_flight && j.busy.is_none())
+            .filter_map(|(_, j)| j.start.map(|s| s + j.op.next_write_after()))
+            .min()
+    }
+
     /// The notify fd of every open backend queue.
     pub fn notify_fds(&self, out: &mut Vec<RawFd>) {
         for d in self.queues.values() {
