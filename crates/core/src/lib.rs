@@ -9,7 +9,9 @@
 //! Layout: [`cmd`], [`backend`] and [`device`] are the contracts with
 //! fabrics, backends and management; [`emulate`] is the SCSI emulation as
 //! pure functions; [`shard`] is the per-core state machine ([`Shard`],
-//! [`Session`]) that orders, executes, aborts and answers commands.
+//! [`Session`]) that orders, executes, aborts and answers commands;
+//! [`xcopy`] is the copy manager (EXTENDED COPY, RECEIVE COPY RESULTS) the
+//! shard runs copies inside the target with.
 //!
 //! Does not own: transports (fabrics call [`Session`] and carry out the
 //! [`Action`]s it returns) or storage (backends implement
