@@ -185,6 +185,11 @@ pub struct DeviceConfig {
     /// Ignore SYNCHRONIZE CACHE (battery-backed cache).
     #[serde(default, skip_serializing_if = "is_false")]
     pub nv_cache: bool,
+    /// Removable medium (INQUIRY RMB = 1), like SCST's vdisk `removable`:
+    /// START STOP UNIT ejects and loads it, PREVENT ALLOW MEDIUM REMOVAL
+    /// holds it in. Fixed when the device is created.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub removable: bool,
     /// nullio only: keep written data in RAM.
     #[serde(default, skip_serializing_if = "is_false")]
     pub mem: bool,
@@ -333,6 +338,7 @@ impl DeviceConfig {
             thin_provisioned: false,
             rotational: false,
             nv_cache: false,
+            removable: false,
             mem: false,
             serial: None,
             t10_vendor: None,
@@ -408,6 +414,7 @@ impl DeviceConfig {
             thin_provisioned: self.thin_provisioned,
             rotational: self.rotational,
             nv_cache: self.nv_cache,
+            removable: self.removable,
         }
     }
 

@@ -154,6 +154,10 @@ const DEVICE_ATTRS: &[AttrDef] = &[
         desc: "0|1: ignore SYNCHRONIZE CACHE (battery-backed cache)",
     },
     AttrDef {
+        name: "removable",
+        desc: "0|1: removable medium, INQUIRY RMB; START STOP UNIT ejects and loads it (read-only)",
+    },
+    AttrDef {
         name: "mem",
         desc: "0|1: keep written data in RAM (nullio; read-only)",
     },
@@ -394,7 +398,7 @@ const ISCSI_PARAMS: &[AttrDef] = &[
 pub const HANDLER_USAGE: &str = "\
 add_device NAME [filename=PATH;] [size=BYTES[K|M|G|T];] [blocksize=512|4096;] [read_only=0|1;]
            [write_through=0|1;] [thin_provisioned=0|1;] [rotational=0|1;] [nv_cache=0|1;]
-           [mem=0|1 (nullio);] [serial=S;] [t10_vendor=S;] [t10_product=S;] [t10_revision=S;]
+           [removable=0|1;] [mem=0|1 (nullio);] [serial=S;] [t10_vendor=S;] [t10_product=S;] [t10_revision=S;]
            [naa=16HEX;] [eui64=16HEX]
 del_device NAME";
 /// Usage of `/targets/iscsi/mgmt`.
@@ -581,6 +585,7 @@ pub(crate) fn device_attr_value(
         "thin_provisioned" => b01(d.thin_provisioned),
         "rotational" => b01(d.rotational),
         "nv_cache" => b01(d.nv_cache),
+        "removable" => b01(d.removable),
         "mem" => b01(d.mem),
         "serial" => id.serial,
         "t10_vendor" => id.vendor,
@@ -606,6 +611,7 @@ fn device_attr_key(d: &DeviceConfig, attr: &str) -> bool {
         "thin_provisioned" => d.thin_provisioned,
         "rotational" => d.rotational,
         "nv_cache" => d.nv_cache,
+        "removable" => d.removable,
         "mem" => d.mem,
         "serial" => d.serial.is_some(),
         "t10_vendor" => d.t10_vendor.is_some(),
@@ -1937,6 +1943,7 @@ impl Tree {
                     "thin_provisioned",
                     "rotational",
                     "nv_cache",
+                    "removable",
                     "mem",
                     "serial",
                     "usn",
@@ -1986,6 +1993,7 @@ impl Tree {
                         "thin_provisioned" => d.thin_provisioned = parse_bool(v).map_err(pe)?,
                         "rotational" => d.rotational = parse_bool(v).map_err(pe)?,
                         "nv_cache" => d.nv_cache = parse_bool(v).map_err(pe)?,
+                        "removable" => d.removable = parse_bool(v).map_err(pe)?,
                         "mem" => d.mem = parse_bool(v).map_err(pe)?,
                         "serial" | "usn" => d.serial = opt(),
                         "t10_vendor" | "t10_vendor_id" => d.t10_vendor = opt(),
@@ -3000,6 +3008,30 @@ mod tests {
         assert!(matches!(e, MgmtError::Runtime { .. }), "{e}");
         assert!(e.to_string().contains("injected"), "{e}");
         assert_eq!(t.config(), &before);
+    }
+
+    #[test]
+    fn removable_is_set_at_creation_and_read_only_after() {
+        let (mut t, _rt) = tree();
+        assert_eq!(t.get("/devices/disk0/removable").unwrap().value, "0");
+        t.run(
+            "/handlers/vdisk_nullio/mgmt",
+            "add_device cd0 size=4M; removable=1",
+        )
+        .unwrap();
+        assert!(t.config().device("cd0").unwrap().removable);
+        assert!(t.config().device("cd0").unwrap().flags().removable);
+        let v = t.get("/devices/cd0/removable").unwrap();
+        assert_eq!((v.value.as_str(), v.key, v.writable), ("1", true, false));
+        assert!(t.set("/devices/cd0/removable", "0").is_err());
+        assert!(t.config().device("cd0").unwrap().removable);
+        assert!(
+            t.run(
+                "/handlers/vdisk_nullio/mgmt",
+                "add_device cd1 removable=maybe"
+            )
+            .is_err()
+        );
     }
 
     #[test]

@@ -55,6 +55,10 @@ pub struct DeviceFlags {
     pub rotational: bool,
     /// Ignore flushes (battery-backed cache), like SCST's nv_cache.
     pub nv_cache: bool,
+    /// Removable medium (INQUIRY RMB = 1), like SCST's vdisk `removable`:
+    /// START STOP UNIT with LOEJ ejects and loads it, PREVENT ALLOW MEDIUM
+    /// REMOVAL holds it in (SBC-4 §4.15).
+    pub removable: bool,
 }
 
 /// A logical unit: a name, a backend, an identity and settings.
@@ -112,6 +116,86 @@ pub(crate) struct DeviceShared {
     pub(crate) reset_gen: AtomicU32,
     /// SBC-4 §4.11: a sanitize operation running or failed.
     pub(crate) sanitize: crate::sanitize::SanitizeShared,
+    /// SBC-4 §4.15: the removable medium, loaded or ejected, and who
+    /// prevents its removal.
+    pub(crate) medium: Medium,
+}
+
+/// The medium of a removable logical unit (SBC-4 §4.15), shared by every
+/// core. Commands read `ejected` (one atomic load, only on removable
+/// devices); the mutex is taken by PREVENT ALLOW MEDIUM REMOVAL, START STOP
+/// UNIT with LOEJ, resets and I_T nexus loss.
+#[derive(Debug, Default)]
+pub(crate) struct Medium {
+    ejected: AtomicBool,
+    /// SBC-4 §5.13: the I_T nexuses (session tokens, see
+    /// [`crate::shard`]) that set PREVENT = 01b; removal is prevented while
+    /// any does.
+    holders: Mutex<Vec<u64>>,
+    /// Bumped by every load of an ejected medium; each nexus compares it
+    /// with the last it saw to raise NOT READY TO READY CHANGE, MEDIUM MAY
+    /// HAVE CHANGED.
+    pub(crate) load_gen: AtomicU32,
+}
+
+impl Medium {
+    /// True unless the medium was ejected.
+    pub(crate) fn present(&self) -> bool {
+        !self.ejected.load(Ordering::Acquire)
+    }
+
+    /// True while some nexus prevents medium removal.
+    pub(crate) fn prevented(&self) -> bool {
+        self.holders.lock().is_ok_and(|h| !h.is_empty())
+    }
+
+    /// SBC-4 §5.13 PREVENT ALLOW MEDIUM REMOVAL by `holder`: PREVENT 01b
+    /// (`on`) sets its prevention, 00b clears it. Prevention is per I_T
+    /// nexus: another nexus's is left alone.
+    pub(crate) fn prevent(&self, holder: u64, on: bool) {
+        if let Ok(mut h) = self.holders.lock() {
+            h.retain(|&x| x != holder);
+            if on {
+                h.push(holder);
+            }
+        }
+    }
+
+    /// I_T nexus loss of `holder` (SBC-4 §5.13: its prevention ends).
+    pub(crate) fn forget(&self, holder: u64) {
+        self.prevent(holder, false);
+    }
+
+    /// A logical unit reset or a hard reset: every prevention ends (SBC-4
+    /// §5.13, SAM-5 §6.3).
+    pub(crate) fn clear(&self) {
+        if let Ok(mut h) = self.holders.lock() {
+            h.clear();
+        }
+    }
+
+    /// START STOP UNIT with LOEJ = 1 (SBC-4 §5.25): loads (`load`) or ejects
+    /// the medium unless removal is prevented. `Ok(true)` when an ejected
+    /// medium was loaded (the other nexuses get a unit attention).
+    pub(crate) fn load_eject(&self, load: bool) -> Result<bool, ferrite_scsi::Sense> {
+        let h = self
+            .holders
+            .lock()
+            .map_err(|_| ferrite_scsi::Sense::INTERNAL_TARGET_FAILURE)?;
+        // SBC-4 §5.13: while prevention is in effect, START STOP UNIT with
+        // LOEJ fails with ILLEGAL REQUEST, MEDIUM REMOVAL PREVENTED (SBC-4
+        // §5.25); libiscsi's PreventAllow.Eject expects it for loading
+        // too.
+        if !h.is_empty() {
+            return Err(ferrite_scsi::Sense::MEDIUM_REMOVAL_PREVENTED);
+        }
+        let was_ejected = self.ejected.swap(!load, Ordering::AcqRel);
+        let loaded = load && was_ejected;
+        if loaded {
+            self.load_gen.fetch_add(1, Ordering::AcqRel);
+        }
+        Ok(loaded)
+    }
 }
 
 /// Control page D_SENSE: sense data in descriptor format.
@@ -362,6 +446,18 @@ impl Device {
         self.shared.sanitize.status()
     }
 
+    /// False while a removable medium is ejected (always true for a
+    /// device that is not removable).
+    pub fn medium_present(&self) -> bool {
+        !self.flags.removable || self.shared.medium.present()
+    }
+
+    /// True while some I_T nexus prevents medium removal (PREVENT ALLOW
+    /// MEDIUM REMOVAL, SBC-4 §5.13).
+    pub fn removal_prevented(&self) -> bool {
+        self.shared.medium.prevented()
+    }
+
     /// Software write protect (Control mode page SWP, SPC-4 §7.5.7).
     pub fn swp(&self) -> bool {
         self.shared.mode.load(Ordering::Acquire) & MODE_SWP != 0
@@ -501,6 +597,42 @@ mod tests {
         assert!(d.reserve("b"));
         d.release(None);
         assert_eq!(d.reservation(), None);
+    }
+
+    #[test]
+    fn medium_prevention_is_per_nexus_and_blocks_load_and_eject() {
+        let m = Medium::default();
+        assert!(m.present() && !m.prevented());
+        m.prevent(1, true);
+        m.prevent(2, true);
+        m.prevent(2, true);
+        assert_eq!(
+            m.load_eject(false),
+            Err(ferrite_scsi::Sense::MEDIUM_REMOVAL_PREVENTED)
+        );
+        assert!(m.present());
+        // ALLOW from one nexus leaves the other's prevention in place.
+        m.prevent(1, false);
+        assert!(m.prevented());
+        assert!(m.load_eject(false).is_err());
+        // Nexus loss of the last holder ends it.
+        m.forget(2);
+        assert!(!m.prevented());
+        assert_eq!(m.load_eject(false), Ok(false));
+        assert!(!m.present());
+        assert_eq!(m.load_eject(false), Ok(false));
+        let g = m.load_gen.load(Ordering::Acquire);
+        // Prevention holds the ejected medium out too.
+        m.prevent(3, true);
+        assert!(m.load_eject(true).is_err());
+        assert!(!m.present());
+        m.clear();
+        assert_eq!(m.load_eject(true), Ok(true));
+        assert!(m.present());
+        assert_eq!(m.load_gen.load(Ordering::Acquire), g + 1);
+        // Loading a loaded medium changes nothing.
+        assert_eq!(m.load_eject(true), Ok(false));
+        assert_eq!(m.load_gen.load(Ordering::Acquire), g + 1);
     }
 
     #[test]

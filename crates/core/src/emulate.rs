@@ -121,6 +121,13 @@ pub enum Plan {
         param_len: u32,
         residual: Residual,
     },
+    /// SBC-4 §5.13 PREVENT ALLOW MEDIUM REMOVAL on a removable device:
+    /// set (`prevent`) or clear the issuing nexus's prevention.
+    PreventAllow { prevent: bool, residual: Residual },
+    /// SBC-4 §5.25 START STOP UNIT with LOEJ = 1 on a removable device:
+    /// load (`load`, START = 1) or eject the medium unless a nexus
+    /// prevents its removal.
+    LoadEject { load: bool, residual: Residual },
 }
 
 /// How a [`Plan::ReadModifyWrite`] combines Data-Out with the medium.
@@ -246,6 +253,12 @@ fn plan_lu(
     let dev = &e.device;
     let geo = dev.geometry();
     let bs = geo.block_size as u64;
+    // SBC-4 §4.15, SPC-4 §5.x: with the medium ejected, TEST UNIT READY and
+    // every command that reaches the medium get NOT READY, MEDIUM NOT
+    // PRESENT (libiscsi's NoMedia.NoMediaSBC).
+    if dev.flags.removable && needs_medium(op) && !dev.shared.medium.present() {
+        return fail(Sense::MEDIUM_NOT_PRESENT);
+    }
     match op {
         Opcode::TEST_UNIT_READY => Plan::Good(no_data(expected_len)),
         Opcode::MODE_SENSE_6 | Opcode::MODE_SENSE_10 => match ModeSenseCdb::decode(cdb) {
@@ -287,12 +300,32 @@ fn plan_lu(
             Plan::DataIn
         }
         Opcode::START_STOP_UNIT => match StartStopCdb::decode(cdb) {
-            // SBC-4 §5.25: accepted; this device has no medium to load or
-            // eject and no power conditions.
+            // SBC-4 §5.25: a POWER CONDITION other than 0h (START_VALID)
+            // makes the device server ignore START and LOEJ; this device
+            // has no power conditions to enter, so it is accepted as is
+            // (libiscsi's StartStopUnit.PwrCnd). LOEJ = 1 loads (START = 1)
+            // or ejects (START = 0) a removable medium; IMMED only says when
+            // to answer, and both happen before the answer. Without LOEJ, or
+            // on a medium that is not removable, there is nothing to move:
+            // GOOD.
+            Ok(c) if dev.flags.removable && c.loej && c.power_condition == 0 => Plan::LoadEject {
+                load: c.start,
+                residual: no_data(expected_len),
+            },
             Ok(_) => Plan::Good(no_data(expected_len)),
             Err(s) => fail(s),
         },
         Opcode::PREVENT_ALLOW_MEDIUM_REMOVAL => match PreventAllowCdb::decode(cdb) {
+            // SBC-4 §5.13: PREVENT 00b allows removal, 01b prevents it for
+            // this I_T nexus; 10b and 11b are obsolete and not supported.
+            Ok(c) if dev.flags.removable => match c.prevent {
+                0 | 1 => Plan::PreventAllow {
+                    prevent: c.prevent == 1,
+                    residual: no_data(expected_len),
+                },
+                _ => fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(4, Some(1))),
+            },
+            // A medium that is not removable: nothing to prevent.
             Ok(_) => Plan::Good(no_data(expected_len)),
             Err(s) => fail(s),
         },
@@ -1348,6 +1381,7 @@ fn inquiry_data(c: &InquiryCdb, ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<
                 revision: "",
                 tpgs: 0,
                 three_pc: false,
+                rmb: false,
             },
             out,
         );
@@ -1366,6 +1400,7 @@ fn inquiry_data(c: &InquiryCdb, ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<
                 tpgs: 0,
                 // SPC-4 §6.6.2: the copy manager of [`crate::xcopy`].
                 three_pc: true,
+                rmb: e.device.flags.removable,
             },
             out,
         );
@@ -1475,6 +1510,37 @@ pub fn passes_reservation(op: u8) -> bool {
     )
 }
 
+/// True for the commands that need the medium (SBC-4 §4.15): with it
+/// ejected they get NOT READY, MEDIUM NOT PRESENT. What still works without
+/// it is what describes or controls the logical unit rather than its
+/// blocks: INQUIRY, REPORT LUNS, REQUEST SENSE, START STOP UNIT, PREVENT
+/// ALLOW MEDIUM REMOVAL, MODE SENSE/SELECT, reservations, REPORT SUPPORTED
+/// OPERATION CODES / TASK MANAGEMENT FUNCTIONS and RECEIVE COPY RESULTS.
+/// READ CAPACITY and GET LBA STATUS describe the medium and need it
+/// (libiscsi's NoMedia.NoMediaSBC).
+pub fn needs_medium(op: Opcode) -> bool {
+    !matches!(
+        op,
+        Opcode::INQUIRY
+            | Opcode::REPORT_LUNS
+            | Opcode::REQUEST_SENSE
+            | Opcode::START_STOP_UNIT
+            | Opcode::PREVENT_ALLOW_MEDIUM_REMOVAL
+            | Opcode::MODE_SENSE_6
+            | Opcode::MODE_SENSE_10
+            | Opcode::MODE_SELECT_6
+            | Opcode::MODE_SELECT_10
+            | Opcode::RESERVE_6
+            | Opcode::RESERVE_10
+            | Opcode::RELEASE_6
+            | Opcode::RELEASE_10
+            | Opcode::PERSISTENT_RESERVE_IN
+            | Opcode::PERSISTENT_RESERVE_OUT
+            | Opcode::MAINTENANCE_IN
+            | Opcode::RECEIVE_COPY_RESULTS
+    )
+}
+
 /// True for the commands answered on a LUN that is not mapped.
 pub fn serves_unmapped_lun(op: u8) -> bool {
     passes_unit_attention(op)
@@ -1545,6 +1611,20 @@ mod tests {
                 assert_eq!(s.usage[1] & 0x1f, sa);
             }
         }
+    }
+
+    #[test]
+    fn commands_without_medium() {
+        assert!(needs_medium(Opcode::TEST_UNIT_READY));
+        assert!(needs_medium(Opcode::READ_10));
+        assert!(needs_medium(Opcode::READ_CAPACITY_10));
+        assert!(needs_medium(Opcode::SERVICE_ACTION_IN_16));
+        assert!(needs_medium(Opcode::UNMAP));
+        assert!(needs_medium(Opcode::SYNCHRONIZE_CACHE_10));
+        assert!(!needs_medium(Opcode::START_STOP_UNIT));
+        assert!(!needs_medium(Opcode::PREVENT_ALLOW_MEDIUM_REMOVAL));
+        assert!(!needs_medium(Opcode::INQUIRY));
+        assert!(!needs_medium(Opcode::MODE_SENSE_10));
     }
 
     #[test]

@@ -174,6 +174,9 @@ struct LuState {
     mode_gen: Option<u32>,
     /// The device's reset generation last seen (BUS DEVICE RESET).
     reset_gen: Option<u32>,
+    /// A removable device's load generation last seen (NOT READY TO READY
+    /// CHANGE).
+    medium_gen: Option<u32>,
     /// Active tasks in arrival order (slab keys).
     tasks: VecDeque<usize>,
     /// ORDERED tasks among `tasks`.
@@ -355,6 +358,13 @@ fn pr_nexus(n: &Nexus) -> PrNexus {
     }
 }
 
+/// The token a session holds medium removal prevention by (SBC-4 §5.13):
+/// unique in the process, and gone with the session, so that a late close
+/// of a reinstated session cannot clear its successor's prevention.
+fn medium_holder(core: usize, id: SessionId) -> u64 {
+    ((core as u64) << 32) | id.0 as u64
+}
+
 /// The I_T nexus identifier SPC-2 reservations are held by.
 fn nexus_key(n: &Nexus) -> String {
     format!("{}|{}", n.initiator_port, n.target)
@@ -481,9 +491,12 @@ impl Shard {
         s.closing = true;
         s.actions.clear();
         // SPC-2 §5.5.1: I_T nexus loss releases the nexus's reservations.
+        // SBC-4 §5.13: and ends its prevention of medium removal.
         let me = nexus_key(&s.nexus);
+        let holder = medium_holder(self.core, id);
         for e in s.luns.luns.values() {
             e.device.shared.release(Some(&me));
+            e.device.shared.medium.forget(holder);
         }
         self.tmfs
             .retain(|t| !matches!(t.waiter, Waiter::Tmf { session, .. } if session == id));
@@ -765,6 +778,21 @@ impl Shard {
                 _ => {}
             }
             st.reset_gen = Some(rg);
+            // SBC-4 §4.15: a removable medium loaded by another nexus:
+            // NOT READY TO READY CHANGE, MEDIUM MAY HAVE CHANGED.
+            if e.device.flags.removable {
+                let lg = e
+                    .device
+                    .shared
+                    .medium
+                    .load_gen
+                    .load(std::sync::atomic::Ordering::Acquire);
+                match st.medium_gen {
+                    Some(old) if old != lg => st.raise(Sense::NOT_READY_TO_READY_CHANGE),
+                    _ => {}
+                }
+                st.medium_gen = Some(lg);
+            }
             // SBC-4 §4.11.1: while a sanitize runs (on any core) the device
             // server answers little else, and that before a unit attention
             // (libiscsi's Sanitize.Reset: the first command of a new nexus
@@ -1003,6 +1031,14 @@ impl Shard {
             Plan::PrOut { param_len, .. } => self.fetch(key, param_len),
             Plan::ExtendedCopy { param_len, .. } => self.fetch(key, param_len),
             Plan::CopyResults => self.copy_results(key),
+            Plan::PreventAllow { prevent, residual } => {
+                let holder = medium_holder(self.core, c.session);
+                if let Some(e) = c.entry.as_ref() {
+                    e.device.shared.medium.prevent(holder, prevent);
+                }
+                self.respond(key, good(residual));
+            }
+            Plan::LoadEject { load, residual } => self.load_eject(key, load, residual),
             Plan::Sanitize { param_len: 0, .. } => self.sanitize(key, &[]),
             Plan::Sanitize { param_len, .. } => self.fetch(key, param_len),
             Plan::Reserve | Plan::Release => {
@@ -1028,6 +1064,39 @@ impl Shard {
                 self.respond(key, rsp);
             }
         }
+    }
+
+    /// SBC-4 §5.25 START STOP UNIT with LOEJ on a removable device: load
+    /// or eject unless some nexus (on any core) prevents medium removal.
+    /// Loading an ejected medium raises NOT READY TO READY CHANGE on the
+    /// other nexuses (seen at their next command through the device's load
+    /// generation), not on this one, which knows.
+    fn load_eject(&mut self, key: usize, load: bool, residual: Residual) {
+        let c = &self.cmds[key];
+        let (sid, lun) = (c.session, c.lun);
+        let Some(dev) = c.entry.as_ref().map(|e| e.device.clone()) else {
+            return;
+        };
+        let rsp = match dev.shared.medium.load_eject(load) {
+            Ok(loaded) => {
+                if loaded
+                    && let Some(st) = self
+                        .sessions
+                        .get_mut(&sid)
+                        .and_then(|s| s.lus.get_mut(&lun))
+                {
+                    st.medium_gen = Some(
+                        dev.shared
+                            .medium
+                            .load_gen
+                            .load(std::sync::atomic::Ordering::Acquire),
+                    );
+                }
+                good(residual)
+            }
+            Err(sense) => check(sense, residual),
+        };
+        self.respond(key, rsp);
     }
 
     /// Asks the fabric for `len` bytes of Data-Out in a pool buffer.
@@ -2139,8 +2208,11 @@ impl Shard {
                     // one that asked included (libiscsi's MultipathIO.Reset
                     // checks each path): each nexus raises it at its next
                     // command, seeing the device's reset generation move.
+                    // SBC-4 §5.13: and ends every prevention of medium
+                    // removal.
                     if let Some(e) = s.luns.get(lun) {
                         e.device.shared.release(None);
+                        e.device.shared.medium.clear();
                         e.device
                             .shared
                             .reset_gen
@@ -2154,8 +2226,11 @@ impl Shard {
             },
             TmfFunction::ItNexusReset => {
                 let me = nexus_key(&s.nexus);
+                let holder = medium_holder(self.core, sid);
                 for e in s.luns.luns.values() {
                     e.device.shared.release(Some(&me));
+                    // SBC-4 §5.13: I_T nexus loss ends its prevention.
+                    e.device.shared.medium.forget(holder);
                 }
                 let w = self.abort_where(|c| c.session == sid);
                 // SAM-5 §6.3.4: I_T NEXUS LOSS OCCURRED on this nexus.
@@ -2164,9 +2239,11 @@ impl Shard {
             }
             TmfFunction::TargetReset => {
                 // SPC-2 §5.5.1: a reset releases the reservations of the
-                // logical units it resets.
+                // logical units it resets; SBC-4 §5.13: a hard reset ends
+                // every prevention of medium removal.
                 for e in s.luns.luns.values() {
                     e.device.shared.release(None);
+                    e.device.shared.medium.clear();
                 }
                 let sessions: SmallVec<[SessionId; 8]> = self
                     .sessions
@@ -2230,6 +2307,8 @@ impl Shard {
         let wait = match &scope {
             ResetScope::LogicalUnit(dev) => {
                 let dev = *dev;
+                // The originating core ended the device's preventions
+                // (SBC-4 §5.13) before it sent the reset here.
                 let w = self.abort_where(|c| c.entry.as_ref().is_some_and(|e| e.device.id == dev));
                 self.xcopy_reset(dev);
                 // BUS DEVICE RESET on this shard's nexuses now, marking the
@@ -2263,6 +2342,16 @@ impl Shard {
                     .map(|(k, _)| *k)
                     .collect();
                 let w = self.abort_where(|c| sessions.contains(&c.session));
+                // SBC-4 §5.13: the hard reset ends every prevention of
+                // medium removal on the logical units of the target, also
+                // those mapped only in another initiator group's map.
+                for sid in &sessions {
+                    if let Some(s) = self.sessions.get(sid) {
+                        for e in s.luns.luns.values() {
+                            e.device.shared.medium.clear();
+                        }
+                    }
+                }
                 self.raise_where(
                     |_, s| &s.nexus.target == target,
                     |_| true,
@@ -2785,6 +2874,185 @@ mod tests {
 
     fn sense(r: &Response) -> Option<(u8, u8, u8)> {
         r.sense.as_ref().map(|s| (s[2] & 0x0f, s[12], s[13]))
+    }
+
+    /// Runs a command that moves no Data-Out and answers without backend
+    /// I/O; returns its response and Data-In.
+    fn run(shard: &mut Shard, now: Instant, sid: SessionId, cdb: &[u8]) -> (Response, Vec<u8>) {
+        let read = cdb[0] == 0x12;
+        let req = CmdRequest {
+            lun: Lun(0),
+            lun_raw: Lun(0).encode(),
+            tag: TaskTag(9),
+            cdb: Cdb::from_slice(cdb),
+            attr: TaskAttr::Simple,
+            dir: if read { DataDir::Read } else { DataDir::None },
+            expected_len: if read { 96 } else { 0 },
+            expected_read_len: 0,
+        };
+        let id = shard.session(sid).unwrap().submit(now, req);
+        let mut s = shard.session(sid).unwrap();
+        while let Some(a) = s.poll_action() {
+            if let Action::Respond { id: i, rsp, .. } = a {
+                assert_eq!(i, id);
+                s.response_sent(id);
+                let data = rsp
+                    .data
+                    .as_ref()
+                    .map(|d| d.to_vec()[..rsp.data_len as usize].to_vec())
+                    .unwrap_or_default();
+                return (rsp, data);
+            }
+        }
+        panic!("{cdb:02x?} not answered at once");
+    }
+
+    fn tmf(shard: &mut Shard, now: Instant, sid: SessionId, func: TmfFunction) -> TmfResponse {
+        let req = TmfRequest {
+            func,
+            lun: Lun(0),
+            tag: TaskTag(77),
+        };
+        shard.session(sid).unwrap().task_mgmt(now, req);
+        let mut s = shard.session(sid).unwrap();
+        while let Some(a) = s.poll_action() {
+            if let Action::TmfDone { rsp, .. } = a {
+                return rsp;
+            }
+        }
+        panic!("TMF not answered");
+    }
+
+    const PREVENT: [u8; 6] = [0x1e, 0, 0, 0, 1, 0];
+    const ALLOW: [u8; 6] = [0x1e, 0, 0, 0, 0, 0];
+    const EJECT: [u8; 6] = [0x1b, 0, 0, 0, 0x02, 0];
+    const LOAD: [u8; 6] = [0x1b, 1, 0, 0, 0x03, 0];
+    const REMOVAL_PREVENTED: Option<(u8, u8, u8)> = Some((5, 0x53, 0x02));
+    const NO_MEDIUM: Option<(u8, u8, u8)> = Some((2, 0x3a, 0x00));
+
+    fn removable_map(flags: DeviceFlags) -> (Arc<Device>, Arc<LunMap>) {
+        let dev = Arc::new(Device::new(
+            DeviceId(910),
+            "cdrom",
+            Arc::new(NoIo),
+            Identity {
+                vendor: "FERRITE".into(),
+                product: "t".into(),
+                revision: "1".into(),
+                serial: "r".into(),
+                naa: 0x5001_4050_0000_0910,
+                eui64: 0,
+            },
+            flags,
+        ));
+        let mut map = LunMap::default();
+        map.luns.insert(
+            Lun(0),
+            LunEntry {
+                device: dev.clone(),
+                read_only: false,
+            },
+        );
+        (dev, Arc::new(map))
+    }
+
+    #[test]
+    fn prevention_is_per_nexus_on_every_core_and_ends_with_nexus_loss_and_resets() {
+        let (dev, map) = removable_map(DeviceFlags {
+            removable: true,
+            ..DeviceFlags::default()
+        });
+        let now = Instant::now();
+        let mut core0 = Shard::new(0, BufPool::new(4096, 8));
+        let mut core1 = Shard::new(1, BufPool::new(4096, 8));
+        let a = core0.open_session(now, nexus(1), map.clone(), false);
+        let b = core0.open_session(now, nexus(2), map.clone(), false);
+        let c = core1.open_session(now, nexus(3), map.clone(), false);
+        for sid in [a, b] {
+            assert_eq!(sense(&tur(&mut core0, now, sid, 0)), Some((6, 0x29, 0)));
+        }
+        assert_eq!(sense(&tur(&mut core1, now, c, 0)), Some((6, 0x29, 0)));
+        // SPC-4 §6.6.2: RMB = 1.
+        let (r, inq) = run(&mut core0, now, a, &[0x12, 0, 0, 0, 96, 0]);
+        assert_eq!(sense(&r), None);
+        assert_eq!(inq[1] & 0x80, 0x80);
+
+        // Two nexuses prevent; the other core sees it; ALLOW by one leaves
+        // the other's.
+        assert_eq!(sense(&run(&mut core0, now, a, &PREVENT).0), None);
+        assert_eq!(sense(&run(&mut core1, now, c, &PREVENT).0), None);
+        assert_eq!(sense(&run(&mut core0, now, b, &EJECT).0), REMOVAL_PREVENTED);
+        assert_eq!(sense(&run(&mut core0, now, a, &ALLOW).0), None);
+        assert_eq!(sense(&run(&mut core0, now, a, &EJECT).0), REMOVAL_PREVENTED);
+        assert!(dev.medium_present() && dev.removal_prevented());
+        // Nexus loss on the other core ends the last prevention.
+        core1.close_session(now, c);
+        assert!(!dev.removal_prevented());
+        assert_eq!(sense(&run(&mut core0, now, b, &EJECT).0), None);
+        assert!(!dev.medium_present());
+        // Ejected: TEST UNIT READY and media access get NOT READY, MEDIUM
+        // NOT PRESENT; INQUIRY and PREVENT still work.
+        assert_eq!(sense(&tur(&mut core0, now, a, 0)), NO_MEDIUM);
+        let read_cap = [0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        assert_eq!(sense(&run(&mut core0, now, a, &read_cap).0), NO_MEDIUM);
+        assert_eq!(
+            sense(&run(&mut core0, now, a, &[0x12, 0, 0, 0, 96, 0]).0),
+            None
+        );
+        assert_eq!(sense(&run(&mut core0, now, a, &PREVENT).0), None);
+        // Prevention keeps the medium out as well as in.
+        assert_eq!(sense(&run(&mut core0, now, b, &LOAD).0), REMOVAL_PREVENTED);
+        // LOGICAL UNIT RESET ends every prevention.
+        assert_eq!(
+            tmf(&mut core0, now, b, TmfFunction::LogicalUnitReset),
+            TmfResponse::Complete
+        );
+        assert!(!dev.removal_prevented());
+        for sid in [a, b] {
+            assert_eq!(sense(&tur(&mut core0, now, sid, 0)), Some((6, 0x29, 0x03)));
+        }
+        // Loading: GOOD for the loader, a unit attention for the others.
+        assert_eq!(sense(&run(&mut core0, now, b, &LOAD).0), None);
+        assert_eq!(sense(&tur(&mut core0, now, b, 0)), None);
+        assert_eq!(sense(&tur(&mut core0, now, a, 0)), Some((6, 0x28, 0)));
+        assert_eq!(sense(&tur(&mut core0, now, a, 0)), None);
+        // I_T NEXUS RESET and TARGET RESET end preventions too.
+        assert_eq!(sense(&run(&mut core0, now, a, &PREVENT).0), None);
+        assert_eq!(
+            tmf(&mut core0, now, a, TmfFunction::ItNexusReset),
+            TmfResponse::Complete
+        );
+        assert!(!dev.removal_prevented());
+        assert_eq!(sense(&run(&mut core0, now, b, &PREVENT).0), None);
+        assert_eq!(
+            tmf(&mut core0, now, a, TmfFunction::TargetReset),
+            TmfResponse::Complete
+        );
+        assert!(!dev.removal_prevented());
+        assert_eq!(sense(&tur(&mut core0, now, b, 0)), Some((6, 0x29, 0)));
+        // PREVENT 10b and 11b are obsolete: INVALID FIELD IN CDB.
+        let (r, _) = run(&mut core0, now, b, &[0x1e, 0, 0, 0, 2, 0]);
+        assert_eq!(sense(&r), Some((5, 0x24, 0)));
+        // A POWER CONDITION other than 0h ignores LOEJ (StartStopUnit.PwrCnd).
+        let (r, _) = run(&mut core0, now, b, &[0x1b, 1, 0, 0, 0x12, 0]);
+        assert_eq!(sense(&r), None);
+        assert!(dev.medium_present());
+    }
+
+    #[test]
+    fn a_medium_that_is_not_removable_ignores_loej_and_prevent() {
+        let (dev, map) = removable_map(DeviceFlags::default());
+        let now = Instant::now();
+        let mut core0 = Shard::new(0, BufPool::new(4096, 8));
+        let a = core0.open_session(now, nexus(1), map, false);
+        assert_eq!(sense(&tur(&mut core0, now, a, 0)), Some((6, 0x29, 0)));
+        let (_, inq) = run(&mut core0, now, a, &[0x12, 0, 0, 0, 96, 0]);
+        assert_eq!(inq[1] & 0x80, 0);
+        assert_eq!(sense(&run(&mut core0, now, a, &PREVENT).0), None);
+        assert!(!dev.removal_prevented());
+        assert_eq!(sense(&run(&mut core0, now, a, &EJECT).0), None);
+        assert!(dev.medium_present());
+        assert_eq!(sense(&tur(&mut core0, now, a, 0)), None);
     }
 
     #[test]

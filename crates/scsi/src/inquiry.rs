@@ -43,6 +43,9 @@ pub struct StandardInquiry<'a> {
     pub tpgs: u8,
     /// 3PC: the logical unit contains a copy manager (EXTENDED COPY).
     pub three_pc: bool,
+    /// RMB: the medium is removable (START STOP UNIT with LOEJ, PREVENT
+    /// ALLOW MEDIUM REMOVAL).
+    pub rmb: bool,
 }
 
 fn put_ascii(out: &mut Vec<u8>, s: &str, width: usize) {
@@ -60,7 +63,8 @@ fn put_ascii(out: &mut Vec<u8>, s: &str, width: usize) {
 pub fn standard_inquiry(p: &StandardInquiry<'_>, out: &mut Vec<u8>) {
     let start = out.len();
     out.push((p.qualifier << 5) | (p.device_type & 0x1f));
-    out.push(0); // RMB = 0
+    // SPC-4 §6.6.2: RMB (bit 7), LU_CONG = 0.
+    out.push(if p.rmb { 0x80 } else { 0 });
     out.push(0x06); // VERSION: SPC-4
     // NORMACA = 0, HISUP = 1, RESPONSE DATA FORMAT = 2.
     out.push(0x10 | 0x02);
@@ -307,12 +311,13 @@ mod tests {
                 revision: "0.1",
                 tpgs: 0,
                 three_pc: false,
+                rmb: false,
             },
             &mut v,
         );
         assert_eq!(v.len(), 96);
         assert_eq!(v[4] as usize, 96 - 5);
-        assert_eq!((v[0], v[2], v[3], v[7]), (0, 6, 0x12, 0x02));
+        assert_eq!((v[0], v[1], v[2], v[3], v[7]), (0, 0, 6, 0x12, 0x02));
         assert_eq!(&v[8..16], b"FERRITE ");
         assert_eq!(&v[16..32], b"disk1           ");
         assert_eq!(&v[32..36], b"0.1 ");
@@ -327,10 +332,11 @@ mod tests {
                 revision: "",
                 tpgs: 1,
                 three_pc: true,
+                rmb: true,
             },
             &mut v,
         );
-        assert_eq!((v[0], v[5]), (0x7f, 0x18));
+        assert_eq!((v[0], v[1], v[5]), (0x7f, 0x80, 0x18));
     }
 
     #[test]
