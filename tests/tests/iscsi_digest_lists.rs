@@ -3,9 +3,10 @@
 //! initiator's list it accepts). ferrited configured with
 //! `iscsi.header_digests = ["crc32c"]` and `iscsi.data_digests = ["none"]`:
 //! headers carry CRC32C and data does not, whatever order the initiator
-//! offers; I/O runs in that mixed mode; and libiscsi, which offers
-//! `None,CRC32C` for `?header_digest=crc32c`, ends up with header digests on
-//! (a target that also accepts None would pick None).
+//! offers; I/O runs in that mixed mode; an initiator that offers only None
+//! for headers is refused (0200) instead of running without them; and
+//! libiscsi, which offers `None,CRC32C`, ends up with header digests on (a
+//! target that also accepts None would pick None).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
@@ -15,7 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command as Proc;
 use std::time::Duration;
 
-use ferrite_iscsi::initiator::{Command, Initiator, InitiatorConfig, connect};
+use ferrite_iscsi::initiator::{Command, Initiator, InitiatorConfig, InitiatorError, connect};
+use ferrite_iscsi::pdu::LoginStatus;
 use ferrite_tests::{Ferrited, Options, free_port, require_tool, run_with_timeout};
 
 const T: &str = "iqn.2026-11.org.ferrite:digest-lists";
@@ -143,7 +145,28 @@ fn header_and_data_digests_follow_their_own_lists() {
     write_read(&mut i, 2);
     i.logout(0).expect("logout");
 
-    // libiscsi with ?header_digest=crc32c offers HeaderDigest=None,CRC32C.
+    // An initiator that offers only None for headers: the key has no
+    // common value, and the target will not run without the digest it
+    // requires (0200, initiator error).
+    let r = connect(
+        f.addr,
+        InitiatorConfig {
+            initiator_name: "iqn.2026-11.org.ferrite.test:digest-lists".into(),
+            target_name: Some(T.into()),
+            isid: [0x80, 0, 0, 0x44, 0, 3],
+            header_digest: false,
+            data_digest: false,
+            ..InitiatorConfig::default()
+        },
+    );
+    match r {
+        Err(InitiatorError::Login(s)) => assert_eq!(s, LoginStatus::INITIATOR_ERROR),
+        Err(e) => panic!("expected login status 0200, got {e}"),
+        Ok(i) => panic!("logged in without header digests: {:?}", i.login_keys),
+    }
+
+    // libiscsi offers HeaderDigest=None,CRC32C (with or without
+    // ?header_digest=crc32c): it gets CRC32C.
     require_tool("iscsi-inq", "libiscsi-bin");
     let o = run_with_timeout(
         Proc::new("iscsi-inq")

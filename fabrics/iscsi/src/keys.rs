@@ -438,6 +438,13 @@ impl Negotiator {
                         }
                         Some(d.name().to_string())
                     }
+                    // RFC 7143 §6.2.1: no common value leaves the key at its
+                    // default, None. A target that does not accept None for
+                    // it ends the login rather than run without the digest
+                    // it requires.
+                    None if !accepted.contains(&Digest::None) => {
+                        return Err(LoginStatus::INITIATOR_ERROR);
+                    }
                     None => Some(REJECT.into()),
                 }
             }
@@ -796,12 +803,20 @@ mod tests {
             ..Limits::default()
         });
         assert_eq!(
-            n.apply("DataDigest", "None", Phase::Operational),
-            Ok(Some("Reject".into()))
-        );
-        assert_eq!(
             n.apply("HeaderDigest", "CRC32C,None", Phase::Operational),
             Ok(Some("None".into()))
+        );
+        // Data digests required, the initiator offers none: no session
+        // without them.
+        assert_eq!(
+            n.apply("DataDigest", "None", Phase::Operational),
+            Err(LoginStatus::INITIATOR_ERROR)
+        );
+        // A value nobody knows, where None is allowed: Reject, as before.
+        let mut n = neg();
+        assert_eq!(
+            n.apply("DataDigest", "MD5", Phase::Operational),
+            Ok(Some("Reject".into()))
         );
     }
 
