@@ -18,7 +18,7 @@ use ferrite_core::device::{Target, wildcard_match};
 use ferrite_mgmt::runtime::SessionInfo;
 
 use ferrite_iscsi::pdu::LoginStatus;
-use ferrite_iscsi::tcp::{Grant, Portal, SessionRequest};
+use ferrite_iscsi::tcp::{Grant, Portal, SessionLink, SessionRequest};
 
 use crate::system::Snapshot;
 
@@ -33,6 +33,9 @@ pub struct Registry {
     reinstated: Mutex<Vec<u16>>,
     /// `reinstated` is not empty (checked on every poll without a lock).
     reinstated_pending: AtomicBool,
+    /// The core each normal session runs on (MC/S: later connections of the
+    /// session move there before they log in).
+    owners: Mutex<HashMap<u16, usize>>,
 }
 
 /// Failed logins from one address.
@@ -100,6 +103,48 @@ impl Registry {
         }
         if let Ok(mut s) = self.sessions.lock() {
             s.remove(&tsih);
+        }
+        if let Ok(mut o) = self.owners.lock() {
+            o.remove(&tsih);
+        }
+    }
+
+    /// The core running session `tsih`.
+    pub fn owner(&self, tsih: u16) -> Option<usize> {
+        self.owners.lock().ok()?.get(&tsih).copied()
+    }
+
+    /// A connection from `peer` joins session `tsih`, which must be a live
+    /// normal session of `initiator`, `isid` and `target` (RFC 7143 §6.3.1).
+    fn add_connection(
+        &self,
+        tsih: u16,
+        initiator: &str,
+        isid: u64,
+        target: &str,
+        peer: SocketAddr,
+    ) -> bool {
+        let Ok(mut s) = self.sessions.lock() else {
+            return false;
+        };
+        match s.get_mut(&tsih) {
+            Some(i) if i.initiator == initiator && i.isid == isid && i.target == target => {
+                i.connections.push(peer.to_string());
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// A connection of session `tsih` ended; the session goes on.
+    fn remove_connection(&self, tsih: u16, peer: SocketAddr) {
+        if let Ok(mut s) = self.sessions.lock()
+            && let Some(i) = s.get_mut(&tsih)
+        {
+            let p = peer.to_string();
+            if let Some(pos) = i.connections.iter().position(|c| *c == p) {
+                i.connections.remove(pos);
+            }
         }
     }
 
@@ -176,14 +221,16 @@ impl Registry {
 pub struct CorePortal<'a> {
     pub snapshot: &'a Snapshot,
     pub registry: &'a Arc<Registry>,
+    /// This core.
+    pub core: usize,
+    /// The sessions running on this core, by TSIH (MC/S joins).
+    pub links: &'a HashMap<u16, SessionLink>,
 }
 
 impl Portal for CorePortal<'_> {
     fn session_request(&self, req: &SessionRequest<'_>) -> Result<Grant, LoginStatus> {
         if req.tsih != 0 {
-            // RFC 7143 §6.3.1: adding a connection to an existing session
-            // (MC/S) is not offered yet; the initiator can open a new session.
-            return Err(LoginStatus::SESSION_DOES_NOT_EXIST);
+            return self.join_request(req);
         }
         if req.discovery {
             let tsih = self
@@ -235,6 +282,9 @@ impl Portal for CorePortal<'_> {
             .find(|g| Arc::ptr_eq(&g.luns, &luns))
             .map(|g| g.name.clone());
         self.registry.login_succeeded(req.peer.ip());
+        if let Ok(mut o) = self.registry.owners.lock() {
+            o.insert(tsih, self.core);
+        }
         self.registry.record(SessionInfo {
             target: name.to_string(),
             initiator: req.initiator.to_string(),
@@ -255,6 +305,18 @@ impl Portal for CorePortal<'_> {
         self.registry.release(tsih);
     }
 
+    fn connection_closed(&self, tsih: u16, peer: SocketAddr) {
+        self.registry.remove_connection(tsih, peer);
+    }
+
+    fn session_elsewhere(&self, tsih: u16) -> bool {
+        self.registry.owner(tsih).is_some_and(|c| c != self.core)
+    }
+
+    fn session_link(&self, tsih: u16) -> Option<SessionLink> {
+        self.links.get(&tsih).cloned()
+    }
+
     fn login_failed(
         &self,
         peer: SocketAddr,
@@ -265,6 +327,42 @@ impl Portal for CorePortal<'_> {
         tracing::warn!(%peer, initiator = initiator.unwrap_or("?"), class = status.class,
             detail = status.detail, delay_ms = delay.as_millis() as u64, "login failed");
         delay
+    }
+}
+
+impl CorePortal<'_> {
+    /// A login with the TSIH of an existing session: a further connection
+    /// of it (MC/S). The target must still admit the initiator.
+    fn join_request(&self, req: &SessionRequest<'_>) -> Result<Grant, LoginStatus> {
+        // RFC 7143 §6.3.1 / §11.13.5: 020Ah unless the TSIH names a live
+        // session of this initiator and ISID (discovery sessions take one
+        // connection).
+        let Some(name) = req.target.filter(|_| !req.discovery) else {
+            return Err(LoginStatus::SESSION_DOES_NOT_EXIST);
+        };
+        let Some(target) = self.snapshot.iscsi_targets.get(name) else {
+            return Err(LoginStatus::SESSION_DOES_NOT_EXIST);
+        };
+        if !target.enabled {
+            return Err(LoginStatus::SERVICE_UNAVAILABLE);
+        }
+        if !initiator_allowed(target, req.initiator) {
+            return Err(LoginStatus::AUTHORIZATION_FAILURE);
+        }
+        let isid = req.isid.iter().fold(0u64, |a, b| a << 8 | u64::from(*b));
+        if self.registry.owner(req.tsih) != Some(self.core)
+            || !self
+                .registry
+                .add_connection(req.tsih, req.initiator, isid, name, req.peer)
+        {
+            return Err(LoginStatus::SESSION_DOES_NOT_EXIST);
+        }
+        self.registry.login_succeeded(req.peer.ip());
+        Ok(Grant {
+            tsih: req.tsih,
+            luns: None,
+            rel_port_id: target.rel_port_id,
+        })
     }
 }
 

@@ -6,11 +6,12 @@
 use std::collections::HashMap;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
 
 use ferrite_core::shard::{SessionId, Shard};
-use ferrite_iscsi::tcp::{TOKEN_RECV, TOKEN_SEND, TcpConn};
+use ferrite_iscsi::tcp::{SessionLink, TOKEN_RECV, TOKEN_SEND, TcpConn};
 use ferrite_reactor::buf::BufPool;
 use ferrite_reactor::mailbox::MailboxTx;
 use ferrite_reactor::ring::{Completion, Ctx, Worker};
@@ -26,6 +27,9 @@ const TOKEN_ACCEPT: u64 = 3;
 pub enum Msg {
     /// An accepted connection to run on this core.
     NewConn(OwnedFd),
+    /// A connection another core accepted whose login names a session of
+    /// this core (MC/S), with the bytes it already received.
+    AdoptConn { fd: OwnedFd, received: Vec<u8> },
     /// New configuration snapshot.
     Snapshot(Arc<Snapshot>),
     /// Start accepting on this listener (core 0).
@@ -99,6 +103,10 @@ pub struct CoreWorker {
     reset_drained_later: Vec<u64>,
     /// Resets other cores started, applied here: who to tell when drained.
     remote_resets: HashMap<ferrite_core::shard::RemoteResetId, (usize, u64)>,
+    /// Normal sessions running here, by TSIH, and the connections (slab
+    /// keys) of each: MC/S joins and pumping a session's connections together.
+    links: HashMap<u16, SessionLink>,
+    groups: HashMap<u16, Vec<usize>>,
 }
 
 impl CoreWorker {
@@ -133,6 +141,8 @@ impl CoreWorker {
             next_reset_token: 0,
             reset_drained_later: Vec::new(),
             remote_resets: HashMap::new(),
+            links: HashMap::new(),
+            groups: HashMap::new(),
         }
     }
 
@@ -157,11 +167,13 @@ impl CoreWorker {
         let portal = CorePortal {
             snapshot: &self.snapshot,
             registry: &self.registry,
+            core: self.core,
+            links: &self.links,
         };
         if let Some(conn) = self.conns.get_mut(key) {
             conn.release_tmf(ctx, key as u64, tag, &mut self.shard, &portal);
         }
-        self.after_conn(key);
+        self.after_conn(ctx, key);
     }
 
     /// Reports drained remote resets to the cores that started them.
@@ -231,21 +243,67 @@ impl CoreWorker {
         self
     }
 
-    fn add_conn(&mut self, ctx: &mut Ctx, fd: OwnedFd) {
+    fn add_conn(&mut self, ctx: &mut Ctx, fd: OwnedFd, received: Option<Vec<u8>>) {
         if self.stopping {
             return;
         }
         let sock = TcpStream::from(fd);
         self.seed = self.seed.wrapping_mul(6364136223846793005).wrapping_add(1);
-        match TcpConn::new(ctx.now(), sock, self.snapshot.iscsi.clone(), self.seed) {
+        let adopted = received.is_some();
+        let made = match received {
+            None => TcpConn::new(ctx.now(), sock, self.snapshot.iscsi.clone(), self.seed),
+            Some(bytes) => TcpConn::adopt(
+                ctx.now(),
+                sock,
+                self.snapshot.iscsi.clone(),
+                self.seed,
+                bytes,
+            ),
+        };
+        match made {
             Ok(c) => {
-                tracing::debug!(core = self.core, peer = %c.peer(), "connection");
+                tracing::debug!(core = self.core, peer = %c.peer(), adopted, "connection");
                 let key = self.conns.insert(c);
+                let portal = CorePortal {
+                    snapshot: &self.snapshot,
+                    registry: &self.registry,
+                    core: self.core,
+                    links: &self.links,
+                };
                 if let Some(c) = self.conns.get_mut(key) {
-                    c.start(ctx, key as u64);
+                    if adopted {
+                        c.start_adopted(ctx, key as u64, &mut self.shard, &portal);
+                    } else {
+                        c.start(ctx, key as u64);
+                    }
+                }
+                if adopted {
+                    self.after_conn(ctx, key);
                 }
             }
             Err(e) => tracing::warn!(error = %e, "accepted socket unusable"),
+        }
+    }
+
+    /// Moves a connection whose login names a session of another core
+    /// there (all connections of a session run on the session's core).
+    fn hand_off(&mut self, key: usize, tsih: u16) {
+        let c = self.conns.remove(key);
+        let owner = self.registry.owner(tsih);
+        let (fd, received) = c.into_handoff();
+        // No owner any more (the session ended meanwhile): the connection
+        // stays here, through this core's own mailbox, and its login is
+        // answered 020Ah.
+        let core = owner.filter(|o| *o < self.peers.len()).unwrap_or(self.core);
+        tracing::debug!(
+            from = self.core,
+            to = core,
+            tsih,
+            "connection moved to its session's core"
+        );
+        match self.peers.get(core) {
+            Some(p) if p.send(Msg::AdoptConn { fd, received }).is_ok() => {}
+            _ => tracing::warn!(core, "core mailbox closed: connection dropped"),
         }
     }
 
@@ -256,6 +314,8 @@ impl CoreWorker {
         let portal = CorePortal {
             snapshot: &self.snapshot,
             registry: &self.registry,
+            core: self.core,
+            links: &self.links,
         };
         let now = ctx.now();
         let mut touched = Vec::new();
@@ -278,11 +338,84 @@ impl CoreWorker {
             }
         }
         for key in touched {
-            self.after_conn(key);
+            self.after_conn(ctx, key);
         }
     }
 
-    fn after_conn(&mut self, key: usize) {
+    /// Bookkeeping after a connection did work: a move to another core,
+    /// cross-core resets, session membership, removal once finished; then
+    /// the other connections of its session get their share (MC/S).
+    fn after_conn(&mut self, ctx: &mut Ctx, key: usize) {
+        if let Some(tsih) = self.conns.get(key).and_then(|c| c.handoff()) {
+            self.hand_off(key, tsih);
+            return;
+        }
+        // Taken first: settling may remove a finished connection.
+        let link = self.conns.get(key).and_then(|c| c.link().cloned());
+        self.settle(key);
+        if let Some(link) = link {
+            self.pump_group(ctx, &link);
+        }
+    }
+
+    /// Pumps the connections of `key`'s session until none leaves work for
+    /// another: actions polled by one for another, CmdSN gaps one filled for
+    /// another; closes them all once the session ended (RFC 7143 §6.3.6: at
+    /// ERL 0 a failed connection fails the session), and the ones replaced
+    /// by connection reinstatement.
+    fn pump_group(&mut self, ctx: &mut Ctx, link: &SessionLink) {
+        let tsih = link.borrow().tsih();
+        if !self.links.get(&tsih).is_some_and(|l| Rc::ptr_eq(l, link)) {
+            return;
+        }
+        let Some(keys) = self.groups.get(&tsih) else {
+            return;
+        };
+        // The common case, one connection per session, costs no more.
+        if keys.is_empty() || (keys.len() == 1 && !link.borrow().ended()) {
+            return;
+        }
+        let keys = keys.clone();
+        let portal = CorePortal {
+            snapshot: &self.snapshot,
+            registry: &self.registry,
+            core: self.core,
+            links: &self.links,
+        };
+        let now = ctx.now();
+        // Bounded: each round either settles or moves work along.
+        for _ in 0..64 {
+            let before = link.borrow().generation();
+            let ended = link.borrow().ended();
+            let kicked = link.borrow_mut().take_kicked();
+            for &k in &keys {
+                let Some(c) = self.conns.get_mut(k) else {
+                    continue;
+                };
+                if !c.link().is_some_and(|l| Rc::ptr_eq(l, link)) {
+                    continue;
+                }
+                if ended {
+                    if !c.is_closing() {
+                        tracing::info!(tsih, peer = %c.peer(), "session failed: closing its other connections");
+                        c.close(now, &mut self.shard, &portal);
+                    }
+                } else if kicked.contains(&c.member()) {
+                    c.kick(now, &mut self.shard, &portal);
+                } else {
+                    c.pump(ctx, k as u64, &mut self.shard, &portal);
+                }
+            }
+            if link.borrow().generation() == before && link.borrow().ended() == ended {
+                break;
+            }
+        }
+        for k in keys {
+            self.settle(k);
+        }
+    }
+
+    fn settle(&mut self, key: usize) {
         let Some(c) = self.conns.get_mut(key) else {
             return;
         };
@@ -317,9 +450,40 @@ impl CoreWorker {
         if let Some(sid) = c.session() {
             self.by_session.insert(sid, key);
         }
+        if let Some(link) = c.link() {
+            let tsih = link.borrow().tsih();
+            match self.links.get(&tsih) {
+                Some(l) if Rc::ptr_eq(l, link) => {
+                    let keys = self.groups.entry(tsih).or_default();
+                    if !keys.contains(&key) {
+                        keys.push(key);
+                    }
+                }
+                // A TSIH reused after its old session ended: the new one.
+                Some(l) if !l.borrow().ended() && !link.borrow().ended() => {}
+                _ if !link.borrow().ended() => {
+                    self.links.insert(tsih, link.clone());
+                    self.groups.insert(tsih, vec![key]);
+                }
+                _ => {}
+            }
+        }
         if c.is_finished() {
             let c = self.conns.remove(key);
             self.by_session.retain(|_, k| *k != key);
+            if let Some(link) = c.link() {
+                let tsih = link.borrow().tsih();
+                if self.links.get(&tsih).is_some_and(|l| Rc::ptr_eq(l, link)) {
+                    let empty = self.groups.get_mut(&tsih).is_none_or(|keys| {
+                        keys.retain(|k| *k != key);
+                        keys.is_empty()
+                    });
+                    if empty {
+                        self.links.remove(&tsih);
+                        self.groups.remove(&tsih);
+                    }
+                }
+            }
             tracing::debug!(core = self.core, peer = %c.peer(), "connection finished");
         }
     }
@@ -333,6 +497,8 @@ impl Worker for CoreWorker {
         let portal = CorePortal {
             snapshot: &self.snapshot,
             registry: &self.registry,
+            core: self.core,
+            links: &self.links,
         };
         match c {
             Completion::Accept { token, result } => {
@@ -343,7 +509,7 @@ impl Worker for CoreWorker {
                         let target = self.rr % n;
                         self.rr = self.rr.wrapping_add(1);
                         if target == self.core || self.peers.is_empty() {
-                            self.add_conn(ctx, fd);
+                            self.add_conn(ctx, fd, None);
                         } else if let Err(e) = self.peers[target].send(Msg::NewConn(fd)) {
                             tracing::warn!(error = %e, "core mailbox closed; connection dropped");
                         }
@@ -369,7 +535,7 @@ impl Worker for CoreWorker {
                 if let Some(conn) = self.conns.get_mut(key) {
                     conn.on_recv(ctx, key as u64, result, buf, &mut self.shard, &portal);
                 }
-                self.after_conn(key);
+                self.after_conn(ctx, key);
             }
             Completion::Send {
                 token,
@@ -380,7 +546,7 @@ impl Worker for CoreWorker {
                 if let Some(conn) = self.conns.get_mut(key) {
                     conn.on_send(ctx, key as u64, result, segs, &mut self.shard, &portal);
                 }
-                self.after_conn(key);
+                self.after_conn(ctx, key);
             }
             other => tracing::debug!(?other, "unexpected completion"),
         }
@@ -388,7 +554,8 @@ impl Worker for CoreWorker {
 
     fn on_message(&mut self, ctx: &mut Ctx, msg: Msg) {
         match msg {
-            Msg::NewConn(fd) => self.add_conn(ctx, fd),
+            Msg::NewConn(fd) => self.add_conn(ctx, fd, None),
+            Msg::AdoptConn { fd, received } => self.add_conn(ctx, fd, Some(received)),
             Msg::Snapshot(s) => {
                 self.snapshot = s;
                 self.apply_snapshot(ctx);
@@ -434,6 +601,8 @@ impl Worker for CoreWorker {
                 let portal = CorePortal {
                     snapshot: &self.snapshot,
                     registry: &self.registry,
+                    core: self.core,
+                    links: &self.links,
                 };
                 let now = ctx.now();
                 let mut touched = Vec::new();
@@ -445,7 +614,7 @@ impl Worker for CoreWorker {
                     }
                 }
                 for key in touched {
-                    self.after_conn(key);
+                    self.after_conn(ctx, key);
                 }
             }
             Msg::Stop => {
@@ -454,6 +623,8 @@ impl Worker for CoreWorker {
                 let portal = CorePortal {
                     snapshot: &self.snapshot,
                     registry: &self.registry,
+                    core: self.core,
+                    links: &self.links,
                 };
                 let now = ctx.now();
                 for (_, c) in self.conns.iter_mut() {
@@ -491,6 +662,8 @@ impl Worker for CoreWorker {
         let portal = CorePortal {
             snapshot: &self.snapshot,
             registry: &self.registry,
+            core: self.core,
+            links: &self.links,
         };
         // Sessions replaced by a reinstatement (decided on any core): every
         // core closes the ones it runs.
@@ -520,7 +693,7 @@ impl Worker for CoreWorker {
             }
         }
         for key in touched {
-            self.after_conn(key);
+            self.after_conn(ctx, key);
         }
         progress |= self.srp.poll(
             now,

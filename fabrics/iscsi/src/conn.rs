@@ -7,11 +7,15 @@
 //! [`Conn::poll_transmit`] queues. Time is an argument; nothing here touches a
 //! socket or a clock.
 //!
-//! Session-wide sequencing (the CmdSN window) lives in [`SessionSeq`] so that
-//! several connections of one session can share it later (MC/S).
+//! Session-wide state (the CmdSN window, which connection owns which ITT)
+//! lives in [`SessionSeq`], a handle the connections of one session share
+//! (MC/S, RFC 7143 §4.2.2.1). Every connection of a session runs on the core
+//! that owns the session, so the handle is an `Rc`, never crossing threads.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -151,8 +155,14 @@ impl IscsiConfig {
 /// Why a connection ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CloseReason {
-    /// The initiator logged out.
+    /// The initiator logged out, closing the session (reason 0).
     Logout,
+    /// The initiator logged this connection out (reason 1, RFC 7143
+    /// §11.14.1): the other connections of the session go on.
+    ConnectionLogout,
+    /// A login with this connection's CID replaced it (connection
+    /// reinstatement, RFC 7143 §6.3.4); the session goes on.
+    Reinstated,
     /// The initiator broke the protocol in a way that ends the connection.
     ProtocolError,
     /// Header digest error (RFC 7143 §7.8: at ERL 0 the connection drops).
@@ -248,35 +258,118 @@ impl TxQueue {
     }
 }
 
-/// Session-wide command sequencing (RFC 7143 §4.2.2.1). Kept apart from the
-/// connection so that connections of one session can share it.
+/// Session-wide command sequencing (RFC 7143 §4.2.2.1) and task ownership,
+/// shared by the connections of one session: clones are handles on the same
+/// state. Commands reach the core in CmdSN order across all connections; a
+/// connection holds the ones ahead of a gap (bounded by the window) and runs
+/// them when [`Conn::release_held`] sees the gap filled.
 #[derive(Clone, Debug)]
-pub struct SessionSeq {
-    pub exp_cmd_sn: CmdSn,
-    pub queue_depth: u32,
+pub struct SessionSeq(Rc<RefCell<SeqState>>);
+
+#[derive(Debug)]
+struct SeqState {
+    exp_cmd_sn: CmdSn,
+    queue_depth: u32,
     /// Non-immediate commands delivered and not yet answered.
-    pub in_flight: u32,
+    in_flight: u32,
+    /// ITT -> member id of the connection the task arrived on (RFC 7143
+    /// §11.2.1.8: ITTs are unique per session; §5.1 connection allegiance).
+    tasks: HashMap<u32, u32>,
+    /// TMF ITT -> member id of the connection that answers it.
+    tmfs: HashMap<u32, u32>,
 }
 
 impl SessionSeq {
     pub fn new(exp: CmdSn, queue_depth: u32) -> SessionSeq {
-        SessionSeq {
+        SessionSeq(Rc::new(RefCell::new(SeqState {
             exp_cmd_sn: exp,
             queue_depth: queue_depth.max(1),
             in_flight: 0,
-        }
+            tasks: HashMap::new(),
+            tmfs: HashMap::new(),
+        })))
+    }
+
+    /// ExpCmdSN: the next CmdSN the session runs.
+    pub fn exp_cmd_sn(&self) -> CmdSn {
+        self.0.borrow().exp_cmd_sn
+    }
+
+    /// Non-immediate commands delivered and not yet answered.
+    pub fn in_flight(&self) -> u32 {
+        self.0.borrow().in_flight
     }
 
     /// MaxCmdSN: the window shrinks by the commands outstanding, so it never
     /// moves backwards (a command in raises ExpCmdSN, its response frees a slot).
     pub fn max_cmd_sn(&self) -> CmdSn {
-        let free = self.queue_depth.saturating_sub(self.in_flight);
-        CmdSn(self.exp_cmd_sn.0.wrapping_add(free).wrapping_sub(1))
+        let st = self.0.borrow();
+        let free = st.queue_depth.saturating_sub(st.in_flight);
+        CmdSn(st.exp_cmd_sn.0.wrapping_add(free).wrapping_sub(1))
     }
 
     /// RFC 7143 §4.2.2.1: ExpCmdSN <= CmdSN <= MaxCmdSN.
     pub fn in_window(&self, sn: CmdSn) -> bool {
-        sn.diff(self.exp_cmd_sn) >= 0 && sn.diff(self.max_cmd_sn()) <= 0
+        sn.diff(self.exp_cmd_sn()) >= 0 && sn.diff(self.max_cmd_sn()) <= 0
+    }
+
+    /// Whether two handles are the same session's.
+    pub fn same(&self, other: &SessionSeq) -> bool {
+        Rc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// The member id of the connection that owns task `itt`.
+    pub fn task_owner(&self, itt: u32) -> Option<u32> {
+        self.0.borrow().tasks.get(&itt).copied()
+    }
+
+    /// The member id of the connection that answers TMF `itt`.
+    pub fn tmf_owner(&self, itt: u32) -> Option<u32> {
+        self.0.borrow().tmfs.get(&itt).copied()
+    }
+
+    fn advance(&self) {
+        let mut st = self.0.borrow_mut();
+        st.exp_cmd_sn = st.exp_cmd_sn.next();
+    }
+
+    fn add_in_flight(&self, n: i64) {
+        let mut st = self.0.borrow_mut();
+        st.in_flight = (st.in_flight as i64 + n).clamp(0, u32::MAX as i64) as u32;
+    }
+
+    fn itt_in_use(&self, itt: u32) -> bool {
+        self.0.borrow().tasks.contains_key(&itt)
+    }
+
+    fn claim_task(&self, itt: u32, member: u32) {
+        self.0.borrow_mut().tasks.insert(itt, member);
+    }
+
+    /// Forgets task `itt` if `member` owns it.
+    fn release_task(&self, itt: u32, member: u32) {
+        let mut st = self.0.borrow_mut();
+        if st.tasks.get(&itt) == Some(&member) {
+            st.tasks.remove(&itt);
+        }
+    }
+
+    fn claim_tmf(&self, itt: u32, member: u32) {
+        self.0.borrow_mut().tmfs.insert(itt, member);
+    }
+
+    fn release_tmf(&self, itt: u32, member: u32) {
+        let mut st = self.0.borrow_mut();
+        if st.tmfs.get(&itt) == Some(&member) {
+            st.tmfs.remove(&itt);
+        }
+    }
+
+    /// Everything `member` owned is forgotten (its connection ended).
+    fn release_member(&self, member: u32) {
+        let mut st = self.0.borrow_mut();
+        st.tasks.retain(|_, m| *m != member);
+        st.tmfs.retain(|_, m| *m != member);
     }
 }
 
@@ -412,6 +505,12 @@ pub struct Conn {
     data_digest: bool,
     seq: SessionSeq,
     seq_started: bool,
+    /// This connection's id among the session's connections (0 for the
+    /// leading one; the driver numbers the others, see [`Conn::join_session`]).
+    member: u32,
+    /// The session's operational parameters when this connection joined an
+    /// existing session: its leading-only values replace ours at accept.
+    lead: Option<Box<Params>>,
     stat_sn: StatSn,
     rx: Rx,
     tasks: HashMap<u32, Task>,
@@ -463,6 +562,8 @@ impl Conn {
             header_digest: false,
             data_digest: false,
             seq_started: false,
+            member: 0,
+            lead: None,
             stat_sn: stat,
             rx: Rx::Header,
             tasks: HashMap::new(),
@@ -511,11 +612,43 @@ impl Conn {
     pub fn session_seq(&self) -> &SessionSeq {
         &self.seq
     }
+    /// This connection's member id in its session.
+    pub fn member(&self) -> u32 {
+        self.member
+    }
+
+    /// Makes this connection, still logging in, part of an existing session
+    /// (MC/S: a login with the session's TSIH, RFC 7143 §6.3.1): it shares
+    /// the session's CmdSN window and ITT space (`seq`), and once accepted
+    /// its leading-only parameters are the session's (`lead`, RFC 7143
+    /// §13). `member` tells it apart from the session's other connections.
+    /// Call before [`Conn::accept_session`].
+    pub fn join_session(&mut self, seq: SessionSeq, lead: &Params, member: u32) {
+        self.seq = seq;
+        self.seq_started = true;
+        self.member = member;
+        self.lead = Some(Box::new(lead.clone()));
+    }
+
+    /// Runs the requests this connection holds whose CmdSN is now next
+    /// (another connection of the session filled the gap before them).
+    /// Returns whether any ran.
+    pub fn release_held(&mut self) -> bool {
+        let mut ran = false;
+        while self.phase == Phase::FullFeature
+            && let Some(h) = self.held.remove(&self.seq.exp_cmd_sn().0)
+        {
+            self.seq.advance();
+            self.run_held(h, true);
+            ran = true;
+        }
+        ran
+    }
 
     fn sns(&self) -> Sns {
         Sns {
             stat_sn: self.stat_sn,
-            exp_cmd_sn: self.seq.exp_cmd_sn,
+            exp_cmd_sn: self.seq.exp_cmd_sn(),
             max_cmd_sn: self.seq.max_cmd_sn(),
         }
     }
@@ -610,6 +743,31 @@ impl Conn {
                 data: Err(Abort::ConnectionLost),
             });
         }
+        // RFC 7143 §6.3.4 / §11.14.1: when the session outlives this
+        // connection (ERL 0, no task reassignment) its tasks are terminated
+        // without further notice: the core aborts them. Tags above 32 bits
+        // never collide with an ITT.
+        if matches!(
+            reason,
+            CloseReason::ConnectionLogout | CloseReason::Reinstated
+        ) {
+            let mut itts: Vec<(u32, [u8; 8])> =
+                self.tasks.iter().map(|(i, t)| (*i, t.lun_raw)).collect();
+            itts.sort();
+            for (itt, lun_raw) in itts {
+                self.events.push_back(ConnEvent::TaskMgmt(TmfRequest {
+                    func: TmfFunction::AbortTask {
+                        tag: TaskTag(itt as u64),
+                    },
+                    lun: Lun::decode(lun_raw).unwrap_or(Lun(u16::MAX)),
+                    tag: TaskTag(1 << 32 | itt as u64),
+                }));
+            }
+        }
+        // Slots of the session's window this connection's commands held.
+        let counted = self.tasks.values().filter(|t| t.counted).count();
+        self.seq.add_in_flight(-(counted as i64));
+        self.seq.release_member(self.member);
         self.tasks.clear();
         self.held.clear();
         self.events.push_back(ConnEvent::Closed { reason });
@@ -692,6 +850,21 @@ impl Conn {
         };
         self.tsih = tsih;
         self.params = self.login.params().clone();
+        if let Some(l) = self.lead.take() {
+            // RFC 7143 §13: leading-only keys are the session's.
+            let p = &mut self.params;
+            p.max_connections = l.max_connections;
+            p.initial_r2t = l.initial_r2t;
+            p.immediate_data = l.immediate_data;
+            p.max_burst_length = l.max_burst_length;
+            p.first_burst_length = l.first_burst_length;
+            p.default_time2wait = l.default_time2wait;
+            p.default_time2retain = l.default_time2retain;
+            p.max_outstanding_r2t = l.max_outstanding_r2t;
+            p.data_pdu_in_order = l.data_pdu_in_order;
+            p.data_sequence_in_order = l.data_sequence_in_order;
+            p.error_recovery_level = l.error_recovery_level;
+        }
         self.send_login_reply(&reply);
         // RFC 7143 §13.1: digests apply from the first PDU after login.
         self.header_digest = self.params.header_digest == Digest::Crc32c;
@@ -775,6 +948,14 @@ impl Conn {
     /// to the driver: close the socket after flushing.
     pub fn is_closed(&self) -> bool {
         self.phase == Phase::Closing && self.out.is_empty()
+    }
+
+    /// A login with this connection's CID joined the session in its place
+    /// (connection reinstatement, RFC 7143 §6.3.4): this connection ends,
+    /// its tasks are terminated, the session goes on.
+    pub fn reinstated(&mut self) {
+        self.out.clear();
+        self.close(CloseReason::Reinstated);
     }
 
     /// The driver saw the peer close the socket (or a socket error).
@@ -964,7 +1145,8 @@ impl Conn {
         let bhs = Bhs(hdr);
         if !self.seq_started {
             // RFC 7143 §11.12.8: the first non-immediate command after login
-            // carries the CmdSN of the Login Request.
+            // carries the CmdSN of the Login Request (a connection joining a
+            // session shares the session's instead: join_session).
             self.seq = SessionSeq::new(bhs.cmd_sn(), self.cfg.queue_depth);
             self.seq_started = true;
         }
@@ -1031,11 +1213,14 @@ impl Conn {
         if !self.seq.in_window(sn) {
             // RFC 7143 §4.2.2.1: outside [ExpCmdSN, MaxCmdSN] a non-immediate
             // command is silently ignored.
-            tracing::debug!(peer = %self.peer, cmd_sn = sn.0, exp = self.seq.exp_cmd_sn.0, "CmdSN outside the window, dropped");
+            tracing::debug!(peer = %self.peer, cmd_sn = sn.0, exp = self.seq.exp_cmd_sn().0, "CmdSN outside the window, dropped");
             self.drop_held(held);
             return;
         }
-        if sn != self.seq.exp_cmd_sn {
+        if sn != self.seq.exp_cmd_sn() {
+            // Ahead of a gap, which this or another connection of the
+            // session fills (RFC 7143 §4.2.2.1: delivery in CmdSN order
+            // across the session's connections).
             if self.held.len() >= MAX_HELD || self.held.contains_key(&sn.0) {
                 self.drop_held(held);
                 return;
@@ -1043,21 +1228,16 @@ impl Conn {
             self.held.insert(sn.0, held);
             return;
         }
-        self.seq.exp_cmd_sn = self.seq.exp_cmd_sn.next();
+        self.seq.advance();
         self.run_held(held, true);
-        while let Some(h) = self.held.remove(&self.seq.exp_cmd_sn.0) {
-            self.seq.exp_cmd_sn = self.seq.exp_cmd_sn.next();
-            self.run_held(h, true);
-            if self.phase != Phase::FullFeature {
-                return;
-            }
-        }
+        self.release_held();
     }
 
     /// A request that will never run: a command's task is forgotten.
     fn drop_held(&mut self, h: Held) {
         if let Held::Scsi(itt, _) = h {
             self.tasks.remove(&itt);
+            self.seq.release_task(itt, self.member);
         }
     }
 
@@ -1068,7 +1248,7 @@ impl Conn {
                 if let Some(t) = self.tasks.get_mut(&itt) {
                     if ordered {
                         t.counted = true;
-                        self.seq.in_flight += 1;
+                        self.seq.add_in_flight(1);
                     }
                     self.events.push_back(ConnEvent::Command(req));
                 }
@@ -1167,7 +1347,7 @@ impl Conn {
             self.sequence(hdr, Held::Skip);
             return;
         }
-        if self.tasks.contains_key(&itt) || itt == RESERVED_TAG {
+        if self.tasks.contains_key(&itt) || self.seq.itt_in_use(itt) || itt == RESERVED_TAG {
             // RFC 7143 §11.2.1.8: ITTs are unique per session.
             self.send_reject(RejectReason::InvalidPduField, hdr);
             self.sequence(hdr, Held::Skip);
@@ -1226,6 +1406,7 @@ impl Conn {
             r2t_sn: R2tSn(0),
         };
         self.tasks.insert(itt, task);
+        self.seq.claim_task(itt, self.member);
         self.sequence(hdr, Held::Scsi(itt, req));
     }
 
@@ -1471,6 +1652,9 @@ impl Conn {
     fn respond(&mut self, id: CmdId, tag: TaskTag, rsp: Response) {
         let itt = tag.0 as u32;
         let task = self.tasks.remove(&itt);
+        if task.is_some() {
+            self.seq.release_task(itt, self.member);
+        }
         if self.phase != Phase::FullFeature {
             self.events.push_back(ConnEvent::ResponseSent { id });
             return;
@@ -1478,7 +1662,7 @@ impl Conn {
         if let Some(t) = &task
             && t.counted
         {
-            self.seq.in_flight = self.seq.in_flight.saturating_sub(1);
+            self.seq.add_in_flight(-1);
         }
         let dir = task.as_ref().map_or(DataDir::Read, |t| t.dir);
         let read_len = task.as_ref().map_or(0, |t| t.read_len) as usize;
@@ -1671,7 +1855,8 @@ impl Conn {
     fn logout(&mut self, hdr: &[u8; BHS_LEN]) {
         let bhs = Bhs(hdr);
         // RFC 7143 §11.14.1 reason codes; §11.15.1 responses.
-        let response = match bhs.function() {
+        let reason = bhs.function();
+        let response = match reason {
             0 => 0,
             1 if bhs.cid() == self.cid() => 0,
             1 => 1,
@@ -1686,7 +1871,13 @@ impl Conn {
         let b = pdu::logout_response(bhs.itt(), response, 0, 0, sns);
         self.send(&b, &[]);
         if response == 0 {
-            self.close(CloseReason::Logout);
+            // RFC 7143 §11.14.1: reason 0 closes the session (every
+            // connection), reason 1 this connection only.
+            self.close(if reason == 1 {
+                CloseReason::ConnectionLogout
+            } else {
+                CloseReason::Logout
+            });
         }
     }
 
@@ -1750,6 +1941,7 @@ impl Conn {
             }
         }
         self.tmfs.insert(itt, code);
+        self.seq.claim_tmf(itt, self.member);
         self.events.push_back(ConnEvent::TaskMgmt(TmfRequest {
             func,
             lun,
@@ -1769,6 +1961,7 @@ impl Conn {
         }
         let itt = tag.0 as u32;
         let func = self.tmfs.remove(&itt);
+        self.seq.release_tmf(itt, self.member);
         let code = match rsp {
             TmfResponse::Complete => tmf_rsp::COMPLETE,
             TmfResponse::Succeeded => tmf_rsp::SUCCEEDED,
@@ -1864,19 +2057,146 @@ mod tests {
 
     #[test]
     fn window_math() {
-        let mut s = SessionSeq::new(CmdSn(10), 4);
+        let s = SessionSeq::new(CmdSn(10), 4);
         assert_eq!(s.max_cmd_sn(), CmdSn(13));
         assert!(s.in_window(CmdSn(10)) && s.in_window(CmdSn(13)));
         assert!(!s.in_window(CmdSn(14)) && !s.in_window(CmdSn(9)));
-        s.exp_cmd_sn = CmdSn(11);
-        s.in_flight = 1;
+        s.advance();
+        s.add_in_flight(1);
+        assert_eq!(s.exp_cmd_sn(), CmdSn(11));
         assert_eq!(s.max_cmd_sn(), CmdSn(13));
-        s.in_flight = 4;
+        // A clone is the same session's window.
+        let other = s.clone();
+        other.add_in_flight(3);
+        assert!(other.same(&s));
         assert_eq!(s.max_cmd_sn(), CmdSn(10));
         assert!(!s.in_window(CmdSn(11)));
+        s.add_in_flight(-10);
+        assert_eq!(s.in_flight(), 0);
         let s = SessionSeq::new(CmdSn(u32::MAX), 2);
         assert_eq!(s.max_cmd_sn(), CmdSn(0));
         assert!(s.in_window(CmdSn(0)));
+    }
+
+    const TARGET: &str = "iqn.2026-01.test:mcs";
+
+    /// A connection logged in through one Login Request (no security
+    /// stage); `join` makes it a later connection of `join`'s session.
+    fn logged_in(now: Instant, tsih: u16, cid: u16, join: Option<&Conn>) -> Conn {
+        let cfg = Arc::new(IscsiConfig {
+            targets: vec![IscsiTarget {
+                name: TARGET.into(),
+                alias: None,
+                tpgt: 1,
+                portals: vec![],
+                auth: ChapAuth::default(),
+            }],
+            max_connections: 4,
+            ..IscsiConfig::default()
+        });
+        let addr: SocketAddr = "127.0.0.1:3260".parse().unwrap();
+        let mut c = Conn::new(now, cfg, addr, addr, u64::from(cid));
+        let mut b = BhsBuf::new(Opcode::LOGIN_REQ, flags::T | (1 << 2) | 3);
+        b.set_immediate();
+        b.0[8..14].copy_from_slice(&[0x80, 0, 0, 0, 0, 1]);
+        b.set_u16(14, tsih).set_u16(20, cid).set_u32(24, 10);
+        let mut keys = vec![
+            ("InitiatorName", "iqn.i"),
+            ("TargetName", TARGET),
+            ("SessionType", "Normal"),
+        ];
+        if join.is_none() {
+            keys.push(("MaxConnections", "4"));
+        }
+        let bytes = pdu::Pdu::with_data(b, encode_text(&keys)).encode(false, false);
+        assert_eq!(c.handle_input(now, &bytes), bytes.len());
+        assert!(matches!(
+            c.poll_event(),
+            Some(ConnEvent::SessionRequest { tsih: t, .. }) if t == tsih
+        ));
+        if let Some(lead) = join {
+            c.join_session(lead.session_seq().clone(), lead.params(), u32::from(cid));
+        }
+        c.accept_session(0x55);
+        assert!(c.is_full_feature());
+        assert!(matches!(c.poll_event(), Some(ConnEvent::LoggedIn)));
+        let mut tx = TxQueue::new();
+        c.poll_transmit(&mut tx);
+        c
+    }
+
+    fn tur(itt: u32, cmd_sn: u32) -> Vec<u8> {
+        let mut b = BhsBuf::new(Opcode::SCSI_CMD, flags::F | 1);
+        b.set_itt(itt).set_u32(24, cmd_sn);
+        pdu::Pdu::new(b).encode(false, false)
+    }
+
+    fn commands(c: &mut Conn) -> Vec<u64> {
+        let mut v = Vec::new();
+        while let Some(ev) = c.poll_event() {
+            if let ConnEvent::Command(r) = ev {
+                v.push(r.tag.0);
+            }
+        }
+        v
+    }
+
+    /// MC/S: commands reach the core in CmdSN order across the session's
+    /// connections; one ahead of a gap waits on its connection until
+    /// another fills the gap (RFC 7143 §4.2.2.1); ITTs are unique per
+    /// session; the window is the session's.
+    #[test]
+    fn cmd_sn_order_across_connections() {
+        let now = Instant::now();
+        let mut a = logged_in(now, 0, 1, None);
+        let mut b = logged_in(now, 0x55, 2, Some(&a));
+        assert!(a.session_seq().same(b.session_seq()));
+        assert_eq!(b.params().max_connections, 4);
+        // CmdSN 11 and 12 arrive on B first: held.
+        b.handle_input(now, &tur(0x12, 12));
+        b.handle_input(now, &tur(0x11, 11));
+        assert!(commands(&mut b).is_empty());
+        assert!(!b.release_held());
+        // 10 arrives on A: it runs; B's held commands follow, in order.
+        a.handle_input(now, &tur(0x10, 10));
+        assert_eq!(commands(&mut a), vec![0x10]);
+        assert!(b.release_held());
+        assert_eq!(commands(&mut b), vec![0x11, 0x12]);
+        assert_eq!(a.session_seq().exp_cmd_sn(), CmdSn(13));
+        assert_eq!(a.session_seq().in_flight(), 3);
+        // An ITT in use on A is refused on B (RFC 7143 §11.2.1.8).
+        b.handle_input(now, &tur(0x10, 13));
+        assert!(commands(&mut b).is_empty());
+        let mut tx = TxQueue::new();
+        b.poll_transmit(&mut tx);
+        let out = tx.drain_to_vec();
+        assert_eq!(out[0] & 0x3f, Opcode::REJECT.0);
+        // The task owners are known session-wide.
+        assert_eq!(a.session_seq().task_owner(0x10), Some(a.member()));
+        assert_eq!(a.session_seq().task_owner(0x12), Some(b.member()));
+        // A logout of B alone frees its window slots and ITTs and aborts
+        // its tasks; A goes on.
+        let mut lo = BhsBuf::new(Opcode::LOGOUT_REQ, flags::F | 1);
+        lo.set_immediate()
+            .set_itt(0x99)
+            .set_u16(20, 2)
+            .set_u32(24, 14);
+        b.handle_input(now, &pdu::Pdu::new(lo).encode(false, false));
+        let mut aborts = Vec::new();
+        let mut closed = None;
+        while let Some(ev) = b.poll_event() {
+            match ev {
+                ConnEvent::TaskMgmt(t) => aborts.push(t.func),
+                ConnEvent::Closed { reason } => closed = Some(reason),
+                _ => {}
+            }
+        }
+        assert_eq!(closed, Some(CloseReason::ConnectionLogout));
+        assert_eq!(aborts.len(), 2, "{aborts:?}");
+        assert_eq!(a.session_seq().in_flight(), 1);
+        assert_eq!(a.session_seq().task_owner(0x12), None);
+        a.handle_input(now, &tur(0x13, 14));
+        assert_eq!(commands(&mut a), vec![0x13]);
     }
 
     #[test]

@@ -6,10 +6,18 @@
 //! It runs over any blocking byte [`Transport`] (a `TcpStream`, or an
 //! in-memory pair in tests) and reuses the target's codec ([`crate::pdu`],
 //! [`crate::keys`]): there is no second one. It is a test instrument, not a
-//! production initiator: one connection, one command at a time, ERL 0.
+//! production initiator: one command at a time per connection, ERL 0.
+//!
+//! Several connections per session (MC/S): [`Initiator::add_connection`]
+//! logs a further connection in to the session (its TSIH, a new CID, no
+//! leading-only keys); the connections share one CmdSN counter, so each may
+//! be driven from its own thread, and a command goes on whichever connection
+//! the caller sends it on.
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::keys::{encode_text, parse_text};
 use crate::pdu::{
@@ -148,6 +156,9 @@ pub struct Initiator<T: Transport> {
     pub async_msgs: Vec<Pdu>,
     /// NOP-In pings answered automatically.
     pub pings_answered: u32,
+    /// The session's CmdSN counter when it has several connections
+    /// (otherwise `cmd_sn` alone).
+    shared_cmd_sn: Option<Arc<AtomicU32>>,
 }
 
 impl<T: Transport> Initiator<T> {
@@ -171,7 +182,63 @@ impl<T: Transport> Initiator<T> {
             login_keys: Vec::new(),
             async_msgs: Vec::new(),
             pings_answered: 0,
+            shared_cmd_sn: None,
         }
+    }
+
+    /// The session's next CmdSN.
+    fn current_cmd_sn(&self) -> CmdSn {
+        match &self.shared_cmd_sn {
+            Some(c) => CmdSn(c.load(Ordering::SeqCst)),
+            None => self.cmd_sn,
+        }
+    }
+
+    /// Logs a further connection in to this session (MC/S, RFC 7143
+    /// §6.3.1): same initiator name and ISID, this session's TSIH, CID
+    /// `cid`, only per-connection keys. From then on the connections share
+    /// the session's CmdSN counter.
+    pub fn add_connection(
+        &mut self,
+        addr: std::net::SocketAddr,
+        cid: u16,
+    ) -> Result<Initiator<TcpStream>, InitiatorError> {
+        let s = TcpStream::connect(addr)?;
+        s.set_nodelay(true)?;
+        self.join_on(s, cid)
+    }
+
+    /// [`Initiator::add_connection`] over a transport already connected.
+    pub fn join_on<U: Transport>(
+        &mut self,
+        t: U,
+        cid: u16,
+    ) -> Result<Initiator<U>, InitiatorError> {
+        let now = self.cmd_sn.0;
+        let shared = self
+            .shared_cmd_sn
+            .get_or_insert_with(|| Arc::new(AtomicU32::new(now)))
+            .clone();
+        let mut cfg = InitiatorConfig {
+            tsih: self.tsih,
+            cid,
+            ..self.cfg.clone()
+        };
+        cfg.extra_keys
+            .retain(|(k, _)| !crate::keys::LEADING_ONLY_KEYS.contains(&k.as_str()));
+        let mut i = Initiator::new(t, cfg);
+        // RFC 7143 §11.2.1.8: ITTs are unique per session: each connection
+        // draws from its own range.
+        i.next_itt = u32::from(cid) << 20;
+        i.shared_cmd_sn = Some(shared);
+        i.cmd_sn = self.current_cmd_sn();
+        i.login()?;
+        // The session's negotiated values (leading-only keys).
+        i.max_burst = self.max_burst;
+        i.first_burst = self.first_burst;
+        i.immediate_data = self.immediate_data;
+        i.initial_r2t = self.initial_r2t;
+        Ok(i)
     }
 
     pub fn new_itt(&mut self) -> u32 {
@@ -245,7 +312,7 @@ impl<T: Transport> Initiator<T> {
         b.set_u16(14, self.cfg.tsih)
             .set_itt(0)
             .set_u16(20, self.cfg.cid)
-            .set_u32(24, self.cmd_sn.0)
+            .set_u32(24, self.current_cmd_sn().0)
             .set_u32(28, self.exp_stat_sn.0);
         Pdu::with_data(b, encode_text(keys))
     }
@@ -306,7 +373,9 @@ impl<T: Transport> Initiator<T> {
                 &c.max_recv_data_segment_length.to_string(),
             ),
         ];
-        if c.target_name.is_some() {
+        // RFC 7143 §13: leading-only keys go on the session's first
+        // connection only.
+        if c.target_name.is_some() && c.tsih == 0 {
             op.extend([
                 s("ErrorRecoveryLevel", "0"),
                 s("InitialR2T", yn(c.initial_r2t)),
@@ -333,6 +402,13 @@ impl<T: Transport> Initiator<T> {
                 "target did not enter full feature phase".into(),
             ));
         }
+        if self.cfg.tsih != 0 && r.bhs().tsih() != self.cfg.tsih {
+            return Err(InitiatorError::Protocol(format!(
+                "joined session {:#x} but the target answered TSIH {:#x}",
+                self.cfg.tsih,
+                r.bhs().tsih()
+            )));
+        }
         self.tsih = r.bhs().tsih();
         self.max_cmd_sn = r.bhs().max_cmd_sn();
         for (k, v) in self.login_keys.clone() {
@@ -353,6 +429,15 @@ impl<T: Transport> Initiator<T> {
 
     /// Takes the next CmdSN for a non-immediate request.
     fn take_cmd_sn(&mut self, immediate: bool) -> CmdSn {
+        if let Some(c) = &self.shared_cmd_sn {
+            let sn = if immediate {
+                CmdSn(c.load(Ordering::SeqCst))
+            } else {
+                CmdSn(c.fetch_add(1, Ordering::SeqCst))
+            };
+            self.cmd_sn = sn;
+            return sn;
+        }
         let sn = self.cmd_sn;
         if !immediate {
             self.cmd_sn = sn.next();
@@ -541,7 +626,7 @@ impl<T: Transport> Initiator<T> {
                 r.set_immediate()
                     .set_itt(RESERVED_TAG)
                     .set_word20(b.ttt())
-                    .set_u32(24, self.cmd_sn.0)
+                    .set_u32(24, self.current_cmd_sn().0)
                     .set_u32(28, self.exp_stat_sn.0);
                 self.send_pdu(&Pdu::new(r))?;
                 self.pings_answered += 1;
@@ -594,7 +679,7 @@ impl<T: Transport> Initiator<T> {
             b.set_immediate()
                 .set_itt(itt)
                 .set_word20(ttt)
-                .set_u32(24, self.cmd_sn.0)
+                .set_u32(24, self.current_cmd_sn().0)
                 .set_u32(28, self.exp_stat_sn.0);
             self.send_pdu(&Pdu::with_data(b, std::mem::take(&mut data)))?;
             let r = self.wait_for(Opcode::TEXT_RSP, itt)?;
@@ -619,7 +704,7 @@ impl<T: Transport> Initiator<T> {
             .set_lun(lun.to_be_bytes())
             .set_itt(itt)
             .set_word20(ref_itt)
-            .set_u32(24, self.cmd_sn.0)
+            .set_u32(24, self.current_cmd_sn().0)
             .set_u32(28, self.exp_stat_sn.0);
         self.send_pdu(&Pdu::new(b))?;
         Ok(self.wait_for(Opcode::TMF_RSP, itt)?.bhs().0[2])
@@ -632,7 +717,7 @@ impl<T: Transport> Initiator<T> {
         b.set_immediate()
             .set_itt(itt)
             .set_u16(20, self.cfg.cid)
-            .set_u32(24, self.cmd_sn.0)
+            .set_u32(24, self.current_cmd_sn().0)
             .set_u32(28, self.exp_stat_sn.0);
         self.send_pdu(&Pdu::new(b))?;
         Ok(self.wait_for(Opcode::LOGOUT_RSP, itt)?.bhs().0[2])

@@ -269,6 +269,24 @@ pub const KNOWN_KEYS: &[&str] = &[
     "RDMAExtensions",
 ];
 
+/// RFC 7143 §13: keys whose "Use" is LO (leading only): they belong to the
+/// session and may only be negotiated on its first connection. A later
+/// connection of the session (MC/S, TSIH != 0) inherits them.
+pub const LEADING_ONLY_KEYS: &[&str] = &[
+    "SessionType",
+    "MaxConnections",
+    "InitialR2T",
+    "ImmediateData",
+    "MaxBurstLength",
+    "FirstBurstLength",
+    "DefaultTime2Wait",
+    "DefaultTime2Retain",
+    "MaxOutstandingR2T",
+    "DataPDUInOrder",
+    "DataSequenceInOrder",
+    "ErrorRecoveryLevel",
+];
+
 /// Login stage a key arrived in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
@@ -288,6 +306,9 @@ pub struct Negotiator {
     offered: Vec<String>,
     /// Whether our MaxRecvDataSegmentLength was declared.
     pub declared_mrdsl: bool,
+    /// This login opens a session (TSIH 0); false for a connection added to
+    /// an existing session, where leading-only keys are refused.
+    pub leading: bool,
 }
 
 /// Parses an RFC 7143 §6.2 numerical value: decimal or `0x` hex.
@@ -330,6 +351,7 @@ impl Negotiator {
             seen: Vec::new(),
             offered: Vec::new(),
             declared_mrdsl: false,
+            leading: true,
         }
     }
 
@@ -352,6 +374,12 @@ impl Negotiator {
             return Err(LoginStatus::INITIATOR_ERROR);
         }
         self.seen.push(key.to_string());
+        if !self.leading && LEADING_ONLY_KEYS.contains(&key) && key != "SessionType" {
+            // RFC 7143 §13: an LO key "can only be used in the leading
+            // connection"; on a later connection of the session it is an
+            // initiator error (the session's value stands).
+            return Err(LoginStatus::INITIATOR_ERROR);
+        }
         let p = &mut self.params;
         let l = &self.limits;
         let irrelevant_in_discovery = matches!(
@@ -603,7 +631,7 @@ impl Negotiator {
     /// FirstBurstLength, ImmediateData): the target offers its own values.
     /// Each is offered once; the initiator answers before leaving the stage.
     pub fn take_offers(&mut self) -> Vec<(String, String)> {
-        if self.discovery() {
+        if self.discovery() || !self.leading {
             return Vec::new();
         }
         let d = Params::default();

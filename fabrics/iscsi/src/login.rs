@@ -191,7 +191,12 @@ impl Login {
             cid: bhs.cid(),
         };
         match self.id {
-            None => self.id = Some(id),
+            None => {
+                self.id = Some(id);
+                // RFC 7143 §6.3.1: a nonzero TSIH adds this connection to an
+                // existing session; the session's leading-only keys stand.
+                self.neg.leading = id.tsih == 0;
+            }
             Some(first) => {
                 // RFC 7143 §11.12.5-7: ISID, TSIH and CID stay the same
                 // throughout the login.
@@ -721,6 +726,64 @@ mod tests {
                 status: LoginStatus::INITIATOR_ERROR,
                 ..
             }
+        ));
+    }
+
+    /// A connection added to a session (TSIH != 0) may not negotiate the
+    /// session's leading-only keys (RFC 7143 §13), and is offered none.
+    #[test]
+    fn leading_only_keys_refused_on_a_later_connection() {
+        let names = [
+            ("InitiatorName", "iqn.i"),
+            ("TargetName", "iqn.2026-01.test:disk"),
+            ("SessionType", "Normal"),
+        ];
+        let later = |keys: &[(&str, &str)]| {
+            let mut l = Login::new(
+                Limits {
+                    max_burst_length: 65536,
+                    ..Limits::default()
+                },
+                cfg(),
+            );
+            let mut b = req(true, false, 1, 3);
+            b.set_u16(14, 0x42);
+            let mut all = names.to_vec();
+            all.extend_from_slice(keys);
+            l.handle(b.view(), &text(&all))
+        };
+        for key in [
+            ("MaxConnections", "4"),
+            ("InitialR2T", "No"),
+            ("MaxBurstLength", "4096"),
+        ] {
+            assert!(
+                matches!(
+                    later(&[key]),
+                    LoginStep::Fail {
+                        status: LoginStatus::INITIATOR_ERROR,
+                        ..
+                    }
+                ),
+                "{key:?} accepted on a later connection"
+            );
+        }
+        // Per-connection keys are fine, and the target offers no LO key
+        // (its smaller MaxBurstLength is not offered again).
+        match later(&[
+            ("HeaderDigest", "None"),
+            ("MaxRecvDataSegmentLength", "8192"),
+        ]) {
+            LoginStep::SessionRequest { tsih, .. } => assert_eq!(tsih, 0x42),
+            other => panic!("expected the session request, got {other:?}"),
+        }
+        // The same keys on a leading connection are negotiated.
+        let mut l = login();
+        let mut all = names.to_vec();
+        all.push(("MaxConnections", "4"));
+        assert!(matches!(
+            l.handle(req(true, false, 1, 3).view(), &text(&all)),
+            LoginStep::SessionRequest { tsih: 0, .. }
         ));
     }
 

@@ -3,22 +3,34 @@
 //! Only this file touches sockets. It feeds received bytes to the `Conn`,
 //! hands the `Conn`'s events to the core's [`Session`](ferrite_core::Session),
 //! hands the session's actions back to the `Conn`, and sends what the `Conn`
-//! queues. Every RFC rule lives in the `Conn`; nothing here depends on one.
+//! queues. Every RFC rule about PDUs lives in the `Conn`.
+//!
+//! Several connections of one session (MC/S) run on the core owning the
+//! session and share a [`SessionGroup`]: the core session, the CmdSN window
+//! ([`SessionSeq`]), the session's identity and leading-only parameters, and
+//! the core actions one connection polled for another (a command's Data-In,
+//! R2Ts and status go out on the connection it arrived on, RFC 7143 §5.1).
+//! At error recovery level 0 a connection that fails ends the session
+//! (RFC 7143 §6.3.6, §7.1.4); a logout of one connection (reason 1) or its
+//! reinstatement does not.
 
-use std::collections::VecDeque;
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
 use std::mem;
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
 
 use ferrite_core::device::LunMap;
 use ferrite_core::shard::{Nexus, ResetScope, SessionId, Shard};
-use ferrite_core::{TaskTag, TmfFunction};
+use ferrite_core::{Abort, Action, TaskTag, TmfFunction};
 use ferrite_reactor::ring::{Ctx, TxSeg, advance};
 
-use crate::conn::{Conn, ConnEvent, IscsiConfig, TxQueue};
-use crate::pdu::LoginStatus;
+use crate::conn::{CloseReason, Conn, ConnEvent, IscsiConfig, SessionSeq, TxQueue};
+use crate::keys::Params;
+use crate::pdu::{BHS_LEN, Bhs, LoginStatus, Opcode};
 
 /// Largest receive buffer per connection: a whole maximal PDU header plus a
 /// large piece of data segment (the `Conn` consumes data segments partially).
@@ -54,10 +66,81 @@ pub struct Grant {
     pub rel_port_id: u16,
 }
 
+/// The connections of one session on this core (MC/S), shared by their
+/// [`TcpConn`]s through a [`SessionLink`].
+#[derive(Debug)]
+pub struct SessionGroup {
+    tsih: u16,
+    sid: SessionId,
+    seq: SessionSeq,
+    /// The leading connection's parameters: the session's LO keys.
+    lead: Params,
+    initiator: String,
+    isid: [u8; 6],
+    target: String,
+    luns: Arc<LunMap>,
+    /// Live connections: (member id, CID).
+    members: Vec<(u32, u16)>,
+    next_member: u32,
+    /// Core actions one member polled for another, by member id.
+    inbox: HashMap<u32, VecDeque<Action>>,
+    /// Members replaced by connection reinstatement, for the driver to close.
+    kicked: Vec<u32>,
+    /// The session ended: every connection of it closes.
+    ended: bool,
+    /// Bumped whenever one member leaves work for another.
+    work: u64,
+}
+
+/// A handle on a [`SessionGroup`]; it never leaves its core.
+pub type SessionLink = Rc<RefCell<SessionGroup>>;
+
+impl SessionGroup {
+    pub fn tsih(&self) -> u16 {
+        self.tsih
+    }
+    /// Connections the session has now.
+    pub fn connections(&self) -> usize {
+        self.members.len()
+    }
+    /// The session ended: its connections must all close.
+    pub fn ended(&self) -> bool {
+        self.ended
+    }
+    /// Changes whenever a member has work for another (queued actions, the
+    /// CmdSN window moved): the driver pumps the members until it is stable.
+    pub fn generation(&self) -> (u64, u32) {
+        (self.work, self.seq.exp_cmd_sn().0)
+    }
+    /// Members replaced by connection reinstatement, to close.
+    pub fn take_kicked(&mut self) -> Vec<u32> {
+        mem::take(&mut self.kicked)
+    }
+}
+
+/// Where a core action goes.
+enum Route {
+    Here,
+    Member(u32),
+    /// Its connection is gone: the driver completes it towards the core.
+    Nobody,
+}
+
 /// The daemon side of logins: target lookup, ACLs, TSIH allocation.
 pub trait Portal {
     fn session_request(&self, req: &SessionRequest<'_>) -> Result<Grant, LoginStatus>;
     fn session_closed(&self, tsih: u16);
+    /// A connection of session `tsih`, which goes on, ended (MC/S).
+    fn connection_closed(&self, _tsih: u16, _peer: SocketAddr) {}
+    /// The session `tsih` runs on another core: a connection logging in to
+    /// it must move there first (MC/S).
+    fn session_elsewhere(&self, _tsih: u16) -> bool {
+        false
+    }
+    /// The session with TSIH `tsih` running on this core.
+    fn session_link(&self, _tsih: u16) -> Option<SessionLink> {
+        None
+    }
     /// A login from `peer` failed authentication or authorization; the
     /// answer is how long to hold the failure response back (a per-address
     /// backoff against guessing).
@@ -101,6 +184,13 @@ pub struct TcpConn {
     shut: bool,
     /// Nothing is sent before this instant (backoff after a failed login).
     hold_tx: Option<Instant>,
+    /// The session's connections on this core (normal sessions).
+    link: Option<SessionLink>,
+    /// The first Login Request was looked at (where its session lives).
+    routed: bool,
+    /// The login names a session of another core: the worker moves the
+    /// socket there ([`TcpConn::into_handoff`]).
+    handoff: Option<u16>,
 }
 
 impl TcpConn {
@@ -132,7 +222,86 @@ impl TcpConn {
             held_tmfs: Vec::new(),
             shut: false,
             hold_tx: None,
+            link: None,
+            routed: false,
+            handoff: None,
         })
+    }
+
+    /// Wraps a socket another core accepted and moved here, with the bytes
+    /// it already received (the start of a login to a session of this core).
+    pub fn adopt(
+        now: Instant,
+        sock: TcpStream,
+        cfg: Arc<IscsiConfig>,
+        seed: u64,
+        received: Vec<u8>,
+    ) -> std::io::Result<TcpConn> {
+        let mut c = TcpConn::new(now, sock, cfg, seed)?;
+        c.routed = true;
+        c.rx_len = received.len();
+        let mut buf = received;
+        buf.resize(buf.len().max(RX_BUF_START), 0);
+        c.rx = Some(buf);
+        Ok(c)
+    }
+
+    /// Processes the bytes an adopted connection brought, then reads on.
+    pub fn start_adopted(
+        &mut self,
+        ctx: &mut Ctx,
+        key: u64,
+        shard: &mut Shard,
+        portal: &dyn Portal,
+    ) {
+        match self.rx.take() {
+            Some(buf) if self.rx_len > 0 => self.process(ctx, key, buf, shard, portal),
+            other => {
+                self.rx = other;
+                self.arm_recv(ctx, key);
+            }
+        }
+    }
+
+    /// The TSIH of the session on another core this connection must move
+    /// to; no operation is in flight on it then.
+    pub fn handoff(&self) -> Option<u16> {
+        self.handoff
+    }
+
+    /// The socket and the bytes received so far, for the core owning the
+    /// session ([`TcpConn::adopt`]).
+    pub fn into_handoff(self) -> (OwnedFd, Vec<u8>) {
+        let mut bytes = self.rx.unwrap_or_default();
+        bytes.truncate(self.rx_len);
+        (OwnedFd::from(self.sock), bytes)
+    }
+
+    /// The session's connections on this core, once logged in.
+    pub fn link(&self) -> Option<&SessionLink> {
+        self.link.as_ref()
+    }
+
+    /// This connection's member id in its session.
+    pub fn member(&self) -> u32 {
+        self.conn.member()
+    }
+
+    /// Closing or closed.
+    pub fn is_closing(&self) -> bool {
+        self.closing
+    }
+
+    /// Another login took this connection's CID (connection reinstatement,
+    /// RFC 7143 §6.3.4): it ends, its tasks are aborted, the session goes on.
+    pub fn kick(&mut self, now: Instant, shard: &mut Shard, portal: &dyn Portal) {
+        if self.closing {
+            return;
+        }
+        tracing::info!(peer = %self.peer, cid = self.conn.cid(), "connection reinstated by a new login");
+        self.conn.reinstated();
+        self.drive(now, shard, portal);
+        self.close(now, shard, portal);
     }
 
     fn fd(&self) -> RawFd {
@@ -191,6 +360,14 @@ impl TcpConn {
     pub fn set_luns(&mut self, shard: &mut Shard, luns: Arc<LunMap>) {
         if let (Some(sid), Some(n)) = (self.session, self.nexus.as_mut()) {
             n.2 = luns.clone();
+            if let Some(link) = &self.link {
+                // One core session for all the connections: changed once.
+                let mut g = link.borrow_mut();
+                if Arc::ptr_eq(&g.luns, &luns) {
+                    return;
+                }
+                g.luns = luns.clone();
+            }
             shard.set_luns(sid, luns);
         }
     }
@@ -258,6 +435,33 @@ impl TcpConn {
             // The socket had at least a buffer's worth: read larger pieces.
             buf.resize((buf.len() * 2).min(RX_BUF), 0);
         }
+        if !self.routed && self.rx_len >= BHS_LEN {
+            self.routed = true;
+            if let Some(b) = Bhs::from_slice(&buf[..self.rx_len])
+                && b.opcode() == Opcode::LOGIN_REQ
+                && b.tsih() != 0
+                && portal.session_elsewhere(b.tsih())
+            {
+                // RFC 7143 §6.3.1: a login naming an existing session joins
+                // it; its connections all live on the session's core.
+                self.handoff = Some(b.tsih());
+                self.rx = Some(buf);
+                return;
+            }
+        }
+        self.process(ctx, key, buf, shard, portal);
+    }
+
+    /// Feeds the received bytes in `buf[..rx_len]` to the `Conn`, then
+    /// reads on.
+    fn process(
+        &mut self,
+        ctx: &mut Ctx,
+        key: u64,
+        mut buf: Vec<u8>,
+        shard: &mut Shard,
+        portal: &dyn Portal,
+    ) {
         let now = ctx.now();
         let mut off = 0;
         while off < self.rx_len {
@@ -338,6 +542,17 @@ impl TcpConn {
     fn drive(&mut self, now: Instant, shard: &mut Shard, portal: &dyn Portal) {
         loop {
             let mut progress = false;
+            if let Some(link) = self.link.clone() {
+                // Actions another connection of the session polled for this one.
+                let mine = link.borrow_mut().inbox.remove(&self.conn.member());
+                for a in mine.into_iter().flatten() {
+                    progress = true;
+                    self.deliver(now, a);
+                }
+                // Another connection may have filled the CmdSN gap before
+                // requests held here.
+                progress |= self.conn.release_held();
+            }
             while let Some(ev) = self.conn.poll_event() {
                 progress = true;
                 self.on_event(now, ev, shard, portal);
@@ -347,13 +562,17 @@ impl TcpConn {
             {
                 while let Some(a) = s.poll_action() {
                     progress = true;
-                    if let ferrite_core::Action::TmfDone { tag, .. } = &a
-                        && let Some(h) = self.held_tmfs.iter_mut().find(|(t, _)| t == tag)
-                    {
-                        h.1 = Some(a);
-                        continue;
+                    match self.route(&a) {
+                        Route::Here => self.deliver(now, a),
+                        Route::Member(m) => {
+                            if let Some(link) = &self.link {
+                                let mut g = link.borrow_mut();
+                                g.inbox.entry(m).or_default().push_back(a);
+                                g.work += 1;
+                            }
+                        }
+                        Route::Nobody => complete_orphan(&mut s, a),
                     }
-                    self.conn.handle_action(now, a);
                 }
             }
             if !progress {
@@ -363,6 +582,79 @@ impl TcpConn {
         if self.conn.is_closed() && !self.closing {
             self.begin_close(now, shard, portal);
         }
+    }
+
+    /// Hands a core action to this connection's `Conn` (a TMF response
+    /// waiting for other cores is held).
+    fn deliver(&mut self, now: Instant, a: Action) {
+        if let Action::TmfDone { tag, .. } = &a
+            && let Some(h) = self.held_tmfs.iter_mut().find(|(t, _)| t == tag)
+        {
+            h.1 = Some(a);
+            return;
+        }
+        self.conn.handle_action(now, a);
+    }
+
+    /// Which connection of the session an action belongs to: a command's
+    /// to the one it arrived on (RFC 7143 §5.1 connection allegiance), a
+    /// TMF response to the one that asked, an AEN or logout request to the
+    /// session's oldest connection.
+    fn route(&self, a: &Action) -> Route {
+        let Some(link) = &self.link else {
+            return Route::Here;
+        };
+        let g = link.borrow();
+        let me = self.conn.member();
+        let itt = |tag: &TaskTag| u32::try_from(tag.0).ok();
+        let owner = match a {
+            Action::FetchData { tag, .. } | Action::Respond { tag, .. } => {
+                itt(tag).and_then(|i| g.seq.task_owner(i))
+            }
+            Action::TmfDone { tag, .. } => itt(tag).and_then(|i| g.seq.tmf_owner(i)),
+            Action::Aen { .. } | Action::Close => g.members.first().map(|(m, _)| *m),
+        };
+        match owner {
+            Some(m) if m == me => Route::Here,
+            Some(m) => Route::Member(m),
+            None => Route::Nobody,
+        }
+    }
+
+    /// A login with a nonzero TSIH adds this connection to that session
+    /// (MC/S, RFC 7143 §6.3.1).
+    fn join(
+        &mut self,
+        req: &SessionRequest<'_>,
+        portal: &dyn Portal,
+    ) -> Result<(SessionLink, Grant, Option<u32>), LoginStatus> {
+        // RFC 7143 §6.3.1 / §11.13.5: the TSIH must name a live session of
+        // this initiator name and ISID, else 020Ah.
+        let link = portal
+            .session_link(req.tsih)
+            .filter(|l| !l.borrow().ended)
+            .ok_or(LoginStatus::SESSION_DOES_NOT_EXIST)?;
+        let replaced = {
+            let g = link.borrow();
+            if g.initiator != req.initiator
+                || g.isid != req.isid
+                || req.target != Some(g.target.as_str())
+                || req.discovery
+            {
+                return Err(LoginStatus::SESSION_DOES_NOT_EXIST);
+            }
+            let cid = self.conn.cid();
+            let replaced = g.members.iter().find(|(_, c)| *c == cid).map(|(m, _)| *m);
+            let others = g.members.len() - usize::from(replaced.is_some());
+            // RFC 7143 §13.2 MaxConnections; §11.13.5: 0206h too many
+            // connections on this session.
+            if others >= usize::from(g.lead.max_connections.max(1)) {
+                return Err(LoginStatus::TOO_MANY_CONNECTIONS);
+            }
+            replaced
+        };
+        let grant = portal.session_request(req)?;
+        Ok((link, grant, replaced))
     }
 
     fn on_event(&mut self, now: Instant, ev: ConnEvent, shard: &mut Shard, portal: &dyn Portal) {
@@ -382,6 +674,41 @@ impl TcpConn {
                     discovery,
                     peer: self.peer,
                 };
+                if tsih != 0 {
+                    match self.join(&req, portal) {
+                        Ok((link, grant, replaced)) => {
+                            let (member, seq, lead, sid, luns) = {
+                                let mut g = link.borrow_mut();
+                                if let Some(old) = replaced {
+                                    // RFC 7143 §6.3.4: connection reinstatement.
+                                    g.members.retain(|(m, _)| *m != old);
+                                    g.kicked.push(old);
+                                    g.work += 1;
+                                }
+                                g.next_member += 1;
+                                let member = g.next_member;
+                                g.members.push((member, self.conn.cid()));
+                                (member, g.seq.clone(), g.lead.clone(), g.sid, g.luns.clone())
+                            };
+                            tracing::info!(peer = %self.peer, initiator = %initiator, tsih,
+                                cid = self.conn.cid(), connections = link.borrow().members.len(),
+                                "connection added to the session");
+                            self.conn.join_session(seq, &lead, member);
+                            self.tsih = Some(grant.tsih);
+                            self.session = Some(sid);
+                            self.nexus = target.map(|t| (t, initiator, luns));
+                            self.link = Some(link);
+                            self.conn.accept_session(tsih);
+                        }
+                        Err(status) => {
+                            tracing::warn!(peer = %self.peer, initiator = %initiator, tsih,
+                                class = status.class, detail = status.detail,
+                                "connection refused to the session");
+                            self.conn.reject_session(status);
+                        }
+                    }
+                    return;
+                }
                 match portal.session_request(&req) {
                     Ok(grant) => {
                         tracing::info!(peer = %self.peer, initiator = %initiator,
@@ -417,7 +744,24 @@ impl TcpConn {
                         target: target.clone(),
                         rel_port_id: grant.rel_port_id,
                     };
-                    self.session = Some(shard.open_session(now, nexus, luns.clone(), true));
+                    let sid = shard.open_session(now, nexus, luns.clone(), true);
+                    self.session = Some(sid);
+                    self.link = Some(Rc::new(RefCell::new(SessionGroup {
+                        tsih: grant.tsih,
+                        sid,
+                        seq: self.conn.session_seq().clone(),
+                        lead: self.conn.params().clone(),
+                        initiator: initiator.clone(),
+                        isid,
+                        target: target.clone(),
+                        luns: luns.clone(),
+                        members: vec![(self.conn.member(), self.conn.cid())],
+                        next_member: self.conn.member(),
+                        inbox: HashMap::new(),
+                        kicked: Vec::new(),
+                        ended: false,
+                        work: 0,
+                    })));
                     self.nexus = Some((target, initiator, luns));
                 }
             }
@@ -473,6 +817,47 @@ impl TcpConn {
             return;
         }
         self.closing = true;
+        if let Some(link) = self.link.clone() {
+            let me = self.conn.member();
+            let (orphans, goes_on, first) = {
+                let mut g = link.borrow_mut();
+                g.members.retain(|(m, _)| *m != me);
+                g.work += 1;
+                let orphans = g.inbox.remove(&me);
+                // RFC 7143 §6.3.6 / §7.1.4: at ERL 0 a failed connection
+                // fails the session; a logged-out or reinstated one does not.
+                let goes_on = !g.ended
+                    && !g.members.is_empty()
+                    && matches!(
+                        self.conn.close_reason(),
+                        Some(CloseReason::ConnectionLogout | CloseReason::Reinstated)
+                    );
+                let first = !goes_on && !g.ended;
+                if !goes_on {
+                    g.ended = true;
+                }
+                (orphans, goes_on, first)
+            };
+            if let Some(sid) = self.session.take() {
+                if let Some(mut s) = shard.session(sid) {
+                    for a in orphans.into_iter().flatten() {
+                        complete_orphan(&mut s, a);
+                    }
+                }
+                if first {
+                    shard.close_session(now, sid);
+                }
+            }
+            if let Some(tsih) = self.tsih.take() {
+                if goes_on {
+                    tracing::info!(peer = %self.peer, tsih, "connection left the session");
+                    portal.connection_closed(tsih, self.peer);
+                } else if first {
+                    portal.session_closed(tsih);
+                }
+            }
+            return;
+        }
         if let Some(sid) = self.session.take() {
             shard.close_session(now, sid);
         }
@@ -544,5 +929,15 @@ impl TcpConn {
         self.begin_close(now, shard, portal);
         self.tx.clear();
         self.finish_close();
+    }
+}
+
+/// Completes towards the core an action whose connection is gone: the
+/// response slot is freed, write data will never come.
+fn complete_orphan(s: &mut ferrite_core::shard::Session<'_>, a: Action) {
+    match a {
+        Action::Respond { id, .. } => s.response_sent(id),
+        Action::FetchData { id, .. } => s.data_out_done(id, Err(Abort::ConnectionLost)),
+        Action::TmfDone { .. } | Action::Aen { .. } | Action::Close => {}
     }
 }

@@ -1,0 +1,351 @@
+//! Several connections per session (MC/S, RFC 7143 §6.3.1, MaxConnections
+//! §13.2) against a real ferrited with two cores, through the project's
+//! initiator: four connections of one session carrying verified reads and
+//! writes at once; a TSIH that names no session (020Ah); a fifth connection
+//! over MaxConnections=4 (0206h); a connection lost at ERL 0 ending the whole
+//! session; a logout of one connection leaving the others working.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
+
+use std::io::Read;
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::Command as Proc;
+use std::time::{Duration, Instant};
+
+use ferrite_iscsi::initiator::{Command, Initiator, InitiatorConfig, InitiatorError, connect};
+use ferrite_iscsi::pdu::LoginStatus;
+use ferrite_tests::{Ferrited, Options, ferrited_path, free_port, run_with_timeout};
+
+const IQN: &str = "iqn.2026-11.org.ferrite:mcs";
+const BS: usize = 512;
+const BLOCKS: u16 = 8;
+
+fn config(dir: &Path, port: u16) -> PathBuf {
+    let json = format!(
+        r#"{{
+  "devices": [ {{ "name": "m0", "handler": "vdisk_nullio", "size": 16777216, "mem": true }} ],
+  "iscsi": {{ "max_connections": 4 }},
+  "targets": {{ "iscsi": [
+    {{ "name": "{IQN}", "enabled": true, "portals": ["127.0.0.1:{port}"],
+       "luns": [ {{ "lun": 0, "device": "m0" }} ] }}
+  ] }}
+}}
+"#
+    );
+    let file = dir.join("mcs.json");
+    std::fs::write(&file, json).unwrap();
+    file
+}
+
+/// ferrited with MaxConnections=4 on two cores (so that later connections
+/// usually land on another core than their session and must move).
+fn start(dir: &Path) -> Ferrited {
+    let port = free_port();
+    let cfg = config(dir, port);
+    Ferrited::start(
+        dir,
+        port,
+        Options {
+            config: Some(cfg),
+            args: vec!["--cores".into(), "2".into()],
+        },
+    )
+}
+
+fn sessions(f: &Ferrited) -> String {
+    let out = run_with_timeout(
+        Proc::new(ferrited_path().with_file_name("ferritectl"))
+            .arg("--socket")
+            .arg(f.control())
+            .arg("sessions"),
+        Duration::from_secs(30),
+    );
+    assert!(
+        out.status.success(),
+        "ferritectl sessions: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn cfg(name: &str) -> InitiatorConfig {
+    InitiatorConfig {
+        initiator_name: name.into(),
+        target_name: Some(IQN.into()),
+        // RFC 7143 §13.2: the session's limit is the lower of both offers.
+        extra_keys: vec![("MaxConnections".into(), "4".into())],
+        ..InitiatorConfig::default()
+    }
+}
+
+fn leading(f: &Ferrited, name: &str) -> Initiator<TcpStream> {
+    let i = connect(f.addr, cfg(name)).expect("leading login");
+    i.t.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    i
+}
+
+fn more(f: &Ferrited, lead: &mut Initiator<TcpStream>, cid: u16) -> Initiator<TcpStream> {
+    let c = lead
+        .add_connection(f.addr, cid)
+        .unwrap_or_else(|e| panic!("connection {cid}: {e}\n{}", f.log_text()));
+    c.t.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    c
+}
+
+fn rw10(op: u8, lba: u32, blocks: u16) -> [u8; 10] {
+    let mut c = [0u8; 10];
+    c[0] = op;
+    c[2..6].copy_from_slice(&lba.to_be_bytes());
+    c[7..9].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+/// Data unique to (`lba`, `round`).
+fn pattern(lba: u32, round: u32) -> Vec<u8> {
+    (0..BLOCKS as usize * BS)
+        .map(|i| (i as u32 ^ lba.wrapping_mul(31) ^ round.wrapping_mul(7)) as u8)
+        .collect()
+}
+
+fn write(i: &mut Initiator<TcpStream>, lba: u32, data: &[u8]) {
+    let cdb = rw10(0x2a, lba, BLOCKS);
+    let r = i
+        .command(&Command {
+            cdb: &cdb,
+            write: data,
+            attr: 1,
+            ..Command::default()
+        })
+        .expect("WRITE(10)");
+    assert_eq!(r.status, 0, "WRITE(10) at {lba}: sense {:02x?}", r.sense);
+}
+
+fn read(i: &mut Initiator<TcpStream>, lba: u32) -> Vec<u8> {
+    let cdb = rw10(0x28, lba, BLOCKS);
+    let r = i
+        .command(&Command {
+            cdb: &cdb,
+            read_len: BLOCKS as u32 * BS as u32,
+            attr: 1,
+            ..Command::default()
+        })
+        .expect("READ(10)");
+    assert_eq!(r.status, 0, "READ(10) at {lba}: sense {:02x?}", r.sense);
+    r.data
+}
+
+/// The first command of a session takes its POWER ON unit attention.
+fn clear_ua(i: &mut Initiator<TcpStream>) {
+    let tur = [0u8; 6];
+    let _ = i.command(&Command {
+        cdb: &tur,
+        attr: 1,
+        ..Command::default()
+    });
+}
+
+#[test]
+fn four_connections_carry_verified_io_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = start(dir.path());
+    let name = "iqn.2026-11.org.ferrite.test:mcs-io";
+    let mut lead = leading(&f, name);
+    clear_ua(&mut lead);
+    let mut conns = vec![];
+    for cid in 1..4 {
+        conns.push(more(&f, &mut lead, cid));
+    }
+    conns.insert(0, lead);
+    let listed = sessions(&f);
+    assert_eq!(listed.matches(name).count(), 1, "one session:\n{listed}");
+
+    // 160 commands (80 writes, each read back), command k on connection
+    // k % 4: each connection runs its share from its own thread, so the
+    // four interleave and CmdSNs reach the target out of order across
+    // connections.
+    const ROUNDS: u32 = 20;
+    let started = Instant::now();
+    let handles: Vec<_> = conns
+        .into_iter()
+        .enumerate()
+        .map(|(n, mut c)| {
+            std::thread::spawn(move || {
+                for round in 0..ROUNDS {
+                    let lba = (round * 4 + n as u32) * BLOCKS as u32;
+                    let data = pattern(lba, round);
+                    write(&mut c, lba, &data);
+                    assert_eq!(read(&mut c, lba), data, "connection {n}, LBA {lba}");
+                }
+                c
+            })
+        })
+        .collect();
+    let mut conns: Vec<Initiator<TcpStream>> = handles
+        .into_iter()
+        .map(|h| {
+            h.join()
+                .unwrap_or_else(|_| panic!("a connection failed:\n{}", f.log_text()))
+        })
+        .collect();
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "MC/S I/O took {:?}",
+        started.elapsed()
+    );
+    // Everything written on any connection reads back on every other one.
+    for round in 0..ROUNDS {
+        for n in 0..4u32 {
+            let lba = (round * 4 + n) * BLOCKS as u32;
+            let via = ((n + 1) % 4) as usize;
+            assert_eq!(
+                read(&mut conns[via], lba),
+                pattern(lba, round),
+                "LBA {lba} via connection {via}"
+            );
+        }
+    }
+    assert_eq!(conns[0].logout(0).expect("logout"), 0);
+}
+
+#[test]
+fn unknown_tsih_is_refused_with_session_does_not_exist() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = start(dir.path());
+    let name = "iqn.2026-11.org.ferrite.test:mcs-tsih";
+    let r = connect(
+        f.addr,
+        InitiatorConfig {
+            tsih: 0x7777,
+            cid: 1,
+            extra_keys: Vec::new(),
+            ..cfg(name)
+        },
+    );
+    assert!(
+        matches!(
+            r,
+            Err(InitiatorError::Login(LoginStatus::SESSION_DOES_NOT_EXIST))
+        ),
+        "{r:?}"
+    );
+    // A live session's TSIH with another ISID is not that session either.
+    let lead = leading(&f, name);
+    let r = connect(
+        f.addr,
+        InitiatorConfig {
+            tsih: lead.tsih,
+            cid: 1,
+            isid: [0x80, 0, 0, 0, 0, 0x42],
+            extra_keys: Vec::new(),
+            ..cfg(name)
+        },
+    );
+    assert!(
+        matches!(
+            r,
+            Err(InitiatorError::Login(LoginStatus::SESSION_DOES_NOT_EXIST))
+        ),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn fifth_connection_is_refused_with_too_many_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = start(dir.path());
+    let mut lead = leading(&f, "iqn.2026-11.org.ferrite.test:mcs-max");
+    clear_ua(&mut lead);
+    let mut conns: Vec<_> = (1..4).map(|cid| more(&f, &mut lead, cid)).collect();
+    let r = lead.add_connection(f.addr, 4);
+    assert!(
+        matches!(
+            r,
+            Err(InitiatorError::Login(LoginStatus::TOO_MANY_CONNECTIONS))
+        ),
+        "{r:?}"
+    );
+    // The four still work.
+    let data = pattern(0, 1);
+    write(&mut conns[2], 0, &data);
+    assert_eq!(read(&mut lead, 0), data);
+    for c in &mut conns {
+        assert_eq!(read(c, 0), data);
+    }
+}
+
+#[test]
+fn a_lost_connection_ends_the_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = start(dir.path());
+    let name = "iqn.2026-11.org.ferrite.test:mcs-lost";
+    let mut lead = leading(&f, name);
+    clear_ua(&mut lead);
+    let mut conns: Vec<_> = (1..4).map(|cid| more(&f, &mut lead, cid)).collect();
+    write(&mut conns[0], 64, &pattern(64, 0));
+    assert!(sessions(&f).contains(name));
+    // Connection 2 dies without a logout.
+    conns[1].t.shutdown(std::net::Shutdown::Both).unwrap();
+    // RFC 7143 §6.3.6: at ERL 0 the session fails: the target closes every
+    // other connection of it.
+    for (n, c) in std::iter::once(&mut lead)
+        .chain(conns.iter_mut())
+        .enumerate()
+        .filter(|(n, _)| *n != 2)
+    {
+        let mut buf = Vec::new();
+        let r = c.t.read_to_end(&mut buf);
+        assert!(
+            r.is_ok(),
+            "connection {n} not closed by the target: {r:?}\n{}",
+            f.log_text()
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sessions(&f).contains(name) {
+        assert!(
+            Instant::now() < deadline,
+            "session still listed:\n{}",
+            sessions(&f)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The initiator can log in again and finds its data.
+    let mut again = leading(&f, name);
+    clear_ua(&mut again);
+    assert_eq!(read(&mut again, 64), pattern(64, 0));
+}
+
+#[test]
+fn logout_of_one_connection_leaves_the_others_working() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = start(dir.path());
+    let name = "iqn.2026-11.org.ferrite.test:mcs-logout";
+    let mut lead = leading(&f, name);
+    clear_ua(&mut lead);
+    let mut c1 = more(&f, &mut lead, 1);
+    let mut c2 = more(&f, &mut lead, 2);
+    // RFC 7143 §11.14.1 reason 1: close this connection only.
+    assert_eq!(c1.logout(1).expect("logout of connection 1"), 0);
+    let mut buf = Vec::new();
+    assert!(
+        c1.t.read_to_end(&mut buf).is_ok(),
+        "connection 1 not closed"
+    );
+    for round in 0..4 {
+        let lba = 128 + round * BLOCKS as u32;
+        let data = pattern(lba, round);
+        write(&mut c2, lba, &data);
+        assert_eq!(read(&mut lead, lba), data);
+    }
+    assert!(sessions(&f).contains(name));
+    // Its CID can join again.
+    let mut c1 = more(&f, &mut lead, 1);
+    assert_eq!(read(&mut c1, 128), pattern(128, 0));
+    // Reason 0 closes the session: every connection.
+    assert_eq!(lead.logout(0).expect("session logout"), 0);
+    for c in [&mut c1, &mut c2] {
+        let mut buf = Vec::new();
+        assert!(c.t.read_to_end(&mut buf).is_ok(), "connection not closed");
+    }
+}
