@@ -222,6 +222,16 @@ fn spec_i_pt_then_register_and_move_survive_a_restart() {
     assert_eq!(holders, vec![KEY_B], "{st:?}");
     assert_eq!(write_block(&mut a, bs), RESERVATION_CONFLICT);
     assert_eq!(write_block(&mut b, bs), 0);
+    // A parameter list longer than any the target takes is refused before
+    // it is fetched: PARAMETER LIST LENGTH ERROR.
+    let mut cdb = [0x5f, 0x00, 0, 0, 0, 0, 0x10, 0, 0, 0];
+    cdb[5..9].copy_from_slice(&(1u32 << 20).to_be_bytes());
+    let r = run(&mut a, &cdb, 0, &basic(0, 1, 0));
+    assert_eq!(
+        (r.status, r.sense.get(2).map(|k| k & 0x0f), r.sense.get(12)),
+        (2, Some(0x05), Some(&0x1a)),
+        "{r:?}"
+    );
     // Clean up as an initiator would: CLEAR with B's key.
     let r = prout(&mut b, 0x03, 0, &basic(KEY_B, 0, 0));
     assert_eq!(r.status, 0, "CLEAR: {r:?}");

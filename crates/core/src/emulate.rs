@@ -553,6 +553,11 @@ fn plan_lu(
         }
         Opcode::PERSISTENT_RESERVE_OUT => {
             let param_len = u32::from_be_bytes([cdb[5], cdb[6], cdb[7], cdb[8]]);
+            // A longer list than any this device server takes is refused
+            // before a byte of it is fetched.
+            if param_len > crate::pr::MAX_OUT_PARAMS {
+                return fail(Sense::PARAMETER_LIST_LENGTH_ERROR);
+            }
             match data_out_residual(param_len as u64, data_out_len(expected_len, dir)) {
                 Ok(residual) => Plan::PrOut {
                     param_len,

@@ -42,6 +42,10 @@ pub mod out_sa {
     pub const REGISTER_AND_MOVE: u8 = 7;
 }
 
+/// The longest PERSISTENT RESERVE OUT parameter list taken: the basic 24
+/// bytes and hundreds of TransportIDs for SPEC_I_PT.
+pub const MAX_OUT_PARAMS: u32 = 64 << 10;
+
 /// PERSISTENT RESERVE IN service actions (SPC-4 table 187).
 pub mod in_sa {
     pub const READ_KEYS: u8 = 0;
