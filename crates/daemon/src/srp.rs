@@ -51,6 +51,9 @@ use ferrite_srp::channel::{self, ChannelConfig, Event, Login};
 use ferrite_srp::iu;
 use ferrite_srp::target::{RecvRing, TargetConn};
 
+/// Most I_T nexuses core 0 remembers the core of.
+const MAX_NEXUS_ROUTES: usize = 16384;
+
 /// An SRP target port as cores read it from the snapshot.
 #[derive(Debug)]
 pub struct SrpTarget {
@@ -494,6 +497,12 @@ impl SrpCore {
                     _ => {
                         let c = self.rr % n;
                         self.rr = self.rr.wrapping_add(1);
+                        if self.nexus_core.len() >= MAX_NEXUS_ROUTES {
+                            // Bounded whatever logins a peer invents; a
+                            // forgotten nexus is dealt afresh (its later
+                            // channels may then meet no channel to join).
+                            self.nexus_core.clear();
+                        }
                         if let Some(k) = nexus {
                             self.nexus_core.insert(k, c);
                         }
@@ -1022,6 +1031,9 @@ fn action_tag(a: &Action) -> Option<u64> {
 /// close to all of them.
 fn drive(now: Instant, conns: &mut slab::Slab<SrpConn>, shard: &mut Shard) -> bool {
     let mut any = false;
+    // (session, channel) pairs sorted by session: each session's channels
+    // are one run of it (most sessions have one channel).
+    let mut members: Vec<(u32, usize)> = Vec::new();
     loop {
         let mut progress = false;
         let mut ended: Vec<SessionId> = Vec::new();
@@ -1066,31 +1078,41 @@ fn drive(now: Instant, conns: &mut slab::Slab<SrpConn>, shard: &mut Shard) -> bo
                 shard.close_session(now, sid);
             }
         }
-        let mut sids: Vec<SessionId> = conns.iter().filter_map(|(_, c)| c.session).collect();
-        sids.sort_by_key(|s| s.0);
-        sids.dedup();
-        for sid in sids {
+        members.clear();
+        members.extend(
+            conns
+                .iter()
+                .filter_map(|(k, c)| c.session.map(|s| (s.0, k))),
+        );
+        members.sort_unstable();
+        for run in members.chunk_by(|a, b| a.0 == b.0) {
+            let sid = SessionId(run[0].0);
             let Some(mut s) = shard.session(sid) else {
                 continue;
             };
             let mut orphans = Vec::new();
             while let Some(a) = s.poll_action() {
                 progress = true;
-                let target = match action_tag(&a) {
-                    Some(tag) => conns
-                        .iter()
-                        .find(|(_, c)| c.session == Some(sid) && c.conn.channel().has_task(tag))
-                        .map(|(k, _)| k),
-                    None if matches!(a, Action::Close) => {
-                        for (_, c) in conns.iter_mut().filter(|(_, c)| c.session == Some(sid)) {
-                            c.conn.handle_action(Action::Close);
+                let target = match (run, action_tag(&a)) {
+                    // One channel: everything is its.
+                    ([(_, k)], _) => Some(*k),
+                    (_, Some(tag)) => run.iter().map(|(_, k)| *k).find(|k| {
+                        conns
+                            .get(*k)
+                            .is_some_and(|c| c.conn.channel().has_task(tag))
+                    }),
+                    (_, None) if matches!(a, Action::Close) => {
+                        for (_, k) in run {
+                            if let Some(c) = conns.get_mut(*k) {
+                                c.conn.handle_action(Action::Close);
+                            }
                         }
                         continue;
                     }
-                    None => conns
+                    (_, None) => run
                         .iter()
-                        .find(|(_, c)| c.session == Some(sid) && !c.closed)
-                        .map(|(k, _)| k),
+                        .map(|(_, k)| *k)
+                        .find(|k| conns.get(*k).is_some_and(|c| !c.closed)),
                 };
                 match target.and_then(|k| conns.get_mut(k)) {
                     Some(c) => c.conn.handle_action(a),

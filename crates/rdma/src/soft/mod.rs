@@ -640,6 +640,10 @@ pub struct SoftListener {
     shared: Arc<ListenShared>,
     addr: SoftAddr,
     thread: Option<thread::JoinHandle<()>>,
+    /// The socket file's (device, inode) as bound: dropping removes the
+    /// file only if it is still this listener's (a port re-bound at the
+    /// same path meanwhile keeps its socket).
+    file_id: Option<(u64, u64)>,
 }
 
 impl std::fmt::Debug for SoftListener {
@@ -693,6 +697,10 @@ impl SoftListener {
             wake_tx,
             wake_rx,
         });
+        let file_id = match &bound {
+            SoftAddr::Unix(p) => socket_file_id(p),
+            SoftAddr::Tcp(_) => None,
+        };
         let sh = shared.clone();
         let thread = thread::Builder::new()
             .name("soft-rdma-listen".into())
@@ -701,6 +709,7 @@ impl SoftListener {
             shared,
             addr: bound,
             thread: Some(thread),
+            file_id,
         })
     }
 
@@ -746,10 +755,20 @@ impl Drop for SoftListener {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        if let SoftAddr::Unix(p) = &self.addr {
+        if let SoftAddr::Unix(p) = &self.addr
+            && self.file_id.is_some()
+            && socket_file_id(p) == self.file_id
+        {
             let _ = std::fs::remove_file(p);
         }
     }
+}
+
+fn socket_file_id(p: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(p)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
 }
 
 fn listen_loop(raw: RawListener, sh: Arc<ListenShared>) {

@@ -583,3 +583,28 @@ fn listener_fd_is_readable_exactly_while_requests_wait() {
     assert_eq!(got, vec![vec![0u8], vec![1u8]]);
     assert_eq!(h.join().unwrap(), vec![true, true]);
 }
+
+#[test]
+fn a_dropped_listener_leaves_a_newer_socket_at_its_path_alone() {
+    let addr = unix_addr("rebind");
+    let SoftAddr::Unix(path) = addr.clone() else {
+        unreachable!()
+    };
+    let old = SoftListener::bind(&addr).unwrap();
+    // The path is taken over (as ferrited does when a port is re-added)
+    // while the old listener still lives.
+    std::fs::remove_file(&path).unwrap();
+    let new = SoftListener::bind(&addr).unwrap();
+    drop(old);
+    assert!(path.exists(), "the new listener's socket survives");
+    let h = thread::spawn(move || {
+        let s = side("i");
+        let qp = SoftQp::create(&s.pd, &s.cq, &s.cq, None, QpAttrs::default());
+        qp.connect(&addr, b"x", Duration::from_secs(5)).is_err()
+    });
+    let req = new.wait_request(Duration::from_secs(5)).unwrap();
+    req.reject(b"no").unwrap();
+    assert!(h.join().unwrap());
+    drop(new);
+    assert!(!path.exists(), "its own socket goes with it");
+}
