@@ -519,7 +519,13 @@ impl PrState {
                 target: n.target.clone(),
                 rel_port: n.rel_port,
             };
+            // Already registered, or (a name without ISID) covering a port
+            // that is.
             let taken = self.reg_of(&nexus).is_some()
+                || self
+                    .regs
+                    .iter()
+                    .any(|r| nexus.covers(&r.nexus.initiator_port, &r.nexus.target))
                 || nexus.covers(&n.initiator_port, &n.target)
                 || out
                     .iter()
@@ -1129,6 +1135,9 @@ mod tests {
             PrError::Check(Sense::INVALID_FIELD_IN_PARAMETER_LIST.param_field(28 + 24, None))
         );
         assert_eq!(st.regs.len(), 3);
+        // A name without ISID whose port B is registered is taken too.
+        let (p, cd) = spec_i_pt(0, 0x88, 0, &[iscsi_tid("iqn.test:i2")]);
+        assert!(matches!(st.out(&d, &cd, &p), Err(PrError::Check(_))));
         // A registered nexus cannot use SPEC_I_PT, nor REGISTER AND IGNORE.
         let (p, cd) = spec_i_pt(0x77, 0x99, 0, &[iscsi_tid("iqn.test:i5")]);
         assert!(matches!(st.out(&a, &cd, &p), Err(PrError::Check(_))));
