@@ -1,8 +1,12 @@
 //! SCSI conformance: libiscsi's `iscsi-test-cu -d -S` (every family, one
 //! process, the LUN given twice so MultipathIO runs over two sessions with
 //! the two initiator names) against three logical units of one ferrited:
-//! a thin-provisioned fileio LUN with 512-byte blocks, a fileio LUN with
-//! 4096-byte blocks, and nullio's `mem` mode.
+//! a thin-provisioned fileio LUN with 512-byte blocks and a removable
+//! medium (INQUIRY RMB = 1, so the NoMedia, StartStopUnit and PreventAllow
+//! families run for real), a fileio LUN with 4096-byte blocks, and nullio's
+//! `mem` mode. The removable families then run once more on the first LU
+//! with its URL given once (label `removable`): there libiscsi logs the
+//! second nexus of PreventAllow.2ITNexuses in afresh, as that test expects.
 //!
 //! A run fails on any failed test and on any skipped test that
 //! `tests/conformance/known-skips.txt` does not list for that LUN (each
@@ -29,7 +33,7 @@ fn luns(dir: &Path) -> Vec<(&'static str, String)> {
         (
             "fileio",
             format!(
-                r#"{{"name":"thin512","handler":"vdisk_fileio","filename":"{}","size":1073741824,"thin_provisioned":true}}"#,
+                r#"{{"name":"thin512","handler":"vdisk_fileio","filename":"{}","size":1073741824,"thin_provisioned":true,"removable":true}}"#,
                 dir.join("thin512.img").display()
             ),
         ),
@@ -117,6 +121,51 @@ fn have_cu() -> bool {
     ok
 }
 
+/// Runs `iscsi-test-cu -t tests` on `urls` and records in `problems` every
+/// failure and every skip `known-skips.txt` does not list for `label`.
+/// Returns the number of tests that passed.
+fn run_cu(label: &str, tests: &str, urls: &[&str], problems: &mut Vec<String>) -> usize {
+    let t = Instant::now();
+    let out = run_with_timeout(
+        Command::new("iscsi-test-cu")
+            .args(["-d", "-S", "-i", CU_INITIATORS[0], "-I", CU_INITIATORS[1]])
+            .args(["-t", tests])
+            .args(urls),
+        Duration::from_secs(900),
+    );
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let r = parse_cu(&text);
+    let k = known(label);
+    eprintln!(
+        "{label}: {} passed, {} skipped, {} failed in {:.0?}",
+        r.passed.len(),
+        r.skipped.len(),
+        r.failed.len(),
+        t.elapsed()
+    );
+    if r.passed.is_empty() {
+        problems.push(format!("{label}: no test passed\n{text}"));
+    }
+    for s in &r.skipped {
+        if !k.skips.contains_key(s) {
+            problems.push(format!("{label}: unexpected skip {s}"));
+        }
+    }
+    for fl in &r.failed {
+        match k.fails.get(fl) {
+            Some(why) => eprintln!("{label}: known failure {fl}: {why}"),
+            None => problems.push(format!("{label}: FAILED {fl}")),
+        }
+    }
+    for t in k.fails.keys() {
+        if r.passed.contains(t) {
+            eprintln!("{label}: {t} passes now; drop it from known-skips.txt");
+        }
+    }
+    r.passed.len()
+}
+
 #[test]
 fn iscsi_test_cu_whole_suite_on_fileio_4k_and_mem() {
     if !have_cu() {
@@ -137,50 +186,33 @@ fn iscsi_test_cu_whole_suite_on_fileio_4k_and_mem() {
     let t0 = Instant::now();
     for (label, _) in luns(dir.path()) {
         let url = f.url(&format!("{IQN}-{label}"), 0);
-        let t = Instant::now();
-        let out = run_with_timeout(
-            Command::new("iscsi-test-cu")
-                .args(["-d", "-S", "-i", CU_INITIATORS[0], "-I", CU_INITIATORS[1]])
-                .args(["-t", "ALL"])
-                .arg(&url)
-                .arg(&url),
-            Duration::from_secs(900),
-        );
-        let text = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
-        let r = parse_cu(&text);
-        let k = known(label);
-        eprintln!(
-            "{label}: {} passed, {} skipped, {} failed in {:.0?}",
-            r.passed.len(),
-            r.skipped.len(),
-            r.failed.len(),
-            t.elapsed()
-        );
-        if r.passed.is_empty() {
-            problems.push(format!("{label}: no test passed\n{text}"));
-        }
-        for s in &r.skipped {
-            if !k.skips.contains_key(s) {
-                problems.push(format!("{label}: unexpected skip {s}"));
-            }
-        }
-        for fl in &r.failed {
-            match k.fails.get(fl) {
-                Some(why) => eprintln!("{label}: known failure {fl}: {why}"),
-                None => problems.push(format!("{label}: FAILED {fl}")),
-            }
-        }
-        for t in k.fails.keys() {
-            if r.passed.contains(t) {
-                eprintln!("{label}: {t} passes now; drop it from known-skips.txt");
-            }
-        }
-        if label == "fileio" && r.passed.len() < 190 {
-            problems.push(format!("{label}: only {} passed", r.passed.len()));
+        let passed = run_cu(label, "ALL", &[&url, &url], &mut problems);
+        if label == "fileio" && passed < 190 {
+            problems.push(format!("{label}: only {passed} passed"));
         }
         assert!(f.alive(), "ferrited died during {label}:\n{}", f.log_text());
     }
+    // SBC-4 §4.15 removable media with one URL: PreventAllow.2ITNexuses
+    // clones its second nexus with a fresh login (which clears its unit
+    // attentions) instead of reusing the second URL's session, on which
+    // the resets of WarmReset, ColdReset and LUNReset left unit attentions.
+    let url = f.url(&format!("{IQN}-fileio"), 0);
+    let passed = run_cu(
+        "removable",
+        "SCSI.NoMedia.*,SCSI.StartStopUnit.*,SCSI.PreventAllow.*",
+        &[&url],
+        &mut problems,
+    );
+    if passed != 12 {
+        problems.push(format!(
+            "removable: {passed} of the 12 NoMedia, StartStopUnit and PreventAllow tests passed"
+        ));
+    }
+    assert!(
+        f.alive(),
+        "ferrited died during removable:\n{}",
+        f.log_text()
+    );
     eprintln!("whole conformance run: {:.0?}", t0.elapsed());
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
