@@ -156,6 +156,7 @@ pub fn device_params(d: &DeviceConfig) -> String {
         ("rotational", d.rotational),
         ("nv_cache", d.nv_cache),
         ("mem", d.mem),
+        ("removable", d.removable),
     ] {
         if v {
             p.push(format!("{k}=1"));
@@ -495,14 +496,16 @@ impl Change {
 }
 
 /// Whether going from `old` to `new` needs the device closed and opened
-/// again: its handler, backing file, block size, mem mode or thin
-/// provisioning (which changes the backend's capabilities) differ.
+/// again: its handler, backing file, block size, mem mode, thin
+/// provisioning (which changes the backend's capabilities) or removable
+/// medium (which the core fixes when it opens the device) differ.
 pub fn needs_recreate(old: &DeviceConfig, new: &DeviceConfig) -> bool {
     old.handler != new.handler
         || old.filename != new.filename
         || old.blocksize != new.blocksize
         || old.mem != new.mem
         || old.thin_provisioned != new.thin_provisioned
+        || old.removable != new.removable
 }
 
 /// The runtime-changeable attribute differences between two versions of a
@@ -886,4 +889,21 @@ pub fn plan(old: &Config, new: &Config) -> Result<Vec<Change>, ModelError> {
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Handler;
+
+    #[test]
+    fn removable_needs_the_device_opened_again_and_is_reproduced() {
+        let old = DeviceConfig::new("d", Handler::VdiskFileio);
+        let mut new = old.clone();
+        assert!(!needs_recreate(&old, &new));
+        new.removable = true;
+        assert!(needs_recreate(&old, &new));
+        assert!(device_params(&new).contains("removable=1"));
+        assert!(!device_params(&old).contains("removable"));
+    }
 }

@@ -336,6 +336,7 @@ fn import_device(
             "nv_cache" => d.nv_cache = bool_attr(a)?,
             "thin_provisioned" => d.thin_provisioned = bool_attr(a)?,
             "rotational" => d.rotational = bool_attr(a)?,
+            "removable" => d.removable = bool_attr(a)?,
             "usn" => d.serial = Some(v()?.to_string()),
             "t10_vendor_id" => d.t10_vendor = Some(v()?.to_string()),
             "prod_id" => d.t10_product = Some(v()?.to_string()),
