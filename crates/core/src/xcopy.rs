@@ -250,6 +250,14 @@ pub(crate) fn prepare(params: &[u8], r: &Requester<'_>) -> Result<CopyRun, Refus
                 Sense::COPY_TARGET_DEVICE_NOT_REACHABLE,
             )));
         };
+        // A removable copy target whose medium is ejected cannot be read or
+        // written (SBC-4 §4.x NOT READY, MEDIUM NOT PRESENT for a direct
+        // command); for the copy manager it is not reachable.
+        if !src.device.medium_present() || !dst.device.medium_present() {
+            return Err(refuse(Refusal::Check(
+                Sense::COPY_TARGET_DEVICE_NOT_REACHABLE,
+            )));
+        }
         let (sg, dg) = (src.device.geometry(), dst.device.geometry());
         let (sbs, dbs) = (sg.block_size as u64, dg.block_size as u64);
         // SPC-4 §6.4.6.5: NUMBER OF BLOCKS counts destination blocks with
@@ -837,6 +845,43 @@ mod tests {
         assert_eq!(refusal(prepare(&p, &r)), Refusal::Conflict);
         a.shared.release(None);
         assert!(a.shared.reserve("i|t"));
+        assert!(prepare(&p, &r).is_ok());
+    }
+
+    #[test]
+    fn an_ejected_copy_target_is_not_reachable() {
+        let d = Arc::new(Device::new(
+            DeviceId(3),
+            "r",
+            Arc::new(NoStore(Geometry {
+                block_size: 512,
+                num_blocks: 1000,
+                phys_exp: 0,
+            })),
+            Identity {
+                vendor: "FERRITE".into(),
+                product: "disk".into(),
+                revision: "0.1".into(),
+                serial: "s3".into(),
+                naa: A,
+                eui64: 0,
+            },
+            DeviceFlags {
+                removable: true,
+                ..DeviceFlags::default()
+            },
+        ));
+        let m = map(&[(0, d.clone(), false)]);
+        let pr = pr();
+        let r = requester(&m, &pr);
+        let p = params(&[ident(A, 512)], &[(0, 0, 10, 0, 100)], 0);
+        assert!(prepare(&p, &r).is_ok());
+        assert_eq!(d.shared.medium.load_eject(false), Ok(false));
+        assert_eq!(
+            refusal(prepare(&p, &r)),
+            Refusal::Check(Sense::COPY_TARGET_DEVICE_NOT_REACHABLE)
+        );
+        assert_eq!(d.shared.medium.load_eject(true), Ok(true));
         assert!(prepare(&p, &r).is_ok());
     }
 
