@@ -342,6 +342,20 @@ fn logout_of_one_connection_leaves_the_others_working() {
     // Its CID can join again.
     let mut c1 = more(&f, &mut lead, 1);
     assert_eq!(read(&mut c1, 128), pattern(128, 0));
+    // Reason 1 may name another connection: connection 2 is logged out
+    // from connection 1 and closed by the target; the others go on.
+    assert_eq!(c1.logout_cid(1, 2).expect("logout of CID 2"), 0);
+    let mut buf = Vec::new();
+    assert!(
+        c2.t.read_to_end(&mut buf).is_ok(),
+        "connection 2 not closed"
+    );
+    let data = pattern(256, 9);
+    write(&mut c1, 256, &data);
+    assert_eq!(read(&mut lead, 256), data);
+    // A CID the session does not have: "CID not found" (RFC 7143 §11.15.1).
+    assert_eq!(lead.logout_cid(1, 9).expect("logout of CID 9"), 1);
+    let mut c2 = more(&f, &mut lead, 2);
     // Reason 0 closes the session: every connection.
     assert_eq!(lead.logout(0).expect("session logout"), 0);
     for c in [&mut c1, &mut c2] {

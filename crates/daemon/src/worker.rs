@@ -388,6 +388,7 @@ impl CoreWorker {
             let before = link.borrow().generation();
             let ended = link.borrow().ended();
             let kicked = link.borrow_mut().take_kicked();
+            let logouts = link.borrow_mut().take_logouts();
             for &k in &keys {
                 let Some(c) = self.conns.get_mut(k) else {
                     continue;
@@ -401,7 +402,9 @@ impl CoreWorker {
                         c.close(now, &mut self.shard, &portal);
                     }
                 } else if kicked.contains(&c.member()) {
-                    c.kick(now, &mut self.shard, &portal);
+                    c.kick(now, &mut self.shard, &portal, false);
+                } else if logouts.contains(&c.member()) {
+                    c.kick(now, &mut self.shard, &portal, true);
                 } else {
                     c.pump(ctx, k as u64, &mut self.shard, &portal);
                 }

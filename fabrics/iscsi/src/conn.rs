@@ -277,6 +277,10 @@ struct SeqState {
     tasks: HashMap<u32, u32>,
     /// TMF ITT -> member id of the connection that answers it.
     tmfs: HashMap<u32, u32>,
+    /// The session's connections in full feature phase: (CID, member id).
+    conns: Vec<(u16, u32)>,
+    /// Members another connection logged out (reason 1 naming their CID).
+    logouts: Vec<u32>,
 }
 
 impl SessionSeq {
@@ -287,7 +291,20 @@ impl SessionSeq {
             in_flight: 0,
             tasks: HashMap::new(),
             tmfs: HashMap::new(),
+            conns: Vec::new(),
+            logouts: Vec::new(),
         })))
+    }
+
+    /// Members whose connection another one logged out (RFC 7143 §11.14.1
+    /// reason 1 with their CID): the driver closes them.
+    pub fn take_logouts(&self) -> Vec<u32> {
+        std::mem::take(&mut self.0.borrow_mut().logouts)
+    }
+
+    fn member_of_cid(&self, cid: u16) -> Option<u32> {
+        let st = self.0.borrow();
+        st.conns.iter().find(|(c, _)| *c == cid).map(|(_, m)| *m)
     }
 
     /// ExpCmdSN: the next CmdSN the session runs.
@@ -370,6 +387,7 @@ impl SessionSeq {
         let mut st = self.0.borrow_mut();
         st.tasks.retain(|_, m| *m != member);
         st.tmfs.retain(|_, m| *m != member);
+        st.conns.retain(|(_, m)| *m != member);
     }
 }
 
@@ -871,6 +889,12 @@ impl Conn {
         self.data_digest = self.params.data_digest == Digest::Crc32c;
         self.phase = Phase::FullFeature;
         if self.params.session_type == SessionType::Normal {
+            let cid = self.cid();
+            let mut st = self.seq.0.borrow_mut();
+            // A reinstated CID's old connection is replaced (§6.3.4).
+            st.conns.retain(|(c, _)| *c != cid);
+            st.conns.push((cid, self.member));
+            drop(st);
             self.events.push_back(ConnEvent::LoggedIn);
         }
     }
@@ -956,6 +980,13 @@ impl Conn {
     pub fn reinstated(&mut self) {
         self.out.clear();
         self.close(CloseReason::Reinstated);
+    }
+
+    /// Another connection of the session logged this one out (RFC 7143
+    /// §11.14.1 reason 1 with this CID): it ends, its tasks are
+    /// terminated, the session goes on.
+    pub fn logged_out_elsewhere(&mut self) {
+        self.close(CloseReason::ConnectionLogout);
     }
 
     /// The driver saw the peer close the socket (or a socket error).
@@ -1856,9 +1887,16 @@ impl Conn {
         let bhs = Bhs(hdr);
         // RFC 7143 §11.14.1 reason codes; §11.15.1 responses.
         let reason = bhs.function();
+        // Reason 1 may name another connection of the session (RFC 7143
+        // §11.14.1): that one is closed, this one goes on.
+        let other = if reason == 1 && bhs.cid() != self.cid() {
+            self.seq.member_of_cid(bhs.cid())
+        } else {
+            None
+        };
         let response = match reason {
             0 => 0,
-            1 if bhs.cid() == self.cid() => 0,
+            1 if bhs.cid() == self.cid() || other.is_some() => 0,
             1 => 1,
             // Removing a connection for recovery needs ERL 2.
             2 => 2,
@@ -1870,6 +1908,10 @@ impl Conn {
         let sns = self.take_sns();
         let b = pdu::logout_response(bhs.itt(), response, 0, 0, sns);
         self.send(&b, &[]);
+        if let Some(m) = other {
+            self.seq.0.borrow_mut().logouts.push(m);
+            return;
+        }
         if response == 0 {
             // RFC 7143 §11.14.1: reason 0 closes the session (every
             // connection), reason 1 this connection only.
@@ -2197,6 +2239,27 @@ mod tests {
         assert_eq!(a.session_seq().task_owner(0x12), None);
         a.handle_input(now, &tur(0x13, 14));
         assert_eq!(commands(&mut a), vec![0x13]);
+        // Reason 1 naming a CID no connection has: "CID not found"; naming
+        // another live connection: that one is to be closed, A goes on.
+        let mut c = logged_in(now, 0x55, 3, Some(&a));
+        for (cid, code) in [(2u16, 1u8), (3, 0)] {
+            let mut lo = BhsBuf::new(Opcode::LOGOUT_REQ, flags::F | 1);
+            lo.set_immediate().set_itt(0x98).set_u16(20, cid);
+            a.handle_input(now, &pdu::Pdu::new(lo).encode(false, false));
+            let mut tx = TxQueue::new();
+            a.poll_transmit(&mut tx);
+            let out = tx.drain_to_vec();
+            assert_eq!((out[0] & 0x3f, out[2]), (Opcode::LOGOUT_RSP.0, code));
+        }
+        assert!(a.is_full_feature());
+        assert_eq!(a.session_seq().take_logouts(), vec![c.member()]);
+        c.logged_out_elsewhere();
+        assert!(matches!(
+            c.poll_event(),
+            Some(ConnEvent::Closed {
+                reason: CloseReason::ConnectionLogout
+            })
+        ));
     }
 
     #[test]

@@ -712,11 +712,19 @@ impl<T: Transport> Initiator<T> {
 
     /// Logout (reason 0: close the session); returns the response code.
     pub fn logout(&mut self, reason: u8) -> Result<u8, InitiatorError> {
+        let cid = self.cfg.cid;
+        self.logout_cid(reason, cid)
+    }
+
+    /// Logout with reason `reason` naming connection `cid` (RFC 7143
+    /// §11.14.1: reason 1 may close another connection of the session);
+    /// returns the response code.
+    pub fn logout_cid(&mut self, reason: u8, cid: u16) -> Result<u8, InitiatorError> {
         let itt = self.new_itt();
         let mut b = BhsBuf::new(Opcode::LOGOUT_REQ, flags::F | (reason & 0x7f));
         b.set_immediate()
             .set_itt(itt)
-            .set_u16(20, self.cfg.cid)
+            .set_u16(20, cid)
             .set_u32(24, self.current_cmd_sn().0)
             .set_u32(28, self.exp_stat_sn.0);
         self.send_pdu(&Pdu::new(b))?;

@@ -116,6 +116,10 @@ impl SessionGroup {
     pub fn take_kicked(&mut self) -> Vec<u32> {
         mem::take(&mut self.kicked)
     }
+    /// Members another connection logged out (reason 1 with their CID).
+    pub fn take_logouts(&mut self) -> Vec<u32> {
+        self.seq.take_logouts()
+    }
 }
 
 /// Where a core action goes.
@@ -293,13 +297,20 @@ impl TcpConn {
     }
 
     /// Another login took this connection's CID (connection reinstatement,
-    /// RFC 7143 §6.3.4): it ends, its tasks are aborted, the session goes on.
-    pub fn kick(&mut self, now: Instant, shard: &mut Shard, portal: &dyn Portal) {
+    /// RFC 7143 §6.3.4), or another connection logged it out (RFC 7143
+    /// §11.14.1, `logout`): it ends, its tasks are aborted, the session goes
+    /// on.
+    pub fn kick(&mut self, now: Instant, shard: &mut Shard, portal: &dyn Portal, logout: bool) {
         if self.closing {
             return;
         }
-        tracing::info!(peer = %self.peer, cid = self.conn.cid(), "connection reinstated by a new login");
-        self.conn.reinstated();
+        if logout {
+            tracing::info!(peer = %self.peer, cid = self.conn.cid(), "connection logged out by another connection of its session");
+            self.conn.logged_out_elsewhere();
+        } else {
+            tracing::info!(peer = %self.peer, cid = self.conn.cid(), "connection reinstated by a new login");
+            self.conn.reinstated();
+        }
         self.drive(now, shard, portal);
         self.close(now, shard, portal);
     }
