@@ -205,7 +205,11 @@ fn read(s: &mut Srp, lun: u16, lba: u32, len: usize) -> Vec<u8> {
             Layout::default(),
         )
         .unwrap();
-    assert_eq!(c.rsp.status, 0, "READ(10) LUN {lun}");
+    assert_eq!(
+        c.rsp.status, 0,
+        "READ(10) LUN {lun}: sense {:02x?}",
+        c.rsp.sense
+    );
     c.data
 }
 
@@ -320,6 +324,8 @@ fn ports_maps_and_groups_change_while_running() {
     let s = sessions_until(f, |s| s.first().is_some_and(|l| l.contains("luns=2")));
     assert!(s[0].contains("luns=2"), "{s:?}");
     clear_ua(&mut a, 1);
+    // REPORT LUNS may leave LUN 0's own unit attention for the next command.
+    clear_ua(&mut a, 0);
     let d1 = pattern(2, 4096);
     write(&mut a, 1, 8, &d1);
 
@@ -403,6 +409,26 @@ fn ports_maps_and_groups_change_while_running() {
     // The configuration saved from the tree carries the port.
     let cfg = ctl(f, &["config"]);
     assert!(cfg.contains("\"p1\"") && cfg.contains("0xb2*"), "{cfg}");
+
+    // force_close ends one nexus (SRP_T_LOGOUT); the other carries on.
+    ctl(
+        f,
+        &[
+            "set",
+            &format!("/targets/srp/p1/sessions/{}/force_close", hex_id(0xb2)),
+            "1",
+        ],
+    );
+    pump_until(&mut b, |i| i.closed().is_some());
+    assert!(
+        b.ini.closed().is_some(),
+        "force_close did not end channel b"
+    );
+    assert_eq!(read(&mut a, 0, 64, data.len()), data);
+    let s = sessions_until(f, |s| s.len() == 1);
+    assert_eq!(s.len(), 1, "{s:?}");
+    let mut b = login(&sock, 0xb2);
+    clear_ua(&mut b, 0);
 
     // Disabling logs every channel out; new logins are refused.
     ctl(f, &["set", "/targets/srp/p1/enabled", "0"]);

@@ -655,10 +655,19 @@ impl Runtime for DaemonRuntime {
     }
 
     fn close_session(&self, target: &str, initiator: &str, isid: u64) -> Result<(), RuntimeError> {
-        if self.lock()?.srp_targets.contains_key(target) {
-            return Err(RuntimeError::Unsupported(format!(
-                "closing one SRP nexus ({initiator} on {target}); disable the port or remove its LUNs"
-            )));
+        {
+            let st = self.lock()?;
+            if let Some(t) = st.srp_targets.get(target) {
+                if !t.board.request_close(initiator) {
+                    return Err(RuntimeError::NotFound(format!(
+                        "SRP nexus of {initiator} on {target}"
+                    )));
+                }
+                // The snapshot wakes the cores; the owning one logs the
+                // nexus's channels out (SRP_T_LOGOUT).
+                self.publish(&st);
+                return Ok(());
+            }
         }
         let Some(tsih) = self.registry.find(target, initiator, isid) else {
             return Err(RuntimeError::NotFound(format!(

@@ -319,6 +319,8 @@ struct BoardEntry {
     group: Option<String>,
     luns: u32,
     active: Arc<AtomicU64>,
+    /// Management asked for this nexus to be closed (`force_close`).
+    close: bool,
 }
 
 /// The channels logged in on one SRP port. Written by cores at login,
@@ -352,6 +354,28 @@ impl SessionBoard {
             e.group = group;
             e.luns = luns;
         }
+    }
+
+    /// Marks every channel of `initiator`'s nexus for closing (the owning
+    /// core logs them out at its next snapshot); false if it has none.
+    pub fn request_close(&self, initiator: &str) -> bool {
+        let Ok(mut m) = self.channels.lock() else {
+            return false;
+        };
+        let mut any = false;
+        for e in m.values_mut().filter(|e| e.initiator == initiator) {
+            e.close = true;
+            any = true;
+        }
+        any
+    }
+
+    fn close_requested(&self, id: u64) -> bool {
+        self.channels
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&id).map(|e| e.close))
+            .unwrap_or(false)
     }
 
     /// The port's I_T nexuses, one [`SessionInfo`] each, with their
@@ -657,6 +681,7 @@ impl SrpCore {
             group: group_of(&t.target, &luns),
             luns: luns.luns.len() as u32,
             active: active.clone(),
+            close: false,
         });
         tracing::info!(core = self.core, port, initiator = %initiator, qpn,
             channels = if joined.is_some() { same_nexus.len() + 1 } else { 1 }, "SRP login");
@@ -865,6 +890,12 @@ impl SrpCore {
         let mut remapped: Vec<SessionId> = Vec::new();
         for (_, c) in self.conns.iter_mut() {
             let Some(sid) = c.session else { continue };
+            if c.board.close_requested(c.board_id) {
+                tracing::info!(port = %c.port, initiator = %c.initiator, "SRP nexus closed by management: logging out");
+                c.conn.handle_action(Action::Close);
+                c.conn.pump();
+                continue;
+            }
             match targets.get(&c.port) {
                 Some(t) if t.target.enabled => {
                     let new = t.target.map_for(&c.initiator);
@@ -1213,6 +1244,7 @@ mod tests {
             group: None,
             luns: 2,
             active: Arc::new(AtomicU64::new(n)),
+            close: false,
         };
         let a = b.add(e(1, 7, "soft core 1 qpn 0x1", 3));
         b.add(e(1, 7, "soft core 1 qpn 0x2", 4));
@@ -1225,6 +1257,10 @@ mod tests {
         assert_eq!(two.target, "srp0");
         assert_eq!(two.lun_count, 2);
         b.set_map(a, Some("g".into()), 5);
+        assert!(!b.close_requested(a));
+        assert!(b.request_close("0x01"));
+        assert!(b.close_requested(a));
+        assert!(!b.request_close("0x02"), "no such initiator");
         b.remove(a);
         let s = b.sessions("srp0");
         assert_eq!(s.iter().map(|s| s.connections.len()).sum::<usize>(), 2);
