@@ -11,7 +11,10 @@
 //! pure functions; [`shard`] is the per-core state machine ([`Shard`],
 //! [`Session`]) that orders, executes, aborts and answers commands;
 //! [`xcopy`] is the copy manager (EXTENDED COPY, RECEIVE COPY RESULTS) the
-//! shard runs copies inside the target with.
+//! shard runs copies inside the target with; [`pr`] holds persistent
+//! reservations (registrations by TransportID, REGISTER AND MOVE, APTPL
+//! state); [`sanitize`] is SANITIZE and the per-device sanitize operation
+//! the shard carries out.
 //!
 //! Does not own: transports (fabrics call [`Session`] and carry out the
 //! [`Action`]s it returns) or storage (backends implement
