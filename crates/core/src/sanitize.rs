@@ -292,7 +292,9 @@ impl Operation {
 
     /// Bytes handed out so far over all passes.
     fn done_bytes(&self) -> u64 {
-        u64::from(self.pass) * self.capacity + self.next
+        u64::from(self.pass)
+            .saturating_mul(self.capacity)
+            .saturating_add(self.next)
     }
 
     /// PROGRESS INDICATION (SPC-4 §4.5.2.4.4): the fraction handed out, in

@@ -638,7 +638,7 @@ impl Shard {
         self.sanitizing
             .iter()
             .filter(|(_, j)| !j.in_flight && j.busy.is_none())
-            .filter_map(|(_, j)| j.start.map(|s| s + j.op.next_write_after()))
+            .filter_map(|(_, j)| j.start?.checked_add(j.op.next_write_after()))
             .min()
     }
 
@@ -1707,7 +1707,9 @@ impl Shard {
                 Some(op) => op,
                 None => {
                     if let (Some(now), Some(start)) = (now, j.start)
-                        && now < start + j.op.next_write_after()
+                        && start
+                            .checked_add(j.op.next_write_after())
+                            .is_none_or(|due| now < due)
                     {
                         continue;
                     }
