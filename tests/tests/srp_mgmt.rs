@@ -36,6 +36,10 @@ struct Rig {
 /// ferrited with two RAM disks behind an iSCSI target; `srp` is the JSON
 /// of `targets.srp` (may be empty).
 fn rig(srp: &str) -> Rig {
+    rig_with(srp, &[])
+}
+
+fn rig_with(srp: &str, args: &[&str]) -> Rig {
     let dir = tempfile::Builder::new()
         .prefix("fsrpm")
         .tempdir_in("/tmp")
@@ -61,7 +65,11 @@ fn rig(srp: &str) -> Rig {
         port,
         Options {
             config: Some(cfg_path),
-            args: vec!["--cores".into(), "2".into()],
+            args: ["--cores", "2"]
+                .iter()
+                .chain(args)
+                .map(|a| a.to_string())
+                .collect(),
         },
     );
     Rig { f, dir }
@@ -241,6 +249,18 @@ fn pump_until(s: &mut Srp, done: impl Fn(&Initiator) -> bool) {
     while !done(&s.ini) && Instant::now() < deadline {
         let _ = s.ini.progress(Instant::now() + Duration::from_millis(100));
     }
+}
+
+/// The body of `GET /metrics`.
+fn metrics(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
 }
 
 fn hex_id(b: u8) -> String {
@@ -460,10 +480,14 @@ fn ports_maps_and_groups_change_while_running() {
 
 #[test]
 fn several_channels_share_one_nexus_and_a_single_login_ends_them() {
-    let r = rig(&format!(
-        r#"{{"name": "srp0", "port_id": "{PORT_ID}", "provider": {{"kind": "soft", "listen": "@DIR@/s.sock"}},
+    let m = format!("127.0.0.1:{}", free_port());
+    let r = rig_with(
+        &format!(
+            r#"{{"name": "srp0", "port_id": "{PORT_ID}", "provider": {{"kind": "soft", "listen": "@DIR@/s.sock"}},
              "luns": [{{"lun": 0, "device": "d0"}}]}}"#
-    ));
+        ),
+        &["--metrics", &m],
+    );
     let f = &r.f;
     let sock = r.dir.path().join("s.sock");
 
@@ -514,6 +538,12 @@ fn several_channels_share_one_nexus_and_a_single_login_ends_them() {
     clear_ua(&mut other, 0);
     let s = sessions_until(f, |s| s.len() == 2);
     assert_eq!(s.len(), 2, "{s:?}");
+    // The metrics count SRP nexuses as sessions of their port.
+    let text = metrics(&m);
+    assert!(
+        text.contains("ferrite_sessions{target=\"srp0\"} 2\n"),
+        "{text}"
+    );
 
     // MULTI-CHANNEL ACTION 0: the nexus's channels are logged out with
     // reason MULTI-CHANNEL ACTION (result 1); the new channel is a new
