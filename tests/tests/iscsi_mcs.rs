@@ -363,3 +363,40 @@ fn logout_of_one_connection_leaves_the_others_working() {
         assert!(c.t.read_to_end(&mut buf).is_ok(), "connection not closed");
     }
 }
+
+#[test]
+fn abort_task_set_on_one_connection_reaches_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = start(dir.path());
+    let mut lead = leading(&f, "iqn.2026-11.org.ferrite.test:mcs-tmf");
+    clear_ua(&mut lead);
+    let mut other = more(&f, &mut lead, 1);
+    // A 256 KiB WRITE(10) on the second connection: its immediate data goes
+    // with it, the rest is solicited by an R2T that is never answered.
+    let data = vec![0xa5u8; 256 * 1024];
+    let cdb = rw10(0x2a, 512, (data.len() / BS) as u16);
+    let itt = other.new_itt();
+    let (p, _) = other.command_pdu(
+        itt,
+        &Command {
+            cdb: &cdb,
+            write: &data,
+            attr: 1,
+            ..Command::default()
+        },
+    );
+    other.send_pdu(&p).unwrap();
+    let r2t = other
+        .wait_for(ferrite_iscsi::pdu::Opcode::R2T, itt)
+        .expect("R2T");
+    assert_eq!(r2t.bhs().itt(), itt);
+    // ABORT TASK SET on the leading connection aborts it (RFC 7143
+    // §11.5.1): answered "function complete" without the missing data.
+    let code = lead
+        .tmf(ferrite_iscsi::pdu::tmf_fn::ABORT_TASK_SET, 0, u32::MAX)
+        .unwrap_or_else(|e| panic!("ABORT TASK SET: {e}\n{}", f.log_text()));
+    assert_eq!(code, 0);
+    // Nothing of the aborted write reached the disk; both connections work.
+    assert_eq!(read(&mut other, 512), vec![0u8; BLOCKS as usize * BS]);
+    assert_eq!(read(&mut lead, 512), vec![0u8; BLOCKS as usize * BS]);
+}

@@ -389,6 +389,7 @@ impl CoreWorker {
             let ended = link.borrow().ended();
             let kicked = link.borrow_mut().take_kicked();
             let logouts = link.borrow_mut().take_logouts();
+            let aborts = link.borrow_mut().take_aborts();
             for &k in &keys {
                 let Some(c) = self.conns.get_mut(k) else {
                     continue;
@@ -406,6 +407,9 @@ impl CoreWorker {
                 } else if logouts.contains(&c.member()) {
                     c.kick(now, &mut self.shard, &portal, true);
                 } else {
+                    for (origin, scope) in &aborts {
+                        c.abort_data(*origin, *scope);
+                    }
                     c.pump(ctx, k as u64, &mut self.shard, &portal);
                 }
             }

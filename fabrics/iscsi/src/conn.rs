@@ -281,7 +281,25 @@ struct SeqState {
     conns: Vec<(u16, u32)>,
     /// Members another connection logged out (reason 1 naming their CID).
     logouts: Vec<u32>,
+    /// TMFs received on one connection whose tasks on the others stop
+    /// receiving data: (member that got the TMF, scope).
+    aborts: Vec<(u32, TaskScope)>,
 }
+
+/// The tasks a TMF affects, as a connection sees them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskScope {
+    /// ABORT TASK: the task with this ITT.
+    Task(u32),
+    /// ABORT TASK SET, CLEAR TASK SET, LOGICAL UNIT RESET: the LUN's tasks.
+    Lun([u8; 8]),
+    /// TARGET RESET, I_T NEXUS RESET: every task.
+    All,
+}
+
+/// TMF scopes kept for the other connections at most (a driver takes them
+/// on its next pump).
+const MAX_SHARED_ABORTS: usize = 64;
 
 impl SessionSeq {
     pub fn new(exp: CmdSn, queue_depth: u32) -> SessionSeq {
@@ -293,7 +311,22 @@ impl SessionSeq {
             tmfs: HashMap::new(),
             conns: Vec::new(),
             logouts: Vec::new(),
+            aborts: Vec::new(),
         })))
+    }
+
+    /// TMF scopes received on one connection (the member id) that the
+    /// session's other connections apply ([`Conn::abort_data`]).
+    pub fn take_aborts(&self) -> Vec<(u32, TaskScope)> {
+        std::mem::take(&mut self.0.borrow_mut().aborts)
+    }
+
+    fn share_abort(&self, member: u32, scope: TaskScope) {
+        let mut st = self.0.borrow_mut();
+        // Only a session with several connections has anyone to tell.
+        if st.conns.len() > 1 && st.aborts.len() < MAX_SHARED_ABORTS {
+            st.aborts.push((member, scope));
+        }
     }
 
     /// Members whose connection another one logged out (RFC 7143 §11.14.1
@@ -1956,20 +1989,45 @@ impl Conn {
             }
         };
         // RFC 7143 §11.5.1: affected tasks get no more R2Ts and their
-        // Data-Out is discarded: the core's pending fetches end now.
-        let affected: Vec<u32> = self
+        // Data-Out is discarded: the core's pending fetches end now, on
+        // every connection of the session (the others through their driver,
+        // SessionSeq::take_aborts).
+        let scope = match func {
+            TmfFunction::AbortTask { .. } => Some(TaskScope::Task(rtt)),
+            TmfFunction::AbortTaskSet
+            | TmfFunction::ClearTaskSet
+            | TmfFunction::LogicalUnitReset => Some(TaskScope::Lun(lun_raw)),
+            TmfFunction::TargetReset | TmfFunction::ItNexusReset => Some(TaskScope::All),
+            _ => None,
+        };
+        if let Some(scope) = scope {
+            self.abort_data(scope);
+            self.seq.share_abort(self.member, scope);
+        }
+        self.tmfs.insert(itt, code);
+        self.seq.claim_tmf(itt, self.member);
+        self.events.push_back(ConnEvent::TaskMgmt(TmfRequest {
+            func,
+            lun,
+            tag: TaskTag(itt as u64),
+        }));
+    }
+
+    /// The tasks in `scope` get no more R2Ts, their Data-Out is discarded
+    /// and the core's fetches for them end (RFC 7143 §11.5.1); for a TMF
+    /// received on another connection of the session too.
+    pub fn abort_data(&mut self, scope: TaskScope) {
+        let mut affected: Vec<u32> = self
             .tasks
             .iter()
-            .filter(|(t_itt, t)| match func {
-                TmfFunction::AbortTask { .. } => **t_itt == rtt,
-                TmfFunction::AbortTaskSet
-                | TmfFunction::ClearTaskSet
-                | TmfFunction::LogicalUnitReset => t.lun_raw == lun_raw,
-                TmfFunction::TargetReset | TmfFunction::ItNexusReset => true,
-                _ => false,
+            .filter(|(itt, t)| match scope {
+                TaskScope::Task(rtt) => **itt == rtt,
+                TaskScope::Lun(lun) => t.lun_raw == lun,
+                TaskScope::All => true,
             })
             .map(|(i, _)| *i)
             .collect();
+        affected.sort();
         for a in affected {
             if let Some(t) = self.tasks.get_mut(&a) {
                 t.failed = true;
@@ -1982,13 +2040,6 @@ impl Conn {
                 }
             }
         }
-        self.tmfs.insert(itt, code);
-        self.seq.claim_tmf(itt, self.member);
-        self.events.push_back(ConnEvent::TaskMgmt(TmfRequest {
-            func,
-            lun,
-            tag: TaskTag(itt as u64),
-        }));
     }
 
     fn send_tmf_rsp(&mut self, itt: u32, code: u8) {
@@ -2260,6 +2311,57 @@ mod tests {
                 reason: CloseReason::ConnectionLogout
             })
         ));
+    }
+
+    /// MC/S: a TMF on one connection stops the data of the affected tasks
+    /// of the session's other connections too (RFC 7143 §11.5.1).
+    #[test]
+    fn tmf_on_one_connection_stops_data_on_the_others() {
+        let now = Instant::now();
+        let mut a = logged_in(now, 0, 1, None);
+        let mut b = logged_in(now, 0x55, 2, Some(&a));
+        // A 4 KiB WRITE(10) on B, waiting for its data.
+        let mut w = BhsBuf::new(Opcode::SCSI_CMD, flags::F | flags::W | 1);
+        w.set_itt(0x21).set_word20(4096).set_u32(24, 10);
+        w.0[32] = 0x2a;
+        w.0[38] = 8;
+        b.handle_input(now, &pdu::Pdu::new(w).encode(false, false));
+        assert_eq!(commands(&mut b), vec![0x21]);
+        let pool = ferrite_reactor::buf::BufPool::new(64 * 1024, 4);
+        b.handle_action(
+            now,
+            Action::FetchData {
+                id: CmdId(7),
+                tag: TaskTag(0x21),
+                buf: pool.sg(4096),
+                offset: 0,
+                len: 4096,
+            },
+        );
+        let mut tx = TxQueue::new();
+        b.poll_transmit(&mut tx);
+        assert_eq!(tx.drain_to_vec()[0] & 0x3f, Opcode::R2T.0);
+        // ABORT TASK SET for LUN 0 arrives on A.
+        let mut t = BhsBuf::new(Opcode::TMF_REQ, flags::F | tmf_fn::ABORT_TASK_SET);
+        t.set_immediate()
+            .set_itt(0x77)
+            .set_word20(RESERVED_TAG)
+            .set_u32(24, 11);
+        a.handle_input(now, &pdu::Pdu::new(t).encode(false, false));
+        assert!(matches!(a.poll_event(), Some(ConnEvent::TaskMgmt(_))));
+        let shared = a.session_seq().take_aborts();
+        assert_eq!(shared, vec![(a.member(), TaskScope::Lun([0; 8]))]);
+        assert!(b.poll_event().is_none());
+        b.abort_data(shared[0].1);
+        assert!(matches!(
+            b.poll_event(),
+            Some(ConnEvent::DataOutDone {
+                id: CmdId(7),
+                data: Err(Abort::Aborted)
+            })
+        ));
+        // The TMF's response belongs to A.
+        assert_eq!(a.session_seq().tmf_owner(0x77), Some(a.member()));
     }
 
     #[test]

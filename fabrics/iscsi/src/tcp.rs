@@ -28,7 +28,7 @@ use ferrite_core::shard::{Nexus, ResetScope, SessionId, Shard};
 use ferrite_core::{Abort, Action, TaskTag, TmfFunction};
 use ferrite_reactor::ring::{Ctx, TxSeg, advance};
 
-use crate::conn::{CloseReason, Conn, ConnEvent, IscsiConfig, SessionSeq, TxQueue};
+use crate::conn::{CloseReason, Conn, ConnEvent, IscsiConfig, SessionSeq, TaskScope, TxQueue};
 use crate::keys::Params;
 use crate::pdu::{BHS_LEN, Bhs, LoginStatus, Opcode};
 
@@ -119,6 +119,11 @@ impl SessionGroup {
     /// Members another connection logged out (reason 1 with their CID).
     pub fn take_logouts(&mut self) -> Vec<u32> {
         self.seq.take_logouts()
+    }
+    /// TMFs one member received whose tasks on the others stop receiving
+    /// data: (that member, scope).
+    pub fn take_aborts(&mut self) -> Vec<(u32, TaskScope)> {
+        self.seq.take_aborts()
     }
 }
 
@@ -289,6 +294,15 @@ impl TcpConn {
     /// This connection's member id in its session.
     pub fn member(&self) -> u32 {
         self.conn.member()
+    }
+
+    /// A TMF another connection of the session received (by member
+    /// `origin`) affects tasks in `scope`: those of this connection get no
+    /// more R2Ts and their write data fails (RFC 7143 §11.5.1).
+    pub fn abort_data(&mut self, origin: u32, scope: TaskScope) {
+        if origin != self.conn.member() {
+            self.conn.abort_data(scope);
+        }
     }
 
     /// Closing or closed.
