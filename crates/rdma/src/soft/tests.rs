@@ -608,3 +608,23 @@ fn a_dropped_listener_leaves_a_newer_socket_at_its_path_alone() {
     drop(new);
     assert!(!path.exists(), "its own socket goes with it");
 }
+
+#[test]
+fn dropping_a_listener_does_not_wait_for_a_silent_peer() {
+    let addr = unix_addr("silent");
+    let SoftAddr::Unix(path) = addr.clone() else {
+        unreachable!()
+    };
+    let l = SoftListener::bind(&addr).unwrap();
+    // Connected, never sends its connect request.
+    let _peer = std::os::unix::net::UnixStream::connect(&path).unwrap();
+    thread::sleep(Duration::from_millis(20));
+    let t0 = Instant::now();
+    drop(l);
+    assert!(
+        t0.elapsed() < Duration::from_secs(1),
+        "drop waited {:?}",
+        t0.elapsed()
+    );
+    assert!(!path.exists());
+}
