@@ -631,6 +631,12 @@ impl TcpConn {
         };
         let g = link.borrow();
         let me = self.conn.member();
+        if g.next_member == 0 {
+            // No connection ever joined the leading one: every action is
+            // its own (a closed one polls none), so the common case costs
+            // no lookup.
+            return Route::Here;
+        }
         let itt = |tag: &TaskTag| u32::try_from(tag.0).ok();
         let owner = match a {
             Action::FetchData { tag, .. } | Action::Respond { tag, .. } => {
