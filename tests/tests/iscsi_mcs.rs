@@ -400,3 +400,86 @@ fn abort_task_set_on_one_connection_reaches_the_others() {
     assert_eq!(read(&mut other, 512), vec![0u8; BLOCKS as usize * BS]);
     assert_eq!(read(&mut lead, 512), vec![0u8; BLOCKS as usize * BS]);
 }
+
+#[test]
+fn a_login_with_a_cid_in_use_replaces_that_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = start(dir.path());
+    let name = "iqn.2026-11.org.ferrite.test:mcs-cid";
+    let mut lead = leading(&f, name);
+    clear_ua(&mut lead);
+    let mut old = more(&f, &mut lead, 1);
+    write(&mut old, 32, &pattern(32, 3));
+    // RFC 7143 §6.3.4: connection reinstatement. The old connection with
+    // CID 1 is closed by the target; the session goes on with the new one.
+    let mut new = more(&f, &mut lead, 1);
+    let mut buf = Vec::new();
+    assert!(
+        old.t.read_to_end(&mut buf).is_ok(),
+        "the replaced connection was not closed:\n{}",
+        f.log_text()
+    );
+    assert_eq!(read(&mut new, 32), pattern(32, 3));
+    assert_eq!(read(&mut lead, 32), pattern(32, 3));
+    assert!(sessions(&f).contains(name));
+}
+
+fn ctl(f: &Ferrited, args: &[&str]) {
+    let out = run_with_timeout(
+        Proc::new(ferrited_path().with_file_name("ferritectl"))
+            .arg("--socket")
+            .arg(f.control())
+            .args(args),
+        Duration::from_secs(30),
+    );
+    assert!(
+        out.status.success(),
+        "ferritectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn an_aen_goes_out_on_one_connection_of_the_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = start(dir.path());
+    let mut lead = leading(&f, "iqn.2026-11.org.ferrite.test:mcs-aen");
+    clear_ua(&mut lead);
+    let mut other = more(&f, &mut lead, 1);
+    ctl(
+        &f,
+        &[
+            "do",
+            "/handlers/vdisk_nullio/mgmt",
+            "add_device n1 size=16M",
+        ],
+    );
+    ctl(
+        &f,
+        &["do", &format!("/targets/iscsi/{IQN}/luns/mgmt"), "add n1 1"],
+    );
+    // NOP-Out pings on both connections read what the target sent.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lead.async_msgs.is_empty() && other.async_msgs.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "no Async Message within 10 s:\n{}",
+            f.log_text()
+        );
+        lead.nop(b"ping", false).expect("NOP-Out");
+        other.nop(b"ping", false).expect("NOP-Out");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for _ in 0..5 {
+        lead.nop(b"ping", false).expect("NOP-Out");
+        other.nop(b"ping", false).expect("NOP-Out");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The session's oldest connection carries it, the other does not get
+    // a copy.
+    assert_eq!(
+        (lead.async_msgs.len(), other.async_msgs.len()),
+        (1, 0),
+        "Async Messages per connection"
+    );
+}
