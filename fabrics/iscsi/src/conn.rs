@@ -273,7 +273,7 @@ struct SeqState {
     /// Non-immediate commands delivered and not yet answered.
     in_flight: u32,
     /// ITT -> member id of the connection the task arrived on (RFC 7143
-    /// §11.2.1.8: ITTs are unique per session; §5.1 connection allegiance).
+    /// §11.2.1.8: ITTs are unique per session; and connection allegiance).
     tasks: HashMap<u32, u32>,
     /// TMF ITT -> member id of the connection that answers it.
     tmfs: HashMap<u32, u32>,

@@ -9,7 +9,8 @@
 //! session and share a [`SessionGroup`]: the core session, the CmdSN window
 //! ([`SessionSeq`]), the session's identity and leading-only parameters, and
 //! the core actions one connection polled for another (a command's Data-In,
-//! R2Ts and status go out on the connection it arrived on, RFC 7143 §5.1).
+//! R2Ts and status go out on the connection it arrived on: RFC 7143
+//! "connection allegiance").
 //! At error recovery level 0 a connection that fails ends the session
 //! (RFC 7143 §6.3.6, §7.1.4); a logout of one connection (reason 1) or its
 //! reinstatement does not.
@@ -622,7 +623,7 @@ impl TcpConn {
     }
 
     /// Which connection of the session an action belongs to: a command's
-    /// to the one it arrived on (RFC 7143 §5.1 connection allegiance), a
+    /// to the one it arrived on (RFC 7143 "connection allegiance"), a
     /// TMF response to the one that asked, an AEN or logout request to the
     /// session's oldest connection.
     fn route(&self, a: &Action) -> Route {
