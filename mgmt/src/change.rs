@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use crate::config::{
     Config, DeviceConfig, GroupConfig, Handler, IscsiParamsConfig, IscsiTargetConfig, LunConfig,
-    ReactorConfig,
+    ReactorConfig, SrpTargetConfig,
 };
 use crate::runtime::{DeviceAttr, Runtime, RuntimeError, TargetAttr};
 
@@ -83,6 +83,12 @@ pub enum Change {
         luns: Vec<LunConfig>,
     },
     SetIscsiParams(IscsiParamsConfig),
+    /// An SRP target port as a whole: added or replaced by `new`, removed
+    /// when `new` is `None`.
+    SetSrpTarget {
+        name: String,
+        new: Option<Box<SrpTargetConfig>>,
+    },
     /// Reactor settings take effect at the next start; only the model changes.
     SetReactor(ReactorConfig),
 }
@@ -310,6 +316,14 @@ impl fmt::Display for Change {
                     serde_json::to_string(&shown).unwrap_or_default()
                 )
             }
+            Change::SetSrpTarget { name, new: None } => {
+                write!(f, "do /targets/srp/mgmt \"del_target {name}\"")
+            }
+            Change::SetSrpTarget { name, new: Some(t) } => write!(
+                f,
+                "SRP port /targets/srp/{name}: {}",
+                serde_json::to_string(t).unwrap_or_default()
+            ),
             Change::SetReactor(r) => write!(
                 f,
                 "reactor (at next start): {}",
@@ -448,6 +462,17 @@ impl Change {
                 }
             }
             Change::SetIscsiParams(p) => cfg.iscsi = p.clone(),
+            Change::SetSrpTarget { name, new } => {
+                let at = cfg.targets.srp.iter().position(|t| &t.name == name);
+                match (at, new) {
+                    (Some(i), Some(t)) => cfg.targets.srp[i] = (**t).clone(),
+                    (None, Some(t)) => cfg.targets.srp.push((**t).clone()),
+                    (Some(i), None) => {
+                        cfg.targets.srp.remove(i);
+                    }
+                    (None, None) => return Err(ModelError(format!("no SRP port {name:?}"))),
+                }
+            }
             Change::SetReactor(r) => cfg.reactor = r.clone(),
         }
         Ok(())
@@ -489,6 +514,7 @@ impl Change {
                 luns,
             } => rt.set_lun_map(target, group.as_deref(), luns)?,
             Change::SetIscsiParams(p) => rt.set_iscsi_params(p)?,
+            Change::SetSrpTarget { name, new } => rt.set_srp_target(name, new.as_deref())?,
             Change::SetReactor(_) => {}
         }
         Ok(None)
@@ -694,6 +720,25 @@ pub fn plan(old: &Config, new: &Config) -> Result<Vec<Change>, ModelError> {
             )?;
         }
     }
+    // SRP ports that go, or that map a device about to be closed: removed
+    // now (and added back below, after the devices exist again).
+    for t in &old.targets.srp {
+        let uses_doomed = t
+            .luns
+            .iter()
+            .chain(t.ini_groups.iter().flat_map(|g| g.luns.iter()))
+            .any(|l| doomed.contains(&l.device));
+        let kept = new.targets.srp.iter().find(|n| n.name == t.name);
+        if kept.is_none() || uses_doomed {
+            step(
+                &mut sim,
+                Change::SetSrpTarget {
+                    name: t.name.clone(),
+                    new: None,
+                },
+            )?;
+        }
+    }
     for d in &old.devices {
         if doomed.contains(&d.name) {
             step(
@@ -876,6 +921,19 @@ pub fn plan(old: &Config, new: &Config) -> Result<Vec<Change>, ModelError> {
         }
     }
 
+    // SRP ports: added or replaced whole, now that their devices exist.
+    for t in &new.targets.srp {
+        if sim.targets.srp.iter().find(|c| c.name == t.name) != Some(t) {
+            step(
+                &mut sim,
+                Change::SetSrpTarget {
+                    name: t.name.clone(),
+                    new: Some(Box::new(t.clone())),
+                },
+            )?;
+        }
+    }
+
     // 4. Enable.
     for t in &new.targets.iscsi {
         if t.enabled && sim.iscsi_target(&t.name).is_some_and(|st| !st.enabled) {
@@ -905,5 +963,78 @@ mod tests {
         assert!(needs_recreate(&old, &new));
         assert!(device_params(&new).contains("removable=1"));
         assert!(!device_params(&old).contains("removable"));
+    }
+
+    fn srp_port(name: &str, dev: &str) -> SrpTargetConfig {
+        let mut t = SrpTargetConfig::soft(name, format!("/tmp/{name}.sock"));
+        t.luns.push(LunConfig {
+            lun: 0,
+            device: dev.into(),
+            read_only: false,
+        });
+        t
+    }
+
+    fn with(devs: &[DeviceConfig], ports: &[SrpTargetConfig]) -> Config {
+        let mut c = Config {
+            devices: devs.to_vec(),
+            ..Config::default()
+        };
+        c.targets.srp = ports.to_vec();
+        c
+    }
+
+    #[test]
+    fn srp_ports_are_added_changed_and_removed_around_their_devices() {
+        let d = DeviceConfig::new("d", Handler::VdiskFileio);
+        let empty = with(std::slice::from_ref(&d), &[]);
+        let one = with(std::slice::from_ref(&d), &[srp_port("p", "d")]);
+        // Added after its device exists; removed as a whole.
+        let add = plan(&empty, &one).unwrap();
+        assert!(matches!(
+            &add[..],
+            [Change::SetSrpTarget { new: Some(_), .. }]
+        ));
+        let del = plan(&one, &empty).unwrap();
+        assert_eq!(
+            del,
+            vec![Change::SetSrpTarget {
+                name: "p".into(),
+                new: None
+            }]
+        );
+        // A changed port is replaced in place.
+        let mut other = srp_port("p", "d");
+        other.credits = 16;
+        let set = plan(&one, &with(std::slice::from_ref(&d), &[other.clone()])).unwrap();
+        assert_eq!(
+            set,
+            vec![Change::SetSrpTarget {
+                name: "p".into(),
+                new: Some(Box::new(other))
+            }]
+        );
+        // Its device is opened again: the port goes first and comes back
+        // after the device.
+        let mut d2 = d.clone();
+        d2.removable = true;
+        let re = plan(&one, &with(&[d2], &[srp_port("p", "d")])).unwrap();
+        let kinds: Vec<&str> = re
+            .iter()
+            .map(|c| match c {
+                Change::SetSrpTarget { new: None, .. } => "del port",
+                Change::DelDevice { .. } => "del device",
+                Change::AddDevice(_) => "add device",
+                Change::SetSrpTarget { new: Some(_), .. } => "add port",
+                _ => "other",
+            })
+            .collect();
+        assert_eq!(kinds, ["del port", "del device", "add device", "add port"]);
+        // The model follows.
+        let mut m = one.clone();
+        for c in &del {
+            c.apply_to(&mut m).unwrap();
+        }
+        assert!(m.targets.srp.is_empty());
     }
 }

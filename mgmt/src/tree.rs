@@ -2437,14 +2437,6 @@ impl Tree {
     /// The changes `apply` would make to reach `new`.
     pub fn diff(&self, new: &Config) -> Result<Vec<Change>, MgmtError> {
         new.validate()?;
-        // SRP ports are bound at start-up; the running system cannot take a
-        // change to them yet, so the model must not pretend it did.
-        if new.targets.srp != self.cfg.targets.srp {
-            return Err(MgmtError::Refused(
-                "targets.srp differs: SRP target ports change only with a restart of ferrited"
-                    .into(),
-            ));
-        }
         plan(&self.cfg, new).map_err(|e| MgmtError::Refused(e.0))
     }
 
@@ -3469,12 +3461,13 @@ mod tests {
         );
         assert!(names(t.ls(&format!("/targets/iscsi/{T}/sessions")).unwrap()).is_empty());
 
-        // Applying a configuration whose SRP ports differ is refused as a
-        // whole; an identical SRP section applies.
+        // Applying a configuration whose SRP port differs replaces the port
+        // on the running system; the same section again changes nothing.
         let mut other = t.config().clone();
         other.targets.srp[0].credits = 64;
-        assert!(matches!(t.apply(&other), Err(MgmtError::Refused(_))));
-        assert_eq!(t.config().targets.srp[0].credits, 128);
+        let changes = t.apply(&other).unwrap();
+        assert!(matches!(&changes[..], [Change::SetSrpTarget { .. }]));
+        assert_eq!(t.config().targets.srp[0].credits, 64);
         let same = t.config().clone();
         assert!(t.apply(&same).unwrap().is_empty());
     }
