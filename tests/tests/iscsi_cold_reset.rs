@@ -1,9 +1,9 @@
 //! TARGET COLD RESET end to end with the project's initiator (RFC 7143
 //! §11.5.1): with writes in flight, the response comes once they are
 //! drained, nothing of the aborted tasks follows it, and then the target
-//! closes the connection. Another session of the target sees the reset as a
-//! unit attention (SAM-5 §6.3: POWER ON, RESET, OR BUS DEVICE RESET
-//! OCCURRED); the initiator can log in again at once.
+//! closes the connection, and every other connection of the target too.
+//! Logged in again, each initiator sees the reset as a unit attention
+//! (SAM-5 §6.3: POWER ON, RESET, OR BUS DEVICE RESET OCCURRED).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
@@ -107,7 +107,28 @@ fn cold_reset_answers_then_drops_the_connection() {
         );
     }
 
-    // The other session: the reset as a unit attention, then business.
+    // The other session's connection is dropped as well.
+    let end = loop {
+        match b.recv_pdu() {
+            Ok(_) => continue,
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(&end, InitiatorError::Closed | InitiatorError::Io(_)),
+        "the other session's connection was not dropped: {end:?}"
+    );
+    if let InitiatorError::Io(e) = &end {
+        assert!(
+            !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            "the target kept the other session's connection open after the cold reset: {e}"
+        );
+    }
+    // Back again: the reset as a unit attention, then business.
+    let mut b = login(&f, "cold-b");
     let (st, sense) = tur(&mut b);
     assert_eq!(st, 2, "no unit attention after the cold reset");
     assert_eq!((sense[2] & 0x0f, sense[12]), (0x06, 0x29), "{sense:02x?}");

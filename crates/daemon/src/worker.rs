@@ -38,6 +38,9 @@ pub enum Msg {
     Unlisten(std::net::SocketAddr),
     /// Close the session with this TSIH if it lives here.
     CloseSession(u16),
+    /// A TARGET COLD RESET of this target was answered: drop every iSCSI
+    /// connection of it here (RFC 7143 §11.5.1).
+    DropTarget(String),
     /// For this core's SRP fabric.
     Srp(crate::srp::SrpMsg),
     /// PREEMPT AND ABORT on another core preempted these nexuses of this
@@ -451,6 +454,13 @@ impl CoreWorker {
                 self.reset_drained_later.push(token);
             }
         }
+        // RFC 7143 §11.5.1: after a TARGET COLD RESET response the target
+        // drops every connection of the target, on every core.
+        if let Some(target) = self.conns.get_mut(key).and_then(|c| c.take_cold_reset()) {
+            for peer in &self.peers {
+                let _ = peer.send(Msg::DropTarget(target.clone()));
+            }
+        }
         let Some(c) = self.conns.get(key) else {
             return;
         };
@@ -616,6 +626,26 @@ impl Worker for CoreWorker {
                 for (key, c) in self.conns.iter_mut() {
                     if c.tsih() == Some(tsih) {
                         tracing::info!(tsih, peer = %c.peer(), "closing session on request");
+                        c.close(now, &mut self.shard, &portal);
+                        touched.push(key);
+                    }
+                }
+                for key in touched {
+                    self.after_conn(ctx, key);
+                }
+            }
+            Msg::DropTarget(target) => {
+                let portal = CorePortal {
+                    snapshot: &self.snapshot,
+                    registry: &self.registry,
+                    core: self.core,
+                    links: &self.links,
+                };
+                let now = ctx.now();
+                let mut touched = Vec::new();
+                for (key, c) in self.conns.iter_mut() {
+                    if !c.is_closing() && c.nexus().is_some_and(|(t, _, _)| t == target) {
+                        tracing::info!(%target, peer = %c.peer(), "target cold reset: dropping the connection");
                         c.close(now, &mut self.shard, &portal);
                         touched.push(key);
                     }

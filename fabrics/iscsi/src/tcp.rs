@@ -201,6 +201,9 @@ pub struct TcpConn {
     /// The login names a session of another core: the worker moves the
     /// socket there ([`TcpConn::into_handoff`]).
     handoff: Option<u16>,
+    /// A TARGET COLD RESET of this target was answered here: the worker
+    /// drops every connection of the target ([`TcpConn::take_cold_reset`]).
+    cold_reset: Option<String>,
 }
 
 impl TcpConn {
@@ -235,6 +238,7 @@ impl TcpConn {
             link: None,
             routed: false,
             handoff: None,
+            cold_reset: None,
         })
     }
 
@@ -348,6 +352,12 @@ impl TcpConn {
     /// apply; the TMF response is held until [`TcpConn::release_tmf`].
     pub fn take_remote_resets(&mut self) -> Vec<(TaskTag, ResetScope)> {
         std::mem::take(&mut self.remote_resets)
+    }
+
+    /// The target whose every connection must be dropped because this
+    /// connection answered a TARGET COLD RESET (RFC 7143 §11.5.1), once.
+    pub fn take_cold_reset(&mut self) -> Option<String> {
+        self.cold_reset.take()
     }
 
     /// Every other core drained its part of the reset with this tag: the
@@ -838,6 +848,9 @@ impl TcpConn {
             }
             ConnEvent::Closed { reason } => {
                 tracing::info!(peer = %self.peer, ?reason, "connection closing");
+                if reason == CloseReason::TargetReset {
+                    self.cold_reset = self.nexus.as_ref().map(|(t, _, _)| t.clone());
+                }
                 self.begin_close(now, shard, portal);
             }
         }
