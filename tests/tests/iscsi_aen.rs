@@ -1,8 +1,10 @@
 //! Asynchronous messages (RFC 7143 §11.9): a LUN added live with
 //! `ferritectl do` reaches a logged-in session as an Async Message carrying
 //! REPORTED LUNS DATA HAS CHANGED sense data (AsyncEvent 0), without the
-//! initiator sending a command; disabling the target and stopping ferrited
-//! announce the dropped connections (AsyncEvent 3) before closing them.
+//! initiator sending a command; disabling the target asks for a logout
+//! (AsyncEvent 1) and drops a session that does not log out in time, and
+//! stopping ferrited announces the dropped connections (AsyncEvent 3)
+//! before closing them.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
@@ -125,11 +127,19 @@ fn target_disable_and_shutdown_announce_the_drop() {
     let dir = tempfile::tempdir().unwrap();
     let mut f = Ferrited::start_default(dir.path());
     let mut i = logged_in(&f, "disable");
+    // The logout window is the login timeout (15 s by default).
+    i.t.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     ctl(&f, &["set", &format!("/targets/iscsi/{IQN}/enabled"), "0"]);
+    // This initiator ignores the request: the target drops it when the
+    // window closes, and says so.
     let ev = async_events_until_close(&mut i);
-    assert!(
-        ev.contains(&3),
-        "no AsyncEvent 3 before the close on target disable: {ev:?}"
+    assert_eq!(
+        ev.iter()
+            .filter(|&&e| e == 1 || e == 3)
+            .copied()
+            .collect::<Vec<_>>(),
+        [1, 3],
+        "target disable: a logout request (AsyncEvent 1), then the drop (3): {ev:?}"
     );
 
     ctl(&f, &["set", &format!("/targets/iscsi/{IQN}/enabled"), "1"]);

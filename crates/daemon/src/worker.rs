@@ -311,8 +311,10 @@ impl CoreWorker {
     }
 
     /// A new configuration: sessions whose LUN map changed get the new map
-    /// (the core raises the unit attentions); sessions of a target that is
-    /// gone or disabled are closed, as SCST does.
+    /// (the core raises the unit attentions); sessions of a disabled target
+    /// are asked to log out (RFC 7143 §11.9.1 AsyncEvent 1, dropped if they
+    /// do not in time), sessions of a removed target are dropped at once
+    /// (AsyncEvent 3).
     fn apply_snapshot(&mut self, ctx: &mut Ctx) {
         let portal = CorePortal {
             snapshot: &self.snapshot,
@@ -333,8 +335,13 @@ impl CoreWorker {
                         c.set_luns(&mut self.shard, new);
                     }
                 }
-                _ => {
-                    tracing::info!(target, peer = %c.peer(), "target removed or disabled: closing its session");
+                Some(_) => {
+                    tracing::info!(target, peer = %c.peer(), "target disabled: requesting a logout");
+                    c.request_logout(now);
+                    touched.push(key);
+                }
+                None => {
+                    tracing::info!(target, peer = %c.peer(), "target removed: closing its session");
                     c.close_with_notice(now, &mut self.shard, &portal);
                     touched.push(key);
                 }

@@ -975,6 +975,10 @@ impl Conn {
             }
             Phase::FullFeature => {
                 if self.logout_deadline.is_some_and(|d| now >= d) {
+                    // The requested logout did not come: the target drops
+                    // the connection, and says so (AsyncEvent 3).
+                    tracing::info!(peer = %self.peer, "requested logout not received in time, dropping the connection");
+                    self.announce_drop_all(2, 0);
                     self.close(CloseReason::CoreRequest);
                     return;
                 }

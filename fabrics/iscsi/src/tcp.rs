@@ -354,6 +354,12 @@ impl TcpConn {
         std::mem::take(&mut self.remote_resets)
     }
 
+    /// RFC 7143 §11.9.1 AsyncEvent 1: asks the initiator to log out within
+    /// the login timeout; past it the connection is dropped (AsyncEvent 3).
+    pub fn request_logout(&mut self, now: Instant) {
+        self.conn.handle_action(now, Action::Close);
+    }
+
     /// The target whose every connection must be dropped because this
     /// connection answered a TARGET COLD RESET (RFC 7143 §11.5.1), once.
     pub fn take_cold_reset(&mut self) -> Option<String> {
