@@ -19,7 +19,7 @@ pub mod queue;
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsFd;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -148,7 +148,15 @@ impl FileBackend {
         let capacity = size / opts.block_size as u64 * opts.block_size as u64;
         let shared = Arc::new(Shared::new(file, capacity, &path));
         Ok(FileBackend {
-            phys_exp: phys_exp(md.blksize(), opts.block_size),
+            // A file has no physical block of its own: the file system's
+            // block is an allocation unit, not a sector the LU must be
+            // aligned to, so one logical block per physical block is
+            // reported (SBC-4 §6.2.3 LOGICAL BLOCKS PER PHYSICAL BLOCK
+            // EXPONENT 0), as file-backed LUs of other Linux targets do.
+            // Unmapping part of a file system block still reads back as
+            // zeroes (a partial hole punch zeroes the range). blockio
+            // reports the device's physical block.
+            phys_exp: 0,
             path,
             opts,
             shared,
@@ -298,6 +306,7 @@ mod tests {
     use ferrite_core::backend::{BlockDone, BlockError, BlockOp, Busy};
     use ferrite_nullio::integrity::{self, Options, Rng};
     use ferrite_reactor::buf::{BufPool, SgList};
+    use std::os::unix::fs::MetadataExt;
 
     const MIB: u64 = 1 << 20;
 
