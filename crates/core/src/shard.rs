@@ -622,9 +622,10 @@ impl Shard {
         !self.retry.is_empty()
             || !self.range_wait.is_empty()
             || !self.copies.wait.is_empty()
-            // A paced sanitize waits for its next slot with nothing in
-            // flight (see `Shard::next_deadline`).
-            || self.sanitizing.iter().any(|(_, j)| !j.in_flight)
+            // A sanitize write the backend handed back is retried at once;
+            // one waiting for its paced slot is woken by
+            // `Shard::next_deadline` instead.
+            || self.sanitizing.iter().any(|(_, j)| !j.in_flight && j.busy.is_some())
             || self.queues.values().any(|d| {
                 d.q.as_ref()
                     .is_some_and(|q| q.notify_fd().is_none() && q.in_flight() > 0)

@@ -758,10 +758,16 @@ impl Worker for CoreWorker {
     fn next_deadline(&self) -> Option<Instant> {
         // Counters not yet published are published on time even when idle.
         let stats = self.next_stats.filter(|_| self.stats_dirty);
-        [self.next_timer, self.srp.next_deadline(), stats]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.next_timer,
+            self.srp.next_deadline(),
+            // A paced sanitize's next write.
+            self.shard.next_deadline(),
+            stats,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     fn wants_spin(&self) -> bool {
