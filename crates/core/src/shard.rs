@@ -1263,12 +1263,20 @@ impl Shard {
             pending,
         };
         let mut out = std::mem::take(&mut self.scratch);
-        let rsp = match emulate::data_in(&c.cdb, &ctx, &mut out) {
+        let r = emulate::data_in(&c.cdb, &ctx, &mut out);
+        let rsp = self.data_in_response(r, &out, c.expected_len);
+        self.scratch = out;
+        self.respond(key, rsp);
+    }
+
+    /// The response to an emulated command that returns `out` (or failed):
+    /// SPC-4 §4.2.5.6, the data truncated to the allocation length, then to
+    /// what the transport expects, with the residual.
+    fn data_in_response(&self, r: Result<u32, Sense>, out: &[u8], expected: u32) -> Response {
+        match r {
             Ok(alloc) => {
-                // SPC-4 §4.2.5.6: truncate to the allocation length, then to
-                // what the transport expects.
                 let spdtl = out.len().min(alloc as usize);
-                let (xfer, residual) = emulate::residual_in(spdtl as u64, c.expected_len);
+                let (xfer, residual) = emulate::residual_in(spdtl as u64, expected);
                 let mut rsp = good(residual);
                 if xfer > 0 {
                     let mut sg = self.pool.sg(xfer as usize);
@@ -1279,9 +1287,7 @@ impl Shard {
                 rsp
             }
             Err(s) => Response::check(s),
-        };
-        self.scratch = out;
-        self.respond(key, rsp);
+        }
     }
 
     /// The backend queue of `dev` on this shard, opened on first use.
@@ -2742,23 +2748,8 @@ impl Shard {
         });
         let cdb = c.cdb.clone();
         let mut out = std::mem::take(&mut self.scratch);
-        let rsp = match self.copies.results(sid, &cdb, running, &mut out) {
-            Ok(alloc) => {
-                // SPC-4 §4.2.5.6: truncate to the allocation length, then
-                // to what the transport expects.
-                let spdtl = out.len().min(alloc as usize);
-                let (xfer, residual) = emulate::residual_in(spdtl as u64, expected);
-                let mut rsp = good(residual);
-                if xfer > 0 {
-                    let mut sg = self.pool.sg(xfer as usize);
-                    sg.copy_in(0, &out[..xfer as usize]);
-                    rsp.data = Some(sg);
-                    rsp.data_len = xfer;
-                }
-                rsp
-            }
-            Err(s) => Response::check(s),
-        };
+        let r = self.copies.results(sid, &cdb, running, &mut out);
+        let rsp = self.data_in_response(r, &out, expected);
         self.scratch = out;
         self.respond(key, rsp);
     }

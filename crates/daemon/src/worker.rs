@@ -355,6 +355,28 @@ impl CoreWorker {
     /// Bookkeeping after a connection did work: a move to another core,
     /// cross-core resets, session membership, removal once finished; then
     /// the other connections of its session get their share (MC/S).
+    /// Closes every iSCSI connection of this core that `which` picks.
+    fn close_where(&mut self, ctx: &mut Ctx, why: &str, which: impl Fn(&TcpConn) -> bool) {
+        let portal = CorePortal {
+            snapshot: &self.snapshot,
+            registry: &self.registry,
+            core: self.core,
+            links: &self.links,
+        };
+        let now = ctx.now();
+        let mut touched = Vec::new();
+        for (key, c) in self.conns.iter_mut() {
+            if which(c) {
+                tracing::info!(peer = %c.peer(), tsih = ?c.tsih(), "{why}");
+                c.close(now, &mut self.shard, &portal);
+                touched.push(key);
+            }
+        }
+        for key in touched {
+            self.after_conn(ctx, key);
+        }
+    }
+
     fn after_conn(&mut self, ctx: &mut Ctx, key: usize) {
         if let Some(tsih) = self.conns.get(key).and_then(|c| c.handoff()) {
             self.hand_off(key, tsih);
@@ -622,44 +644,14 @@ impl Worker for CoreWorker {
                 self.shard.abort_preempted(dev, &nexuses);
             }
             Msg::CloseSession(tsih) => {
-                let portal = CorePortal {
-                    snapshot: &self.snapshot,
-                    registry: &self.registry,
-                    core: self.core,
-                    links: &self.links,
-                };
-                let now = ctx.now();
-                let mut touched = Vec::new();
-                for (key, c) in self.conns.iter_mut() {
-                    if c.tsih() == Some(tsih) {
-                        tracing::info!(tsih, peer = %c.peer(), "closing session on request");
-                        c.close(now, &mut self.shard, &portal);
-                        touched.push(key);
-                    }
-                }
-                for key in touched {
-                    self.after_conn(ctx, key);
-                }
+                self.close_where(ctx, "closing session on request", |c| {
+                    c.tsih() == Some(tsih)
+                });
             }
             Msg::DropTarget(target) => {
-                let portal = CorePortal {
-                    snapshot: &self.snapshot,
-                    registry: &self.registry,
-                    core: self.core,
-                    links: &self.links,
-                };
-                let now = ctx.now();
-                let mut touched = Vec::new();
-                for (key, c) in self.conns.iter_mut() {
-                    if !c.is_closing() && c.nexus().is_some_and(|(t, _, _)| t == target) {
-                        tracing::info!(%target, peer = %c.peer(), "target cold reset: dropping the connection");
-                        c.close(now, &mut self.shard, &portal);
-                        touched.push(key);
-                    }
-                }
-                for key in touched {
-                    self.after_conn(ctx, key);
-                }
+                self.close_where(ctx, "target cold reset: dropping the connection", |c| {
+                    !c.is_closing() && c.nexus().is_some_and(|(t, _, _)| t == target)
+                });
             }
             Msg::Stop => {
                 self.stopping = true;
