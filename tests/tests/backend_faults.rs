@@ -212,7 +212,7 @@ fn injected_faults_give_the_exact_sense_and_harm_no_one_else() {
     j.logout(0).expect("logout");
     i.logout(0).expect("logout");
     assert!(f.alive());
-    let log = f.log_text();
+    let log = f.wait_log("fault injection", 1);
     assert!(!log.contains("panicked"), "a panic:\n{log}");
     assert!(
         log.contains("fault injection"),
@@ -408,7 +408,7 @@ fn a_deleted_blockio_image_takes_its_lun_offline_only() {
         "write to a deleted O_DIRECT image",
     );
     witness(&mut i, l1, 32, 2);
-    let log = f.log_text();
+    let log = f.wait_log("backing store vanished", 1);
     assert!(
         log.contains("backing store vanished") && log.contains("direct.img"),
         "no log line for the deleted image:\n{log}"

@@ -202,11 +202,8 @@ fn writes_survive_a_restart() {
             "ferrited did not stop on SIGTERM:\n{}",
             f.log_text()
         );
-        assert!(
-            f.log_text().contains("stopped"),
-            "no clean shutdown:\n{}",
-            f.log_text()
-        );
+        let log = f.wait_log("stopped", 1);
+        assert!(log.contains("stopped"), "no clean shutdown:\n{log}");
     }
     let f = Ferrited::start(dir.path(), port, Options::default());
     stdout(

@@ -153,7 +153,7 @@ fn wrong_secret_is_0201_and_no_chap_is_refused() {
         0x0201,
         "no CHAP",
     );
-    let log = f.log_text();
+    let log = f.wait_log("login failed", 1);
     assert!(
         log.contains("login failed") && log.contains(ALLOWED) && log.contains("127.0.0.1"),
         "failed logins must be logged with initiator name and address:\n{log}"
@@ -181,7 +181,7 @@ fn initiator_outside_the_acl_is_0202() {
         0x0202,
         "initiator outside the ACL",
     );
-    let log = f.log_text();
+    let log = f.wait_log("ACL", 1);
     assert!(
         log.contains(OTHER) && log.contains("ACL"),
         "the refusal must be logged with the initiator name:\n{log}"

@@ -127,5 +127,6 @@ fn same_isid_and_name_replace_a_busy_session() {
         1,
         "exactly one session of the initiator after reinstatement:\n{list}"
     );
-    assert!(f.log_text().contains("reinstatement"), "{}", f.log_text());
+    let log = f.wait_log("reinstatement", 1);
+    assert!(log.contains("reinstatement"), "{log}");
 }
