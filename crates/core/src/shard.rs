@@ -22,6 +22,7 @@ use std::collections::VecDeque;
 use rustc_hash::FxHashMap as HashMap;
 use std::os::fd::RawFd;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use ferrite_reactor::buf::{BufPool, SgList};
@@ -193,6 +194,14 @@ impl LuState {
         }
         self.ua.push_back(s);
     }
+}
+
+/// Records the device counter `now` a nexus has seen in `seen`; true when
+/// it moved since the last look (the first look only records it).
+fn changed(seen: &mut Option<u32>, now: u32) -> bool {
+    let moved = seen.is_some_and(|old| old != now);
+    *seen = Some(now);
+    moved
 }
 
 struct SessionState {
@@ -443,12 +452,7 @@ impl Shard {
         for (lun, e) in &luns.luns {
             let mut st = LuState {
                 generation: Some(e.device.generation()),
-                reset_gen: Some(
-                    e.device
-                        .shared
-                        .reset_gen
-                        .load(std::sync::atomic::Ordering::Acquire),
-                ),
+                reset_gen: Some(e.device.shared.reset_gen.load(Ordering::Acquire)),
                 ..LuState::default()
             };
             st.raise(Sense::POWER_ON_RESET);
@@ -668,12 +672,7 @@ impl Shard {
                 st.generation = Some(e.device.generation());
             }
             if st.reset_gen.is_none() {
-                st.reset_gen = Some(
-                    e.device
-                        .shared
-                        .reset_gen
-                        .load(std::sync::atomic::Ordering::Acquire),
-                );
+                st.reset_gen = Some(e.device.shared.reset_gen.load(Ordering::Acquire));
             }
             st.raise(Sense::REPORTED_LUNS_DATA_HAS_CHANGED);
         }
@@ -751,48 +750,27 @@ impl Shard {
             let st = s.lus.entry(l).or_default();
             // SBC-4 §4.10: CAPACITY DATA HAS CHANGED once per nexus after a
             // resize.
-            let g = e.device.generation();
-            match st.generation {
-                Some(old) if old != g => st.raise(Sense::CAPACITY_DATA_HAS_CHANGED),
-                _ => {}
+            if changed(&mut st.generation, e.device.generation()) {
+                st.raise(Sense::CAPACITY_DATA_HAS_CHANGED);
             }
-            st.generation = Some(g);
             // SPC-4 §5.12: MODE PARAMETERS CHANGED for the nexuses that did
             // not change them.
-            let mg = e
-                .device
-                .shared
-                .mode_gen
-                .load(std::sync::atomic::Ordering::Acquire);
-            match st.mode_gen {
-                Some(old) if old != mg => st.raise(Sense::MODE_PARAMETERS_CHANGED),
-                _ => {}
+            let shared = &e.device.shared;
+            if changed(&mut st.mode_gen, shared.mode_gen.load(Ordering::Acquire)) {
+                st.raise(Sense::MODE_PARAMETERS_CHANGED);
             }
-            st.mode_gen = Some(mg);
-            let rg = e
-                .device
-                .shared
-                .reset_gen
-                .load(std::sync::atomic::Ordering::Acquire);
-            match st.reset_gen {
-                Some(old) if old != rg => st.raise(Sense::BUS_DEVICE_RESET),
-                _ => {}
+            if changed(&mut st.reset_gen, shared.reset_gen.load(Ordering::Acquire)) {
+                st.raise(Sense::BUS_DEVICE_RESET);
             }
-            st.reset_gen = Some(rg);
             // SBC-4 §4.15: a removable medium loaded by another nexus:
             // NOT READY TO READY CHANGE, MEDIUM MAY HAVE CHANGED.
-            if e.device.flags.removable {
-                let lg = e
-                    .device
-                    .shared
-                    .medium
-                    .load_gen
-                    .load(std::sync::atomic::Ordering::Acquire);
-                match st.medium_gen {
-                    Some(old) if old != lg => st.raise(Sense::NOT_READY_TO_READY_CHANGE),
-                    _ => {}
-                }
-                st.medium_gen = Some(lg);
+            if e.device.flags.removable
+                && changed(
+                    &mut st.medium_gen,
+                    shared.medium.load_gen.load(Ordering::Acquire),
+                )
+            {
+                st.raise(Sense::NOT_READY_TO_READY_CHANGE);
             }
             // SBC-4 §4.11.1: while a sanitize runs (on any core) the device
             // server answers little else, and that before a unit attention
@@ -828,10 +806,7 @@ impl Shard {
             // SPC-4 §5.13.1 table 66: a persistent reservation another nexus
             // holds.
             if early.is_none()
-                && e.device
-                    .shared
-                    .pr_reserved
-                    .load(std::sync::atomic::Ordering::Acquire)
+                && e.device.shared.pr_reserved.load(Ordering::Acquire)
                 && e.device
                     .shared
                     .pr
@@ -1086,12 +1061,7 @@ impl Shard {
                         .get_mut(&sid)
                         .and_then(|s| s.lus.get_mut(&lun))
                 {
-                    st.medium_gen = Some(
-                        dev.shared
-                            .medium
-                            .load_gen
-                            .load(std::sync::atomic::Ordering::Acquire),
-                    );
+                    st.medium_gen = Some(dev.shared.medium.load_gen.load(Ordering::Acquire));
                 }
                 good(residual)
             }
@@ -2332,12 +2302,7 @@ impl Shard {
                         if e.device.id == dev {
                             let st = s.lus.entry(*l).or_default();
                             st.raise(Sense::BUS_DEVICE_RESET);
-                            st.reset_gen = Some(
-                                e.device
-                                    .shared
-                                    .reset_gen
-                                    .load(std::sync::atomic::Ordering::Acquire),
-                            );
+                            st.reset_gen = Some(e.device.shared.reset_gen.load(Ordering::Acquire));
                         }
                     }
                 }
