@@ -997,7 +997,7 @@ impl Default for IscsiParamsConfig {
 }
 
 /// The reactors: how many cores, and how long each polls before sleeping.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReactorConfig {
     /// Number of reactor threads; `None`: the available parallelism.
@@ -1005,6 +1005,24 @@ pub struct ReactorConfig {
     pub cores: Option<usize>,
     /// Microseconds a reactor busy-polls before it sleeps on its ring.
     pub poll_us: u32,
+    /// Microseconds a reactor polls before sleeping while its initiators
+    /// are latency-bound (each keeps at most [`LATENCY_BOUND_DEPTH`]
+    /// commands outstanding, so each would otherwise wait for a wake-up).
+    /// 0 turns this off.
+    pub latency_poll_us: u32,
+}
+
+/// Initiator queue depth up to which a reactor counts as latency-bound.
+pub const LATENCY_BOUND_DEPTH: u32 = 2;
+
+impl Default for ReactorConfig {
+    fn default() -> Self {
+        ReactorConfig {
+            cores: None,
+            poll_us: 0,
+            latency_poll_us: 200,
+        }
+    }
 }
 
 impl ReactorConfig {
@@ -1295,6 +1313,15 @@ impl Config {
             return Err(ConfigError::invalid(
                 "reactor.cores",
                 "0 cores; valid: at least 1, or absent for all available",
+            ));
+        }
+        if self.reactor.latency_poll_us > 1_000_000 {
+            return Err(ConfigError::invalid(
+                "reactor.latency_poll_us",
+                format!(
+                    "{} is over one second; valid: 0..1000000",
+                    self.reactor.latency_poll_us
+                ),
             ));
         }
         if self.reactor.poll_us > 1_000_000 {
@@ -1914,6 +1941,11 @@ mod tests {
             (
                 "reactor.poll_us",
                 |c| c.reactor.poll_us = 2_000_000,
+                "0..1000000",
+            ),
+            (
+                "reactor.latency_poll_us",
+                |c| c.reactor.latency_poll_us = 2_000_000,
                 "0..1000000",
             ),
         ];

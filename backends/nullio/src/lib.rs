@@ -139,7 +139,12 @@ fn zero_range(buf: &mut SgList, pos: usize, len: usize) {
             continue;
         }
         let n = (seg.len() - skip).min(left);
-        seg[skip..skip + n].fill(0);
+        if skip == 0 && n == seg.len() {
+            // Skips the memset for a buffer known to hold zeroes.
+            seg.fill_zero();
+        } else {
+            seg[skip..skip + n].fill(0);
+        }
         left -= n;
         skip = 0;
     }
@@ -279,7 +284,7 @@ impl NullQueue {
                         Some(s) => s.read(offset, &mut buf),
                         None => {
                             for seg in buf.segments_mut() {
-                                seg.fill(0);
+                                seg.fill_zero();
                             }
                         }
                     }

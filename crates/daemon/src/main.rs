@@ -47,6 +47,10 @@ struct Args {
     /// Busy-poll this many microseconds before a reactor sleeps.
     #[arg(long)]
     poll_us: Option<u32>,
+    /// Poll this many microseconds before sleeping while the initiators on a
+    /// reactor keep at most 2 commands outstanding (0: never).
+    #[arg(long)]
+    latency_poll_us: Option<u32>,
     /// Pin reactor threads to CPUs.
     #[arg(long)]
     pin: bool,
@@ -130,6 +134,9 @@ fn main() -> Result<()> {
     if let Some(p) = args.poll_us {
         cfg.reactor.poll_us = p;
     }
+    if let Some(p) = args.latency_poll_us {
+        cfg.reactor.latency_poll_us = p;
+    }
     let control = args
         .control
         .clone()
@@ -177,6 +184,7 @@ fn run(
     }
     let rcfg = ReactorConfig {
         poll: Duration::from_micros(cfg.reactor.poll_us as u64),
+        latency_poll: Duration::from_micros(cfg.reactor.latency_poll_us as u64),
         pin,
         ..ReactorConfig::default()
     };

@@ -8,10 +8,11 @@ use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ferrite_core::shard::{SessionId, Shard};
 use ferrite_iscsi::tcp::{SessionLink, TOKEN_RECV, TOKEN_SEND, TcpConn};
+use ferrite_mgmt::config::LATENCY_BOUND_DEPTH;
 use ferrite_reactor::buf::BufPool;
 use ferrite_reactor::mailbox::MailboxTx;
 use ferrite_reactor::ring::{Completion, Ctx, Worker};
@@ -110,6 +111,54 @@ pub struct CoreWorker {
     /// keys) of each: MC/S joins and pumping a session's connections together.
     links: HashMap<u16, SessionLink>,
     groups: HashMap<u16, Vec<usize>>,
+    /// How deep the initiators on this core queue their commands.
+    depth: DepthWatch,
+}
+
+/// The deepest initiator queue seen on a core over the last few
+/// milliseconds (from [`TcpConn::take_depth_peak`]). While it stays at
+/// [`LATENCY_BOUND_DEPTH`] or below, every command waits for its answer
+/// before the next is sent, and a reactor that slept between them would
+/// add a thread wake-up to each: the reactor polls a while instead. Deeper
+/// queues batch their responses, and the reactor sleeps at once.
+#[derive(Debug, Default)]
+struct DepthWatch {
+    epoch: Option<Instant>,
+    cur: u32,
+    prev: u32,
+}
+
+/// The window over which [`DepthWatch`] keeps a peak.
+const DEPTH_EPOCH: Duration = Duration::from_millis(2);
+
+impl DepthWatch {
+    fn note(&mut self, now: Instant, depth: u32) {
+        match self.epoch {
+            Some(e) if now.saturating_duration_since(e) < DEPTH_EPOCH => {}
+            Some(e) => {
+                self.prev = if now.saturating_duration_since(e) < 2 * DEPTH_EPOCH {
+                    self.cur
+                } else {
+                    0
+                };
+                self.cur = 0;
+                self.epoch = Some(now);
+            }
+            None => self.epoch = Some(now),
+        }
+        self.cur = self.cur.max(depth);
+    }
+
+    fn latency_bound(&self, now: Instant) -> bool {
+        let Some(e) = self.epoch else {
+            return false;
+        };
+        if now.saturating_duration_since(e) >= 2 * DEPTH_EPOCH {
+            return false;
+        }
+        let peak = self.cur.max(self.prev);
+        (1..=LATENCY_BOUND_DEPTH).contains(&peak)
+    }
 }
 
 impl CoreWorker {
@@ -146,6 +195,7 @@ impl CoreWorker {
             remote_resets: HashMap::new(),
             links: HashMap::new(),
             groups: HashMap::new(),
+            depth: DepthWatch::default(),
         }
     }
 
@@ -580,6 +630,10 @@ impl Worker for CoreWorker {
                 let key = (token >> 8) as usize;
                 if let Some(conn) = self.conns.get_mut(key) {
                     conn.on_recv(ctx, key as u64, result, buf, &mut self.shard, &portal);
+                    let depth = conn.take_depth_peak();
+                    if depth > 0 {
+                        self.depth.note(ctx.now(), depth);
+                    }
                 }
                 self.after_conn(ctx, key);
             }
@@ -766,6 +820,10 @@ impl Worker for CoreWorker {
         self.shard.wants_spin()
     }
 
+    fn latency_bound(&self, now: Instant) -> bool {
+        self.depth.latency_bound(now)
+    }
+
     fn wake_fds(&self, out: &mut Vec<RawFd>) {
         self.shard.notify_fds(out);
         self.srp.wake_fds(out);
@@ -773,5 +831,35 @@ impl Worker for CoreWorker {
 
     fn running(&self) -> bool {
         !(self.stopping && self.conns.is_empty() && self.srp.is_empty())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn depth_watch_polls_only_for_shallow_queues_seen_lately() {
+        let t0 = Instant::now();
+        let mut w = DepthWatch::default();
+        assert!(!w.latency_bound(t0), "no command yet");
+        w.note(t0, 1);
+        assert!(w.latency_bound(t0));
+        // A deep queue anywhere in the window turns polling off.
+        w.note(t0 + Duration::from_micros(500), 32);
+        assert!(!w.latency_bound(t0 + Duration::from_micros(600)));
+        // It is remembered for one more window after it ends ...
+        w.note(t0 + DEPTH_EPOCH, 1);
+        assert!(!w.latency_bound(t0 + DEPTH_EPOCH));
+        // ... and forgotten after that.
+        w.note(t0 + 2 * DEPTH_EPOCH + Duration::from_micros(10), 1);
+        w.note(t0 + 3 * DEPTH_EPOCH + Duration::from_micros(20), 2);
+        assert!(w.latency_bound(t0 + 3 * DEPTH_EPOCH + Duration::from_micros(30)));
+        // Silence for two windows: nothing to poll for.
+        assert!(!w.latency_bound(t0 + 6 * DEPTH_EPOCH));
+        // A long gap does not carry an old peak over.
+        w.note(t0 + 7 * DEPTH_EPOCH, 40);
+        w.note(t0 + 20 * DEPTH_EPOCH, 1);
+        assert!(w.latency_bound(t0 + 20 * DEPTH_EPOCH));
     }
 }

@@ -23,6 +23,9 @@ pub const BUF_ALIGN: usize = 4096;
 struct RawBuf {
     ptr: NonNull<u8>,
     cap: usize,
+    /// All `cap` bytes are known to be zero: nothing has had a way to write
+    /// them since they were allocated or last zeroed.
+    zero: bool,
 }
 
 // SAFETY: RawBuf uniquely owns its heap allocation; no aliasing pointers exist.
@@ -39,7 +42,11 @@ impl RawBuf {
         let Some(ptr) = NonNull::new(ptr) else {
             std::alloc::handle_alloc_error(layout)
         };
-        RawBuf { ptr, cap }
+        RawBuf {
+            ptr,
+            cap,
+            zero: true,
+        }
     }
 
     fn layout(cap: usize) -> Layout {
@@ -204,9 +211,30 @@ impl IoBuf {
 
     /// Mutable pointer to the first byte.
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.raw
-            .as_ref()
-            .map_or(NonNull::dangling().as_ptr(), |r| r.ptr.as_ptr())
+        match &mut self.raw {
+            Some(r) => {
+                r.zero = false;
+                r.ptr.as_ptr()
+            }
+            None => NonNull::dangling().as_ptr(),
+        }
+    }
+
+    /// Zeroes the visible bytes. A buffer nothing has written since it was
+    /// allocated or last zeroed whole (pool buffers that carried zeroes
+    /// before, the common case for reads of unwritten storage) is left as
+    /// it is.
+    pub fn fill_zero(&mut self) {
+        let Some(r) = &mut self.raw else {
+            return;
+        };
+        if r.zero {
+            return;
+        }
+        let whole = self.len == r.cap;
+        // SAFETY: as in `deref_mut`.
+        unsafe { std::slice::from_raw_parts_mut(r.ptr.as_ptr(), self.len) }.fill(0);
+        r.zero = whole;
     }
 }
 
@@ -225,8 +253,11 @@ impl Deref for IoBuf {
 impl DerefMut for IoBuf {
     fn deref_mut(&mut self) -> &mut [u8] {
         match &mut self.raw {
-            // SAFETY: as in `deref`, and `&mut self` guarantees exclusive access.
-            Some(r) => unsafe { std::slice::from_raw_parts_mut(r.ptr.as_ptr(), self.len) },
+            Some(r) => {
+                r.zero = false;
+                // SAFETY: as in `deref`, and `&mut self` guarantees exclusive access.
+                unsafe { std::slice::from_raw_parts_mut(r.ptr.as_ptr(), self.len) }
+            }
             None => &mut [],
         }
     }
@@ -408,6 +439,33 @@ mod tests {
         assert_eq!(pool.idle(), 1);
         let _b2 = pool.get(8192);
         assert_eq!(pool.idle(), 0);
+    }
+
+    #[test]
+    fn fill_zero_after_any_write() {
+        let pool = BufPool::new(8192, 4);
+        // Written through a slice, returned, reused: zeroed again.
+        let mut b = pool.get(8192);
+        b[17] = 9;
+        drop(b);
+        let mut b = pool.get(8192);
+        assert_eq!(b[17], 9);
+        b.fill_zero();
+        assert!(b.iter().all(|&x| x == 0));
+        // Written through the raw pointer (how the kernel and RDMA write).
+        let p = b.as_mut_ptr();
+        // SAFETY: p points at 8192 bytes owned by b.
+        unsafe { p.add(4000).write(5) };
+        b.fill_zero();
+        assert_eq!(b[4000], 0);
+        // Zeroing a prefix does not make the rest known zero.
+        b[8000] = 1;
+        b.set_len(4096);
+        b.fill_zero();
+        b.set_len(8192);
+        assert_eq!(b[8000], 1);
+        b.fill_zero();
+        assert!(b.iter().all(|&x| x == 0));
     }
 
     #[test]

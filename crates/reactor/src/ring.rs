@@ -31,6 +31,12 @@ const CANCEL_TOKEN: u64 = u64::MAX - 1;
 #[derive(Debug)]
 pub enum TxSeg {
     Bytes(Vec<u8>),
+    /// Up to [`INLINE_MAX`] bytes held in the segment itself (PDU headers,
+    /// pads and digests): no allocation per PDU.
+    Inline {
+        buf: [u8; INLINE_MAX],
+        len: u8,
+    },
     Data {
         sg: Arc<SgList>,
         offset: usize,
@@ -38,11 +44,39 @@ pub enum TxSeg {
     },
 }
 
+/// Most bytes a [`TxSeg::Inline`] holds: a basic header segment with a
+/// header digest, or a reject with the header it refers to.
+pub const INLINE_MAX: usize = 112;
+
 impl TxSeg {
+    /// A segment holding a copy of `bytes`: inline when they fit.
+    pub fn copy_of(bytes: &[u8]) -> TxSeg {
+        if bytes.len() <= INLINE_MAX {
+            let mut buf = [0u8; INLINE_MAX];
+            buf[..bytes.len()].copy_from_slice(bytes);
+            TxSeg::Inline {
+                buf,
+                len: bytes.len() as u8,
+            }
+        } else {
+            TxSeg::Bytes(bytes.to_vec())
+        }
+    }
+
+    /// The bytes of an owned segment (`None` for a window of an SgList).
+    pub fn bytes(&self) -> Option<&[u8]> {
+        match self {
+            TxSeg::Bytes(b) => Some(b),
+            TxSeg::Inline { buf, len } => Some(&buf[..*len as usize]),
+            TxSeg::Data { .. } => None,
+        }
+    }
+
     /// Bytes in this segment.
     pub fn len(&self) -> usize {
         match self {
             TxSeg::Bytes(b) => b.len(),
+            TxSeg::Inline { len, .. } => *len as usize,
             TxSeg::Data { len, .. } => *len,
         }
     }
@@ -68,6 +102,10 @@ pub fn advance(segs: &mut VecDeque<TxSeg>, mut n: usize) {
         match front {
             TxSeg::Bytes(b) => {
                 b.drain(..n);
+            }
+            TxSeg::Inline { buf, len } => {
+                buf.copy_within(n..*len as usize, 0);
+                *len -= n as u8;
             }
             TxSeg::Data { offset, len, .. } => {
                 *offset += n;
@@ -134,6 +172,11 @@ pub struct ReactorConfig {
     pub entries: u32,
     /// Keep polling this long after the last piece of work before sleeping.
     pub poll: Duration,
+    /// Keep polling this long after the last piece of work while the worker
+    /// says it is latency-bound ([`Worker::latency_bound`]): its peers wait
+    /// for each answer before they ask again, so every sleep would cost them
+    /// a wake-up per request.
+    pub latency_poll: Duration,
     /// Pin the thread to CPU `core`.
     pub pin: bool,
 }
@@ -143,6 +186,7 @@ impl Default for ReactorConfig {
         ReactorConfig {
             entries: 1024,
             poll: Duration::from_micros(0),
+            latency_poll: Duration::from_micros(0),
             pin: false,
         }
     }
@@ -207,10 +251,14 @@ impl Ctx {
         let mut iov: Vec<libc::iovec> = Vec::with_capacity(segs.len().min(MAX_IOVECS));
         'outer: for s in &segs {
             match s {
-                TxSeg::Bytes(b) => {
+                TxSeg::Bytes(_) | TxSeg::Inline { .. } => {
                     if iov.len() == MAX_IOVECS {
                         break;
                     }
+                    // The bytes live in the Vec's heap buffer or in the
+                    // deque's: neither moves while the deque sits unchanged
+                    // in the Op.
+                    let b = s.bytes().unwrap_or(&[]);
                     iov.push(libc::iovec {
                         iov_base: b.as_ptr() as *mut libc::c_void,
                         iov_len: b.len(),
@@ -330,6 +378,13 @@ pub trait Worker {
     /// True while there is work that no fd will announce (e.g. a backend
     /// queue without an eventfd): the reactor keeps polling.
     fn wants_spin(&self) -> bool;
+    /// True while the work on this reactor is latency-bound: the peers keep
+    /// so few requests outstanding that each one would otherwise wait for
+    /// this thread to wake up. The reactor then polls for
+    /// [`ReactorConfig::latency_poll`] before sleeping.
+    fn latency_bound(&self, _now: Instant) -> bool {
+        false
+    }
     /// Fds whose readability should wake the reactor from sleep (backend
     /// eventfds). Called before each sleep.
     fn wake_fds(&self, out: &mut Vec<RawFd>);
@@ -347,7 +402,18 @@ pub fn run<W: Worker>(
     if cfg.pin {
         pin_to_cpu(core);
     }
-    let ring = IoUring::new(cfg.entries.max(8))?;
+    // Completions are posted when this thread next enters the kernel (it
+    // does on every submit, yield and sleep) instead of interrupting it
+    // with an IPI while it runs; the flag tells it when some are waiting.
+    let entries = cfg.entries.max(8);
+    let ring = match IoUring::builder()
+        .setup_coop_taskrun()
+        .setup_taskrun_flag()
+        .build(entries)
+    {
+        Ok(r) => r,
+        Err(_) => IoUring::new(entries)?,
+    };
     let mut ctx = Ctx {
         ring,
         ops: Slab::with_capacity(cfg.entries as usize),
@@ -407,7 +473,19 @@ pub fn run<W: Worker>(
             ctx.submit(None)?;
             continue;
         }
-        if progressed || worker.wants_spin() || ctx.now.duration_since(last_work) < cfg.poll {
+        let idle = ctx.now.duration_since(last_work);
+        if progressed || worker.wants_spin() || idle < cfg.poll {
+            if ctx.ring.submission().taskrun() {
+                // Completions wait for a trip into the kernel.
+                ctx.submit(None)?;
+            }
+            continue;
+        }
+        if idle < cfg.latency_poll && worker.latency_bound(ctx.now) {
+            // Give the CPU to whatever else is runnable here (often the
+            // peer itself on a small machine); the system call also runs
+            // the ring's pending task work, so completions show up.
+            std::thread::yield_now();
             continue;
         }
         // Sleep: arm wake-ups for the mailbox and the worker's fds.

@@ -245,13 +245,13 @@ impl TxQueue {
     pub fn drain_to_vec(&mut self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.len());
         for s in self.segs.drain(..) {
-            match s {
-                TxSeg::Bytes(b) => out.extend_from_slice(&b),
+            match &s {
                 TxSeg::Data { sg, offset, len } => {
-                    for sl in sg.slices(offset, len) {
+                    for sl in sg.slices(*offset, *len) {
                         out.extend_from_slice(sl);
                     }
                 }
+                other => out.extend_from_slice(other.bytes().unwrap_or(&[])),
             }
         }
         out
@@ -578,6 +578,9 @@ pub struct Conn {
     text_in: Vec<u8>,
     text_cont: Option<TextCont>,
     close_reason: Option<CloseReason>,
+    /// The most commands the initiator had outstanding, as seen from here,
+    /// since the driver last asked ([`Conn::take_depth_peak`]).
+    depth_peak: u32,
 }
 
 /// Requests held for CmdSN order at most (the window bounds it anyway).
@@ -629,6 +632,7 @@ impl Conn {
             text_in: Vec::new(),
             text_cont: None,
             close_reason: None,
+            depth_peak: 0,
         }
     }
 
@@ -666,6 +670,18 @@ impl Conn {
     /// This connection's member id in its session.
     pub fn member(&self) -> u32 {
         self.member
+    }
+
+    /// The largest number of commands the initiator had outstanding when it
+    /// sent a command on this connection, since the last call (0: no
+    /// command came). Each command's ExpStatSN says which responses the
+    /// initiator had seen when it built the command: the responses sent
+    /// after those, plus the commands this connection still holds (this
+    /// one included), were outstanding on its side. An initiator at queue
+    /// depth 1 gives 1 whatever the target's speed; deeper queues give
+    /// their depth once the responses batch.
+    pub fn take_depth_peak(&mut self) -> u32 {
+        std::mem::take(&mut self.depth_peak)
     }
 
     /// Makes this connection, still logging in, part of an existing session
@@ -724,6 +740,11 @@ impl Conn {
 
     fn send(&mut self, bhs: &BhsBuf, data: &[u8]) {
         tracing::trace!(peer = %self.peer, "tx {bhs:?} status={:#x}", bhs.0[3]);
+        if data.is_empty() {
+            let (hdr, n) = self.header_bytes(bhs, 0);
+            self.out.push_back(TxSeg::copy_of(&hdr[..n]));
+            return;
+        }
         let mut out = Vec::with_capacity(BHS_LEN + data.len() + 12);
         pdu::encode_header(bhs, &[], data.len() as u32, self.header_digest, &mut out);
         if !data.is_empty() {
@@ -740,9 +761,8 @@ impl Conn {
 
     fn send_sg(&mut self, bhs: &BhsBuf, sg: &Arc<SgList>, offset: usize, len: usize) {
         tracing::trace!(peer = %self.peer, "tx {bhs:?} offset={offset}");
-        let mut hdr = Vec::with_capacity(BHS_LEN + DIGEST_LEN);
-        pdu::encode_header(bhs, &[], len as u32, self.header_digest, &mut hdr);
-        self.out.push_back(TxSeg::Bytes(hdr));
+        let (hdr, n) = self.header_bytes(bhs, len as u32);
+        self.out.push_back(TxSeg::copy_of(&hdr[..n]));
         if len == 0 {
             return;
         }
@@ -753,17 +773,36 @@ impl Conn {
         });
         let pad = [0u8; 3];
         let pad = &pad[..pad_len(len)];
-        let mut trailer = pad.to_vec();
+        let mut trailer = [0u8; 3 + DIGEST_LEN];
+        let mut n = pad.len();
         if self.data_digest {
             let mut crc = 0;
             for s in sg.slices(offset, len) {
                 crc = crc32c_append(crc, s);
             }
             crc = crc32c_append(crc, pad);
-            trailer.extend_from_slice(&digest_bytes(crc));
+            trailer[n..n + DIGEST_LEN].copy_from_slice(&digest_bytes(crc));
+            n += DIGEST_LEN;
         }
-        if !trailer.is_empty() {
-            self.out.push_back(TxSeg::Bytes(trailer));
+        if n > 0 {
+            self.out.push_back(TxSeg::copy_of(&trailer[..n]));
+        }
+    }
+
+    /// The header segment of a PDU without AHS carrying `data_len` bytes,
+    /// with its digest when negotiated, built on the stack.
+    fn header_bytes(&self, bhs: &BhsBuf, data_len: u32) -> ([u8; BHS_LEN + DIGEST_LEN], usize) {
+        let mut b = *bhs;
+        b.set_data_len(data_len);
+        b.set_ahs_len(0);
+        let mut out = [0u8; BHS_LEN + DIGEST_LEN];
+        out[..BHS_LEN].copy_from_slice(&b.0);
+        if self.header_digest {
+            let crc = crc32c(&out[..BHS_LEN]);
+            out[BHS_LEN..].copy_from_slice(&digest_bytes(crc));
+            (out, BHS_LEN + DIGEST_LEN)
+        } else {
+            (out, BHS_LEN)
         }
     }
 
@@ -1474,6 +1513,16 @@ impl Conn {
             r2t_sn: R2tSn(0),
         };
         self.tasks.insert(itt, task);
+        // An ExpStatSN ahead of StatSN or absurdly far behind is the
+        // initiator's error, not a depth: it counts as nothing seen unsent.
+        let unseen = self.stat_sn.0.wrapping_sub(bhs.exp_stat_sn().0);
+        let unseen = if unseen <= self.cfg.queue_depth.saturating_mul(2) {
+            unseen
+        } else {
+            0
+        };
+        let depth = unseen.saturating_add(self.tasks.len() as u32);
+        self.depth_peak = self.depth_peak.max(depth);
         self.seq.claim_task(itt, self.member);
         self.sequence(hdr, Held::Scsi(itt, req));
     }

@@ -1290,3 +1290,33 @@ fn digests_over_padded_segments() {
     let keys = i.text(&[("SendTargets", "")]).unwrap();
     assert_eq!(keys[0].1, TARGET);
 }
+
+#[test]
+fn depth_peak_follows_the_initiators_queue() {
+    let mut i = logged_in(cfg(), ini_cfg());
+    let c = Command {
+        cdb: &[0; 6],
+        attr: 1,
+        ..Command::default()
+    };
+    assert_eq!(i.t.conn.take_depth_peak(), 0);
+    // One command at a time: each was the only one outstanding.
+    for _ in 0..5 {
+        i.command(&c).unwrap();
+    }
+    assert_eq!(i.t.conn.take_depth_peak(), 1);
+    assert_eq!(i.t.conn.take_depth_peak(), 0);
+    // Four sent before any response is read: the fourth went out with
+    // three responses unseen.
+    let mut itts = Vec::new();
+    for _ in 0..4 {
+        let itt = i.new_itt();
+        let (p, _) = i.command_pdu(itt, &c);
+        i.send_pdu(&p).unwrap();
+        itts.push(itt);
+    }
+    for itt in itts {
+        i.wait_for(Opcode::SCSI_RSP, itt).unwrap();
+    }
+    assert_eq!(i.t.conn.take_depth_peak(), 4);
+}

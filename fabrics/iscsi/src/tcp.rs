@@ -311,6 +311,11 @@ impl TcpConn {
     }
 
     /// Closing or closed.
+    /// See [`Conn::take_depth_peak`].
+    pub fn take_depth_peak(&mut self) -> u32 {
+        self.conn.take_depth_peak()
+    }
+
     pub fn is_closing(&self) -> bool {
         self.closing
     }
@@ -961,8 +966,8 @@ impl TcpConn {
             self.conn.poll_transmit(&mut self.txq);
             let mut bytes = Vec::new();
             for seg in self.txq.segs.drain(..) {
-                if let TxSeg::Bytes(b) = seg {
-                    bytes.extend_from_slice(&b);
+                if let Some(b) = seg.bytes() {
+                    bytes.extend_from_slice(b);
                 }
             }
             if !bytes.is_empty() && self.sock.set_nonblocking(true).is_ok() {
