@@ -21,6 +21,8 @@ use crate::mailbox::MailboxRx;
 
 /// Most iovecs one send carries (Linux IOV_MAX is 1024).
 const MAX_IOVECS: usize = 256;
+/// IORING_RECVSEND_POLL_FIRST (linux/io_uring.h): arm the poll before trying.
+const RECVSEND_POLL_FIRST: u16 = 1;
 /// user_data reserved for the mailbox wake-up poll.
 const WAKE_TOKEN: u64 = u64::MAX;
 /// user_data of cancellation requests (their own completions are ignored).
@@ -45,8 +47,8 @@ pub enum TxSeg {
 }
 
 /// Most bytes a [`TxSeg::Inline`] holds: a basic header segment with a
-/// header digest, or a reject with the header it refers to.
-pub const INLINE_MAX: usize = 112;
+/// header digest.
+pub const INLINE_MAX: usize = 56;
 
 impl TxSeg {
     /// A segment holding a copy of `bytes`: inline when they fit.
@@ -233,14 +235,33 @@ impl Ctx {
     }
 
     /// Receives into `buf[start..]` (buf's length is its usable size).
-    pub fn recv(&mut self, fd: RawFd, mut buf: Vec<u8>, start: usize, token: u64) {
+    pub fn recv(&mut self, fd: RawFd, buf: Vec<u8>, start: usize, token: u64) {
+        self.recv_with(fd, buf, start, token, false);
+    }
+
+    /// As [`Ctx::recv`], for a socket just read empty: the kernel waits for
+    /// it to become readable before trying, instead of trying once in vain.
+    pub fn recv_drained(&mut self, fd: RawFd, buf: Vec<u8>, start: usize, token: u64) {
+        self.recv_with(fd, buf, start, token, true);
+    }
+
+    fn recv_with(
+        &mut self,
+        fd: RawFd,
+        mut buf: Vec<u8>,
+        start: usize,
+        token: u64,
+        poll_first: bool,
+    ) {
         let start = start.min(buf.len());
         let len = (buf.len() - start).min(u32::MAX as usize) as u32;
         // SAFETY: start <= buf.len(), so the pointer stays within the allocation.
         let ptr = unsafe { buf.as_mut_ptr().add(start) };
         // The Vec's heap allocation does not move when the Vec is moved into the slab.
         let key = self.ops.insert(Op::Recv { token, buf, start });
+        let ioprio = if poll_first { RECVSEND_POLL_FIRST } else { 0 };
         let e = opcode::Recv::new(types::Fd(fd), ptr, len)
+            .ioprio(ioprio)
             .build()
             .user_data(key as u64);
         self.push(e);
@@ -402,18 +423,23 @@ pub fn run<W: Worker>(
     if cfg.pin {
         pin_to_cpu(core);
     }
-    // Completions are posted when this thread next enters the kernel (it
-    // does on every submit, yield and sleep) instead of interrupting it
-    // with an IPI while it runs; the flag tells it when some are waiting.
+    // Completions are posted when this thread next asks for them (every
+    // submit that finds the task-run flag set, every sleep) instead of
+    // interrupting it with an IPI while it runs; the flag tells it when some
+    // are waiting. Only this thread ever submits to the ring.
     let entries = cfg.entries.max(8);
-    let ring = match IoUring::builder()
-        .setup_coop_taskrun()
+    let ring = IoUring::builder()
+        .setup_single_issuer()
+        .setup_defer_taskrun()
         .setup_taskrun_flag()
         .build(entries)
-    {
-        Ok(r) => r,
-        Err(_) => IoUring::new(entries)?,
-    };
+        .or_else(|_| {
+            IoUring::builder()
+                .setup_coop_taskrun()
+                .setup_taskrun_flag()
+                .build(entries)
+        })
+        .or_else(|_| IoUring::new(entries))?;
     let mut ctx = Ctx {
         ring,
         ops: Slab::with_capacity(cfg.entries as usize),
@@ -482,10 +508,13 @@ pub fn run<W: Worker>(
             continue;
         }
         if idle < cfg.latency_poll && worker.latency_bound(ctx.now) {
-            // Give the CPU to whatever else is runnable here (often the
-            // peer itself on a small machine); the system call also runs
-            // the ring's pending task work, so completions show up.
-            std::thread::yield_now();
+            if ctx.ring.submission().taskrun() {
+                ctx.submit(None)?;
+            } else {
+                // Give the CPU to whatever else is runnable here (often
+                // the peer itself on a small machine).
+                std::thread::yield_now();
+            }
             continue;
         }
         // Sleep: arm wake-ups for the mailbox and the worker's fds.

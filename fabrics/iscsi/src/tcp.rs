@@ -173,6 +173,8 @@ pub struct TcpConn {
     rx: Option<Vec<u8>>,
     /// Unconsumed bytes at the front of `rx`.
     rx_len: usize,
+    /// The last receive emptied the socket: the next one waits for data first.
+    rx_drained: bool,
     /// Bytes waiting to be sent (not yet handed to the ring).
     tx: VecDeque<TxSeg>,
     txq: TxQueue,
@@ -223,6 +225,7 @@ impl TcpConn {
             peer,
             rx: Some(vec![0; RX_BUF_START]),
             rx_len: 0,
+            rx_drained: false,
             tx: VecDeque::new(),
             txq: TxQueue::default(),
             sending: false,
@@ -441,7 +444,11 @@ impl TcpConn {
                 self.closing = true;
                 return;
             }
-            ctx.recv(self.fd(), buf, self.rx_len, key << 8 | TOKEN_RECV);
+            if std::mem::take(&mut self.rx_drained) {
+                ctx.recv_drained(self.fd(), buf, self.rx_len, key << 8 | TOKEN_RECV);
+            } else {
+                ctx.recv(self.fd(), buf, self.rx_len, key << 8 | TOKEN_RECV);
+            }
         }
     }
 
@@ -477,6 +484,8 @@ impl TcpConn {
                 return;
             }
         };
+        // A receive that left room took everything the socket had.
+        self.rx_drained = self.rx_len + n < buf.len();
         self.rx_len += n;
         if self.rx_len == buf.len() && buf.len() < RX_BUF {
             // The socket had at least a buffer's worth: read larger pieces.
