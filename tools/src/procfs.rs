@@ -33,6 +33,33 @@ pub fn parse_status_rss_kib(status: &str) -> Option<u64> {
     })
 }
 
+/// Steal and total CPU time of the whole machine in clock ticks, from the
+/// `cpu` line of `/proc/stat` (user nice system idle iowait irq softirq
+/// steal; guest time is already counted in user).
+pub fn parse_proc_stat_steal(stat: &str) -> Option<(u64, u64)> {
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(|v| v.parse().ok())
+        .collect::<Option<_>>()?;
+    (f.len() == 8).then(|| (f[7], f.iter().sum()))
+}
+
+/// The share (percent) of the machine's CPU time the hypervisor took
+/// between two [`machine_steal`] readings.
+pub fn steal_pct(before: Option<(u64, u64)>, after: Option<(u64, u64)>) -> Option<f64> {
+    let ((s0, t0), (s1, t1)) = (before?, after?);
+    let total = t1.checked_sub(t0)?;
+    (total > 0).then(|| s1.saturating_sub(s0) as f64 * 100.0 / total as f64)
+}
+
+/// [`parse_proc_stat_steal`] of this machine now.
+pub fn machine_steal() -> Option<(u64, u64)> {
+    parse_proc_stat_steal(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
 /// The first `model name` of `/proc/cpuinfo`.
 pub fn parse_cpu_model(cpuinfo: &str) -> Option<String> {
     cpuinfo.lines().find_map(|l| {
@@ -76,6 +103,17 @@ mod tests {
 
     const STAT: &str = "4242 (tgtd) S 1 4242 4242 0 -1 4194624 3043 0 0 0 \
         1234 567 0 0 20 0 3 0 81234 123456789 2048 18446744073709551615 1 1 0 0 0 0 0 4096 0 0 0 0 17 1 0 0 0 0 0";
+
+    #[test]
+    fn steal_from_proc_stat() {
+        let a = "cpu  100 0 50 800 10 0 0 40 0 0\ncpu0 50 0 25 400 5 0 0 20 0 0\n";
+        let b = "cpu  150 0 70 900 10 0 0 70 0 0\n";
+        assert_eq!(parse_proc_stat_steal(a), Some((40, 1000)));
+        let p = steal_pct(parse_proc_stat_steal(a), parse_proc_stat_steal(b)).unwrap();
+        assert!((p - 30.0 * 100.0 / 200.0).abs() < 1e-9);
+        assert_eq!(parse_proc_stat_steal("cpu  1 2 3\n"), None);
+        assert_eq!(steal_pct(parse_proc_stat_steal(a), None), None);
+    }
 
     #[test]
     fn stat_cpu_ticks_and_comm() {
