@@ -156,8 +156,7 @@ enum Op {
         token: u64,
         segs: VecDeque<TxSeg>,
         // Read by the kernel through the pointer in the SQE; kept alive here.
-        #[allow(dead_code)]
-        iovecs: Box<[libc::iovec]>,
+        iovecs: Vec<libc::iovec>,
     },
     Accept {
         token: u64,
@@ -203,6 +202,8 @@ pub struct Ctx {
     unsubmitted: usize,
     core: usize,
     now: Instant,
+    /// iovec arrays of finished sends, reused by the next ones.
+    iov_spare: Vec<Vec<libc::iovec>>,
 }
 
 impl Ctx {
@@ -269,7 +270,8 @@ impl Ctx {
 
     /// Sends `segs` with one writev (at most [`MAX_IOVECS`] pieces).
     pub fn send(&mut self, fd: RawFd, segs: VecDeque<TxSeg>, token: u64) {
-        let mut iov: Vec<libc::iovec> = Vec::with_capacity(segs.len().min(MAX_IOVECS));
+        let mut iov = self.iov_spare.pop().unwrap_or_default();
+        iov.clear();
         'outer: for s in &segs {
             match s {
                 TxSeg::Bytes(_) | TxSeg::Inline { .. } => {
@@ -298,7 +300,8 @@ impl Ctx {
                 }
             }
         }
-        let iovecs = iov.into_boxed_slice();
+        // The Vec's heap buffer does not move when the Vec moves into the Op.
+        let iovecs = iov;
         let (ptr, n) = (iovecs.as_ptr(), iovecs.len() as u32);
         let key = self.ops.insert(Op::Send {
             token,
@@ -447,6 +450,7 @@ pub fn run<W: Worker>(
         unsubmitted: 0,
         core,
         now: Instant::now(),
+        iov_spare: Vec::new(),
     };
     let mut cqes: Vec<(u64, i32)> = Vec::with_capacity(cfg.entries as usize);
     let mut wake_fds: Vec<RawFd> = Vec::new();
@@ -476,7 +480,12 @@ pub fn run<W: Worker>(
                 continue;
             }
             let op = ctx.ops.remove(key);
-            let c = complete(op, res);
+            let (c, iov) = complete(op, res);
+            if let Some(iov) = iov
+                && ctx.iov_spare.len() < 64
+            {
+                ctx.iov_spare.push(iov);
+            }
             if let Completion::Readable { token, .. } = &c
                 && *token >> 32 == 0xffff_fffe
             {
@@ -549,7 +558,8 @@ pub fn run<W: Worker>(
     Ok(worker)
 }
 
-fn complete(op: Op, res: i32) -> Completion {
+/// The completion of `op`, and the iovec array it used (for reuse).
+fn complete(op: Op, res: i32) -> (Completion, Option<Vec<libc::iovec>>) {
     let result = |res: i32| -> io::Result<usize> {
         if res < 0 {
             Err(io::Error::from_raw_os_error(-res))
@@ -558,28 +568,44 @@ fn complete(op: Op, res: i32) -> Completion {
         }
     };
     match op {
-        Op::Recv { token, buf, start } => Completion::Recv {
+        Op::Recv { token, buf, start } => (
+            Completion::Recv {
+                token,
+                result: result(res),
+                buf,
+                start,
+            },
+            None,
+        ),
+        Op::Send {
             token,
-            result: result(res),
-            buf,
-            start,
-        },
-        Op::Send { token, segs, .. } => Completion::Send {
-            token,
-            result: result(res),
             segs,
-        },
-        Op::Accept { token } => Completion::Accept {
-            token,
-            result: result(res).map(|fd| {
-                // SAFETY: a successful accept returns a new descriptor we now own.
-                unsafe { OwnedFd::from_raw_fd(fd as RawFd) }
-            }),
-        },
-        Op::Poll { token } => Completion::Readable {
-            token,
-            result: result(res).map(|_| ()),
-        },
+            iovecs,
+        } => (
+            Completion::Send {
+                token,
+                result: result(res),
+                segs,
+            },
+            Some(iovecs),
+        ),
+        Op::Accept { token } => (
+            Completion::Accept {
+                token,
+                result: result(res).map(|fd| {
+                    // SAFETY: a successful accept returns a new descriptor we now own.
+                    unsafe { OwnedFd::from_raw_fd(fd as RawFd) }
+                }),
+            },
+            None,
+        ),
+        Op::Poll { token } => (
+            Completion::Readable {
+                token,
+                result: result(res).map(|_| ()),
+            },
+            None,
+        ),
     }
 }
 

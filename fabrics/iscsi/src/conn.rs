@@ -980,7 +980,13 @@ impl Conn {
 
     /// Appends PDUs to send.
     pub fn poll_transmit(&mut self, tx: &mut TxQueue) {
-        tx.segs.extend(self.out.drain(..));
+        if tx.segs.is_empty() {
+            // Hand the whole queue over (its allocation too) instead of
+            // moving each segment.
+            std::mem::swap(&mut tx.segs, &mut self.out);
+        } else {
+            tx.segs.extend(self.out.drain(..));
+        }
     }
 
     /// When [`Conn::handle_timeout`] wants to be called.

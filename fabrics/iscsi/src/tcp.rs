@@ -177,6 +177,8 @@ pub struct TcpConn {
     rx_drained: bool,
     /// Bytes waiting to be sent (not yet handed to the ring).
     tx: VecDeque<TxSeg>,
+    /// An emptied send queue kept for its allocation.
+    tx_spare: VecDeque<TxSeg>,
     txq: TxQueue,
     sending: bool,
     session: Option<SessionId>,
@@ -227,6 +229,7 @@ impl TcpConn {
             rx_len: 0,
             rx_drained: false,
             tx: VecDeque::new(),
+            tx_spare: VecDeque::new(),
             txq: TxQueue::default(),
             sending: false,
             session: None,
@@ -555,6 +558,9 @@ impl TcpConn {
                 // Unsent bytes go out before anything queued since.
                 while let Some(s) = segs.pop_back() {
                     self.tx.push_front(s);
+                }
+                if self.tx_spare.capacity() < segs.capacity() {
+                    self.tx_spare = segs;
                 }
             }
             Err(e) => {
@@ -940,7 +946,11 @@ impl TcpConn {
 
     fn flush(&mut self, ctx: &mut Ctx, key: u64) {
         self.conn.poll_transmit(&mut self.txq);
-        self.tx.extend(self.txq.segs.drain(..));
+        if self.tx.is_empty() {
+            mem::swap(&mut self.tx, &mut self.txq.segs);
+        } else {
+            self.tx.extend(self.txq.segs.drain(..));
+        }
         if self.sending || self.hold_tx.is_some() {
             return;
         }
@@ -954,7 +964,9 @@ impl TcpConn {
             self.tx.clear();
             return;
         }
-        let segs = mem::take(&mut self.tx);
+        // The deque of the last finished send takes the place of this one:
+        // its allocation goes round instead of a new one per send.
+        let segs = mem::replace(&mut self.tx, mem::take(&mut self.tx_spare));
         self.sending = true;
         ctx.send(self.fd(), segs, key << 8 | TOKEN_SEND);
     }
