@@ -736,7 +736,8 @@ fn main() -> Result<()> {
             "| target | RSS idle at start (MiB) | with 64 idle sessions (MiB) | under 4 KiB random read QD 128, sampled each second: min / median / max (MiB) | after the run (MiB) |"
         );
         let _ = writeln!(memory, "|---|---:|---:|---:|---:|");
-        let load_secs = if ctx.args.quick { 3 } else { 10 };
+        // A minute under load in a full run: long enough to see growth.
+        let load_secs = if ctx.args.quick { 3 } else { 60 };
         for t in &targets {
             let mib =
                 |k: Option<u64>| k.map_or("-".into(), |k| format!("{:.1}", k as f64 / 1024.0));
