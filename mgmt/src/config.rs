@@ -1315,23 +1315,16 @@ impl Config {
                 "0 cores; valid: at least 1, or absent for all available",
             ));
         }
-        if self.reactor.latency_poll_us > 1_000_000 {
-            return Err(ConfigError::invalid(
-                "reactor.latency_poll_us",
-                format!(
-                    "{} is over one second; valid: 0..1000000",
-                    self.reactor.latency_poll_us
-                ),
-            ));
-        }
-        if self.reactor.poll_us > 1_000_000 {
-            return Err(ConfigError::invalid(
-                "reactor.poll_us",
-                format!(
-                    "{} is over one second; valid: 0..1000000",
-                    self.reactor.poll_us
-                ),
-            ));
+        for (path, us) in [
+            ("reactor.poll_us", self.reactor.poll_us),
+            ("reactor.latency_poll_us", self.reactor.latency_poll_us),
+        ] {
+            if us > 1_000_000 {
+                return Err(ConfigError::invalid(
+                    path,
+                    format!("{us} is over one second; valid: 0..1000000"),
+                ));
+            }
         }
         Ok(())
     }
