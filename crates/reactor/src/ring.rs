@@ -555,7 +555,44 @@ pub fn run<W: Worker>(
         mailbox.set_sleeping(false);
         r?;
     }
+    drain(&mut ctx, wake_armed)?;
     Ok(worker)
+}
+
+/// Cancels every operation still in flight and waits (up to two seconds)
+/// for the kernel to give each one back. Their buffers are freed with
+/// `ctx`, so the kernel must be done with them first; and an accept left in
+/// flight would keep its listening socket open after the process has gone
+/// (a restarted ferrited would find the port taken, and a client connecting
+/// meanwhile would be reset).
+fn drain(ctx: &mut Ctx, wake_armed: bool) -> io::Result<()> {
+    ctx.cancel(|_| true);
+    if wake_armed {
+        let e = opcode::AsyncCancel::new(WAKE_TOKEN)
+            .build()
+            .user_data(CANCEL_TOKEN);
+        ctx.push(e);
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let done: Vec<u64> = ctx.ring.completion().map(|c| c.user_data()).collect();
+        for ud in done {
+            let key = ud as usize;
+            if ud != WAKE_TOKEN && ud != CANCEL_TOKEN && ctx.ops.contains(key) {
+                ctx.ops.remove(key);
+            }
+        }
+        if ctx.ops.is_empty() || Instant::now() >= deadline {
+            if !ctx.ops.is_empty() {
+                tracing::warn!(
+                    left = ctx.ops.len(),
+                    "reactor stopping with operations the kernel has not returned"
+                );
+            }
+            return Ok(());
+        }
+        ctx.submit(Some(Duration::from_millis(10)))?;
+    }
 }
 
 /// The completion of `op`, and the iovec array it used (for reuse).
