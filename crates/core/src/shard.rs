@@ -2533,15 +2533,20 @@ impl Shard {
             }
         };
         // SPC-4 §6.4.1: a list identifier in use by a copy of this nexus
-        // still in progress: OPERATION IN PROGRESS.
-        let listed = run.usage != ferrite_scsi::xcopy::ListIdUsage::None;
+        // still in progress: OPERATION IN PROGRESS. Only where one of the
+        // two holds its results (LIST ID USAGE 00b) can they be confused:
+        // copies that hold nothing (10b) may share an identifier, as QEMU's
+        // copy offload sends several at once, all with list identifier 1.
+        use ferrite_scsi::xcopy::ListIdUsage;
+        let listed = run.usage != ListIdUsage::None;
         if listed
             && self.cmds.iter().any(|(k, o)| {
                 k != key
                     && o.session == sid
                     && matches!(&o.cont, Cont::Copy(r)
-                        if r.usage != ferrite_scsi::xcopy::ListIdUsage::None
-                            && r.list_id == run.list_id)
+                        if r.usage != ListIdUsage::None
+                            && r.list_id == run.list_id
+                            && (r.usage == ListIdUsage::Hold || run.usage == ListIdUsage::Hold))
             })
         {
             self.respond(key, check(Sense::OPERATION_IN_PROGRESS, residual));

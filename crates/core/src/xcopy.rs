@@ -1363,6 +1363,19 @@ mod tests {
         }
 
         #[test]
+        fn copies_that_hold_nothing_may_share_a_list_id() {
+            let mut h = h(64);
+            h.ctl[0].lock().unwrap().hold = true;
+            // LIST ID USAGE 10b, list identifier 1, twice (as QEMU sends).
+            let p = params(&[ident(A, 512), ident(B, 512)], &[(0, 1, 64, 0, 0)], 2);
+            h.submit(1, &xcopy_cdb(p.len()), &p);
+            h.submit(1, &xcopy_cdb(p.len()), &p);
+            h.ctl[0].lock().unwrap().hold = false;
+            assert_eq!(h.response().status, Status::GOOD);
+            assert_eq!(h.response().status, Status::GOOD);
+        }
+
+        #[test]
         fn a_second_copy_with_the_list_id_in_use_is_refused() {
             let mut h = h(64);
             h.ctl[0].lock().unwrap().hold = true;
