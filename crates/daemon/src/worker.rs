@@ -3,6 +3,7 @@
 //! that got them) the listening sockets, whose accepted connections are spread
 //! over all cores round-robin.
 
+use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -80,7 +81,7 @@ pub struct CoreWorker {
     core: usize,
     shard: Shard,
     conns: Slab<TcpConn>,
-    by_session: HashMap<SessionId, usize>,
+    by_session: FxHashMap<SessionId, usize>,
     /// Listening sockets by index (the index is in the accept token); a
     /// closed one leaves a hole so indexes stay stable.
     listeners: Vec<Option<TcpListener>>,
@@ -173,7 +174,7 @@ impl CoreWorker {
             core,
             shard: Shard::new(core, BufPool::new(256 * 1024, 1024)),
             conns: Slab::new(),
-            by_session: HashMap::new(),
+            by_session: FxHashMap::default(),
             listeners: listeners.into_iter().map(Some).collect(),
             closing_listeners: Vec::new(),
             started: false,

@@ -12,8 +12,9 @@
 //! (MC/S, RFC 7143 §4.2.2.1). Every connection of a session runs on the core
 //! that owns the session, so the handle is an `Rc`, never crossing threads.
 
+use rustc_hash::FxHashMap;
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -274,9 +275,9 @@ struct SeqState {
     in_flight: u32,
     /// ITT -> member id of the connection the task arrived on (RFC 7143
     /// §11.2.1.8: ITTs are unique per session; and connection allegiance).
-    tasks: HashMap<u32, u32>,
+    tasks: FxHashMap<u32, u32>,
     /// TMF ITT -> member id of the connection that answers it.
-    tmfs: HashMap<u32, u32>,
+    tmfs: FxHashMap<u32, u32>,
     /// The session's connections in full feature phase: (CID, member id).
     conns: Vec<(u16, u32)>,
     /// Members another connection logged out (reason 1 naming their CID).
@@ -307,8 +308,8 @@ impl SessionSeq {
             exp_cmd_sn: exp,
             queue_depth: queue_depth.max(1),
             in_flight: 0,
-            tasks: HashMap::new(),
-            tmfs: HashMap::new(),
+            tasks: FxHashMap::default(),
+            tmfs: FxHashMap::default(),
             conns: Vec::new(),
             logouts: Vec::new(),
             aborts: Vec::new(),
@@ -564,10 +565,10 @@ pub struct Conn {
     lead: Option<Box<Params>>,
     stat_sn: StatSn,
     rx: Rx,
-    tasks: HashMap<u32, Task>,
+    tasks: FxHashMap<u32, Task>,
     held: BTreeMap<u32, Held>,
     /// TMFs sent to the core: ITT -> function code.
-    tmfs: HashMap<u32, u8>,
+    tmfs: FxHashMap<u32, u8>,
     events: VecDeque<ConnEvent>,
     out: VecDeque<TxSeg>,
     next_ttt: u32,
@@ -586,6 +587,9 @@ pub struct Conn {
 /// Requests held for CmdSN order at most (the window bounds it anyway).
 const MAX_HELD: usize = 4096;
 
+/// The bits of a random first StatSN that are kept (see [`Conn::new`]).
+const STAT_SN_START_MASK: u32 = 0x0fff_ffff;
+
 impl Conn {
     pub fn new(
         now: Instant,
@@ -600,7 +604,11 @@ impl Conn {
         let mut rng = ChapRng::new(seed);
         let mut w = [0u8; 8];
         rng.fill(&mut w);
-        let stat = StatSn(u32::from_le_bytes([w[0], w[1], w[2], w[3]]));
+        // The first StatSN stays below 2^28: some initiators (libiscsi up
+        // to at least 1.19) compare StatSN as a signed 32-bit number, and
+        // one that starts at 2^31 or above never advances their ExpStatSN.
+        // From below 2^28 it takes 1.8 billion responses to get there.
+        let stat = StatSn(u32::from_le_bytes([w[0], w[1], w[2], w[3]]) & STAT_SN_START_MASK);
         let ttt = u32::from_le_bytes([w[4], w[5], w[6], w[7]]);
         let login = Login::with_rng(cfg.limits(), cfg.clone(), rng);
         Conn {
@@ -620,9 +628,9 @@ impl Conn {
             lead: None,
             stat_sn: stat,
             rx: Rx::Header,
-            tasks: HashMap::new(),
+            tasks: FxHashMap::default(),
             held: BTreeMap::new(),
-            tmfs: HashMap::new(),
+            tmfs: FxHashMap::default(),
             events: VecDeque::new(),
             out: VecDeque::new(),
             next_ttt: ttt,

@@ -156,11 +156,15 @@ struct Mem {
 
 impl Mem {
     fn new(cfg: IscsiConfig) -> Mem {
+        Mem::with_seed(cfg, 42)
+    }
+
+    fn with_seed(cfg: IscsiConfig, seed: u64) -> Mem {
         let now = Instant::now();
         let local: SocketAddr = "192.0.2.1:3260".parse().unwrap();
         let peer: SocketAddr = "192.0.2.2:50000".parse().unwrap();
         Mem {
-            conn: Conn::new(now, Arc::new(cfg), local, peer, 42),
+            conn: Conn::new(now, Arc::new(cfg), local, peer, seed),
             core: FakeCore::new(),
             now,
             input: Vec::new(),
@@ -1319,4 +1323,20 @@ fn depth_peak_follows_the_initiators_queue() {
         i.wait_for(Opcode::SCSI_RSP, itt).unwrap();
     }
     assert_eq!(i.t.conn.take_depth_peak(), 4);
+}
+
+/// libiscsi compares StatSN as a signed number: from a first StatSN of 2^31
+/// or more its ExpStatSN would never move. The first one stays far below.
+#[test]
+fn first_stat_sn_stays_below_two_to_the_28() {
+    let mut starts = std::collections::HashSet::new();
+    for seed in 0..64 {
+        let mut i = Initiator::new(Mem::with_seed(cfg(), seed), ini_cfg());
+        i.login().expect("login");
+        let first = i.exp_stat_sn.0.wrapping_sub(1);
+        assert!(first < 1 << 28, "seed {seed}: first StatSN {first:#x}");
+        starts.insert(first);
+    }
+    // Still drawn at random.
+    assert!(starts.len() > 60, "{} distinct first StatSNs", starts.len());
 }

@@ -15,8 +15,9 @@
 //! (RFC 7143 §6.3.6, §7.1.4); a logout of one connection (reason 1) or its
 //! reinstatement does not.
 
+use rustc_hash::FxHashMap;
 use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::mem;
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -84,7 +85,7 @@ pub struct SessionGroup {
     members: Vec<(u32, u16)>,
     next_member: u32,
     /// Core actions one member polled for another, by member id.
-    inbox: HashMap<u32, VecDeque<Action>>,
+    inbox: FxHashMap<u32, VecDeque<Action>>,
     /// Members replaced by connection reinstatement, for the driver to close.
     kicked: Vec<u32>,
     /// The session ended: every connection of it closes.
@@ -825,7 +826,7 @@ impl TcpConn {
                         luns: luns.clone(),
                         members: vec![(self.conn.member(), self.conn.cid())],
                         next_member: self.conn.member(),
-                        inbox: HashMap::new(),
+                        inbox: FxHashMap::default(),
                         kicked: Vec::new(),
                         ended: false,
                         work: 0,
