@@ -114,6 +114,8 @@ pub struct CoreWorker {
     groups: HashMap<u16, Vec<usize>>,
     /// How deep the initiators on this core queue their commands.
     depth: DepthWatch,
+    /// Connections a poll pumped (kept for its allocation).
+    touched: Vec<usize>,
 }
 
 /// The deepest initiator queue seen on a core over the last few
@@ -197,6 +199,7 @@ impl CoreWorker {
             links: HashMap::new(),
             groups: HashMap::new(),
             depth: DepthWatch::default(),
+            touched: Vec::new(),
         }
     }
 
@@ -398,9 +401,10 @@ impl CoreWorker {
                 }
             }
         }
-        for key in touched {
+        for &key in &touched {
             self.after_conn(ctx, key);
         }
+        self.touched = touched;
     }
 
     /// Bookkeeping after a connection did work: a move to another core,
@@ -423,9 +427,10 @@ impl CoreWorker {
                 touched.push(key);
             }
         }
-        for key in touched {
+        for &key in &touched {
             self.after_conn(ctx, key);
         }
+        self.touched = touched;
     }
 
     fn after_conn(&mut self, ctx: &mut Ctx, key: usize) {
@@ -763,7 +768,8 @@ impl Worker for CoreWorker {
                 let _ = p.send(Msg::CloseSession(old));
             }
         }
-        let mut touched: Vec<usize> = Vec::new();
+        let mut touched = std::mem::take(&mut self.touched);
+        touched.clear();
         for sid in &self.ready {
             if let Some(&key) = self.by_session.get(sid)
                 && let Some(conn) = self.conns.get_mut(key)
@@ -783,9 +789,10 @@ impl Worker for CoreWorker {
                 }
             }
         }
-        for key in touched {
+        for &key in &touched {
             self.after_conn(ctx, key);
         }
+        self.touched = touched;
         progress |= self.srp.poll(
             now,
             &mut self.shard,

@@ -91,16 +91,25 @@ impl TxSeg {
 
 /// Drops the first `n` bytes of `segs` (after a partial send).
 pub fn advance(segs: &mut VecDeque<TxSeg>, mut n: usize) {
-    while n > 0 {
-        let Some(front) = segs.front_mut() else {
-            return;
-        };
-        let l = front.len();
-        if n >= l {
-            n -= l;
-            segs.pop_front();
-            continue;
+    // Whole segments are dropped where they lie (a send usually takes them
+    // all), not moved out one by one.
+    let mut whole = 0;
+    for s in segs.iter() {
+        let l = s.len();
+        if n < l {
+            break;
         }
+        n -= l;
+        whole += 1;
+    }
+    if whole == segs.len() {
+        segs.clear();
+        return;
+    }
+    segs.drain(..whole);
+    if n > 0
+        && let Some(front) = segs.front_mut()
+    {
         match front {
             TxSeg::Bytes(b) => {
                 b.drain(..n);
@@ -114,10 +123,6 @@ pub fn advance(segs: &mut VecDeque<TxSeg>, mut n: usize) {
                 *len -= n;
             }
         }
-        n = 0;
-    }
-    while segs.front().is_some_and(TxSeg::is_empty) {
-        segs.pop_front();
     }
 }
 
@@ -809,6 +814,34 @@ mod tests {
         assert_eq!(q.len(), 1);
         assert_eq!(q[0].len(), 8);
         advance(&mut q, 8);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn advance_at_boundaries_and_past_empty_segments() {
+        let mut q = VecDeque::new();
+        q.push_back(TxSeg::copy_of(&[1, 2, 3, 4]));
+        q.push_back(TxSeg::copy_of(&[]));
+        q.push_back(TxSeg::copy_of(&[5, 6]));
+        q.push_back(TxSeg::Bytes(vec![7, 8, 9]));
+        // Ends on a boundary: the empty segment after it goes too.
+        advance(&mut q, 4);
+        assert_eq!(q.len(), 2);
+        assert_eq!(q[0].bytes(), Some(&[5u8, 6][..]));
+        // Into the middle of an inline segment.
+        advance(&mut q, 1);
+        assert_eq!(q[0].bytes(), Some(&[6u8][..]));
+        advance(&mut q, 0);
+        assert_eq!(q.len(), 2);
+        // Over one segment into the next.
+        advance(&mut q, 2);
+        assert_eq!(q.len(), 1);
+        assert_eq!(q[0].bytes(), Some(&[8u8, 9][..]));
+        advance(&mut q, 2);
+        assert!(q.is_empty());
+        // More than there is empties the queue.
+        q.push_back(TxSeg::copy_of(&[1]));
+        advance(&mut q, 5);
         assert!(q.is_empty());
     }
 }

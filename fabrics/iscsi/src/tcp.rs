@@ -605,7 +605,12 @@ impl TcpConn {
     fn drive(&mut self, now: Instant, shard: &mut Shard, portal: &dyn Portal) {
         loop {
             let mut progress = false;
-            if let Some(link) = self.link.clone() {
+            // Only a session another connection ever joined has actions
+            // polled for this one elsewhere, or CmdSN gaps others fill.
+            if let Some(link) = &self.link
+                && link.borrow().next_member != 0
+            {
+                let link = link.clone();
                 // Actions another connection of the session polled for this one.
                 let mine = link.borrow_mut().inbox.remove(&self.conn.member());
                 for a in mine.into_iter().flatten() {
