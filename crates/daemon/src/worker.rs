@@ -401,15 +401,11 @@ impl CoreWorker {
                 }
             }
         }
-        for &key in &touched {
+        for key in touched {
             self.after_conn(ctx, key);
         }
-        self.touched = touched;
     }
 
-    /// Bookkeeping after a connection did work: a move to another core,
-    /// cross-core resets, session membership, removal once finished; then
-    /// the other connections of its session get their share (MC/S).
     /// Closes every iSCSI connection of this core that `which` picks.
     fn close_where(&mut self, ctx: &mut Ctx, why: &str, which: impl Fn(&TcpConn) -> bool) {
         let portal = CorePortal {
@@ -427,12 +423,14 @@ impl CoreWorker {
                 touched.push(key);
             }
         }
-        for &key in &touched {
+        for key in touched {
             self.after_conn(ctx, key);
         }
-        self.touched = touched;
     }
 
+    /// Bookkeeping after a connection did work: a move to another core,
+    /// cross-core resets, session membership, removal once finished; then
+    /// the other connections of its session get their share (MC/S).
     fn after_conn(&mut self, ctx: &mut Ctx, key: usize) {
         if let Some(tsih) = self.conns.get(key).and_then(|c| c.handoff()) {
             self.hand_off(key, tsih);
