@@ -25,6 +25,28 @@ pub fn capacity_epoch() -> u64 {
     CAPACITY_EPOCH.load(Ordering::Acquire)
 }
 
+/// What a fabric can tell about an I_T nexus's transport from any thread,
+/// before its own event loop has seen the loss and closed the session.
+///
+/// State one nexus holds against the others (an SPC-2 reservation, a
+/// prevention of medium removal) ends with I_T nexus loss. The fabric
+/// closes the session when its core reads the loss, but that core may be
+/// busy while another one already serves the initiator's next session: a
+/// command there that meets the held state asks the holder's watch, and a
+/// nexus whose transport is gone holds nothing.
+pub trait NexusWatch: Send + Sync + std::fmt::Debug {
+    /// True once the initiator's side of the nexus is gone (its connection
+    /// closed or reset), whether or not the session is closed yet.
+    fn gone(&self) -> bool;
+}
+
+/// A nexus's watch, if its fabric gives one.
+pub type Watch = Option<Arc<dyn NexusWatch>>;
+
+fn is_gone(w: &Watch) -> bool {
+    w.as_ref().is_some_and(|w| w.gone())
+}
+
 /// Process-wide identifier of a device; indexes per-core backend queues.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DeviceId(pub u32);
@@ -91,8 +113,9 @@ pub struct Device {
 pub(crate) struct DeviceShared {
     /// Set while `holder` is `Some`.
     reserved: AtomicBool,
-    /// SPC-2 §5.5.1 RESERVE(6)/(10): the I_T nexus holding the logical unit.
-    holder: Mutex<Option<String>>,
+    /// SPC-2 §5.5.1 RESERVE(6)/(10): the I_T nexus holding the logical
+    /// unit, and its watch.
+    holder: Mutex<Option<(String, Watch)>>,
     pub(crate) ranges: RangeLocks,
     /// SPC-4 persistent reservations.
     pub(crate) pr: Mutex<PrState>,
@@ -129,9 +152,9 @@ pub(crate) struct DeviceShared {
 pub(crate) struct Medium {
     ejected: AtomicBool,
     /// SBC-4 §5.13: the I_T nexuses (session tokens, see
-    /// [`crate::shard`]) that set PREVENT = 01b; removal is prevented while
-    /// any does.
-    holders: Mutex<Vec<u64>>,
+    /// [`crate::shard`]) that set PREVENT = 01b, with their watches;
+    /// removal is prevented while any does whose transport stands.
+    holders: Mutex<Vec<(u64, Watch)>>,
     /// Bumped by every load of an ejected medium; each nexus compares it
     /// with the last it saw to raise NOT READY TO READY CHANGE, MEDIUM MAY
     /// HAVE CHANGED.
@@ -146,24 +169,27 @@ impl Medium {
 
     /// True while some nexus prevents medium removal.
     pub(crate) fn prevented(&self) -> bool {
-        self.holders.lock().is_ok_and(|h| !h.is_empty())
+        self.holders.lock().is_ok_and(|mut h| {
+            h.retain(|(_, w)| !is_gone(w));
+            !h.is_empty()
+        })
     }
 
-    /// SBC-4 §5.13 PREVENT ALLOW MEDIUM REMOVAL by `holder`: PREVENT 01b
-    /// (`on`) sets its prevention, 00b clears it. Prevention is per I_T
-    /// nexus: another nexus's is left alone.
-    pub(crate) fn prevent(&self, holder: u64, on: bool) {
+    /// SBC-4 §5.13 PREVENT ALLOW MEDIUM REMOVAL by `holder` (watched by
+    /// `watch`): PREVENT 01b (`on`) sets its prevention, 00b clears it.
+    /// Prevention is per I_T nexus: another nexus's is left alone.
+    pub(crate) fn prevent(&self, holder: u64, on: bool, watch: &Watch) {
         if let Ok(mut h) = self.holders.lock() {
-            h.retain(|&x| x != holder);
+            h.retain(|(x, _)| *x != holder);
             if on {
-                h.push(holder);
+                h.push((holder, watch.clone()));
             }
         }
     }
 
     /// I_T nexus loss of `holder` (SBC-4 §5.13: its prevention ends).
     pub(crate) fn forget(&self, holder: u64) {
-        self.prevent(holder, false);
+        self.prevent(holder, false, &None);
     }
 
     /// A logical unit reset or a hard reset: every prevention ends (SBC-4
@@ -178,10 +204,12 @@ impl Medium {
     /// the medium unless removal is prevented. `Ok(true)` when an ejected
     /// medium was loaded (the other nexuses get a unit attention).
     pub(crate) fn load_eject(&self, load: bool) -> Result<bool, ferrite_scsi::Sense> {
-        let h = self
+        let mut h = self
             .holders
             .lock()
             .map_err(|_| ferrite_scsi::Sense::INTERNAL_TARGET_FAILURE)?;
+        // A holder whose connection is already gone lost its nexus.
+        h.retain(|(_, w)| !is_gone(w));
         // SBC-4 §5.13: while prevention is in effect, START STOP UNIT with
         // LOEJ fails with ILLEGAL REQUEST, MEDIUM REMOVAL PREVENTED (SBC-4
         // §5.25); libiscsi's PreventAllow.Eject expects it for loading
@@ -250,24 +278,37 @@ impl DeviceShared {
         }
     }
 
-    /// The nexus holding an SPC-2 reservation, if any.
+    /// The nexus holding an SPC-2 reservation, if any. A holder whose
+    /// transport is gone lost its nexus, and with it the reservation
+    /// (SPC-2 §5.5.1).
     pub(crate) fn reservation(&self) -> Option<String> {
         if !self.reserved.load(Ordering::Acquire) {
             return None;
         }
-        self.holder.lock().ok().and_then(|h| h.clone())
+        let mut h = self.holder.lock().ok()?;
+        self.drop_gone_holder(&mut h);
+        h.as_ref().map(|(n, _)| n.clone())
     }
 
-    /// RESERVE: true if `nexus` now holds the reservation (SPC-2 §5.5.1: a
-    /// reservation by the holder again succeeds).
-    pub(crate) fn reserve(&self, nexus: &str) -> bool {
+    fn drop_gone_holder(&self, h: &mut Option<(String, Watch)>) {
+        if h.as_ref().is_some_and(|(_, w)| is_gone(w)) {
+            *h = None;
+            self.reserved.store(false, Ordering::Release);
+        }
+    }
+
+    /// RESERVE by `nexus` (watched by `watch`): true if it now holds the
+    /// reservation (SPC-2 §5.5.1: a reservation by the holder again
+    /// succeeds).
+    pub(crate) fn reserve(&self, nexus: &str, watch: &Watch) -> bool {
         let Ok(mut h) = self.holder.lock() else {
             return false;
         };
-        match h.as_deref() {
-            Some(n) if n != nexus => false,
+        self.drop_gone_holder(&mut h);
+        match h.as_ref() {
+            Some((n, _)) if n != nexus => false,
             _ => {
-                *h = Some(nexus.to_string());
+                *h = Some((nexus.to_string(), watch.clone()));
                 self.reserved.store(true, Ordering::Release);
                 true
             }
@@ -281,7 +322,7 @@ impl DeviceShared {
             return;
         }
         if let Ok(mut h) = self.holder.lock()
-            && (nexus.is_none() || h.as_deref() == nexus)
+            && (nexus.is_none() || h.as_ref().map(|(n, _)| n.as_str()) == nexus)
         {
             *h = None;
             self.reserved.store(false, Ordering::Release);
@@ -588,13 +629,13 @@ mod tests {
     fn spc2_reservation() {
         let d = DeviceShared::default();
         assert_eq!(d.reservation(), None);
-        assert!(d.reserve("a"));
-        assert!(d.reserve("a"));
-        assert!(!d.reserve("b"));
+        assert!(d.reserve("a", &None));
+        assert!(d.reserve("a", &None));
+        assert!(!d.reserve("b", &None));
         d.release(Some("b"));
         assert_eq!(d.reservation().as_deref(), Some("a"));
         d.release(Some("a"));
-        assert!(d.reserve("b"));
+        assert!(d.reserve("b", &None));
         d.release(None);
         assert_eq!(d.reservation(), None);
     }
@@ -603,16 +644,16 @@ mod tests {
     fn medium_prevention_is_per_nexus_and_blocks_load_and_eject() {
         let m = Medium::default();
         assert!(m.present() && !m.prevented());
-        m.prevent(1, true);
-        m.prevent(2, true);
-        m.prevent(2, true);
+        m.prevent(1, true, &None);
+        m.prevent(2, true, &None);
+        m.prevent(2, true, &None);
         assert_eq!(
             m.load_eject(false),
             Err(ferrite_scsi::Sense::MEDIUM_REMOVAL_PREVENTED)
         );
         assert!(m.present());
         // ALLOW from one nexus leaves the other's prevention in place.
-        m.prevent(1, false);
+        m.prevent(1, false, &None);
         assert!(m.prevented());
         assert!(m.load_eject(false).is_err());
         // Nexus loss of the last holder ends it.
@@ -623,7 +664,7 @@ mod tests {
         assert_eq!(m.load_eject(false), Ok(false));
         let g = m.load_gen.load(Ordering::Acquire);
         // Prevention holds the ejected medium out too.
-        m.prevent(3, true);
+        m.prevent(3, true, &None);
         assert!(m.load_eject(true).is_err());
         assert!(!m.present());
         m.clear();
@@ -633,6 +674,46 @@ mod tests {
         // Loading a loaded medium changes nothing.
         assert_eq!(m.load_eject(true), Ok(false));
         assert_eq!(m.load_gen.load(Ordering::Acquire), g + 1);
+    }
+
+    /// A watch a test flips by hand.
+    #[derive(Debug, Default)]
+    struct Flag(AtomicBool);
+
+    impl NexusWatch for Flag {
+        fn gone(&self) -> bool {
+            self.0.load(Ordering::Acquire)
+        }
+    }
+
+    #[test]
+    fn a_holder_whose_transport_is_gone_holds_nothing() {
+        let flag = Arc::new(Flag::default());
+        let w: Watch = Some(flag.clone());
+        // Medium prevention: held while the transport stands.
+        let m = Medium::default();
+        m.prevent(1, true, &w);
+        assert!(m.prevented());
+        assert!(m.load_eject(false).is_err());
+        // Another nexus's prevention is not touched by this one's loss.
+        let other = Arc::new(Flag::default());
+        m.prevent(2, true, &Some(other.clone()));
+        flag.0.store(true, Ordering::Release);
+        assert!(m.prevented());
+        other.0.store(true, Ordering::Release);
+        assert!(!m.prevented());
+        assert_eq!(m.load_eject(false), Ok(false));
+        // SPC-2 reservation: another nexus conflicts while the holder's
+        // transport stands, and takes it over once it is gone.
+        let flag = Arc::new(Flag::default());
+        let d = DeviceShared::default();
+        assert!(d.reserve("a", &Some(flag.clone())));
+        assert!(!d.reserve("b", &None));
+        assert_eq!(d.reservation().as_deref(), Some("a"));
+        flag.0.store(true, Ordering::Release);
+        assert_eq!(d.reservation(), None);
+        assert!(d.reserve("b", &None));
+        assert_eq!(d.reservation().as_deref(), Some("b"));
     }
 
     #[test]

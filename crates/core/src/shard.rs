@@ -35,7 +35,7 @@ use crate::cmd::{
     Abort, Action, Cdb, CmdId, CmdRequest, Residual, Response, TaskAttr, TaskTag, TmfFunction,
     TmfId, TmfRequest, TmfResponse,
 };
-use crate::device::{Device, DeviceId, LunEntry, LunMap};
+use crate::device::{Device, DeviceId, LunEntry, LunMap, NexusWatch, Watch};
 use crate::emulate::{self, DataCtx, Plan, Rmw};
 use crate::pr::{PrError, PrNexus};
 use crate::sanitize::{self, Step};
@@ -217,6 +217,9 @@ struct SessionState {
     live: usize,
     next_tmf: u32,
     stats: IoStats,
+    /// The fabric's watch on this nexus's transport
+    /// ([`crate::device::NexusWatch`]), given to the state it holds.
+    watch: Watch,
 }
 
 /// Who waits for a set of aborted commands to drain.
@@ -471,9 +474,20 @@ impl Shard {
                 live: 0,
                 next_tmf: 1,
                 stats: IoStats::default(),
+                watch: None,
             },
         );
         id
+    }
+
+    /// Gives session `id` a watch on its transport: a reservation or a
+    /// prevention of medium removal it holds ends as soon as the watch
+    /// says the transport is gone, even before the fabric closes the
+    /// session.
+    pub fn watch_session(&mut self, id: SessionId, watch: Arc<dyn NexusWatch>) {
+        if let Some(s) = self.sessions.get_mut(&id) {
+            s.watch = Some(watch);
+        }
     }
 
     /// A handle on an open session; `None` once it is closed.
@@ -1009,8 +1023,9 @@ impl Shard {
             Plan::CopyResults => self.copy_results(key),
             Plan::PreventAllow { prevent, residual } => {
                 let holder = medium_holder(self.core, c.session);
+                let watch = self.sessions.get(&c.session).and_then(|s| s.watch.clone());
                 if let Some(e) = c.entry.as_ref() {
-                    e.device.shared.medium.prevent(holder, prevent);
+                    e.device.shared.medium.prevent(holder, prevent, &watch);
                 }
                 self.respond(key, good(residual));
             }
@@ -1026,7 +1041,7 @@ impl Shard {
                     return;
                 };
                 let rsp = if c.plan == Plan::Reserve {
-                    if dev.shared.reserve(&me) {
+                    if dev.shared.reserve(&me, &s.watch) {
                         Response::good()
                     } else {
                         Response::status(ferrite_scsi::Status::RESERVATION_CONFLICT)
@@ -2918,6 +2933,50 @@ mod tests {
             },
         );
         (dev, Arc::new(map))
+    }
+
+    /// A watch a test flips by hand.
+    #[derive(Debug, Default)]
+    struct Dropped(std::sync::atomic::AtomicBool);
+
+    impl NexusWatch for Dropped {
+        fn gone(&self) -> bool {
+            self.0.load(Ordering::Acquire)
+        }
+    }
+
+    #[test]
+    fn a_lost_transport_ends_prevention_and_reservation_before_its_core_closes_the_session() {
+        let (_dev, map) = removable_map(DeviceFlags {
+            removable: true,
+            ..DeviceFlags::default()
+        });
+        let now = Instant::now();
+        let mut busy = Shard::new(0, BufPool::new(4096, 8));
+        let mut next = Shard::new(1, BufPool::new(4096, 8));
+        let old = busy.open_session(now, nexus(1), map.clone(), false);
+        let w = Arc::new(Dropped::default());
+        busy.watch_session(old, w.clone());
+        let new = next.open_session(now, nexus(2), map.clone(), false);
+        assert_eq!(sense(&tur(&mut busy, now, old, 0)), Some((6, 0x29, 0)));
+        assert_eq!(sense(&tur(&mut next, now, new, 0)), Some((6, 0x29, 0)));
+        assert_eq!(sense(&run(&mut busy, now, old, &PREVENT).0), None);
+        let reserve6 = [0x16, 0, 0, 0, 0, 0];
+        assert_eq!(sense(&run(&mut busy, now, old, &reserve6).0), None);
+        let (r, _) = run(&mut next, now, new, &EJECT);
+        assert_eq!(r.status, ferrite_scsi::Status::RESERVATION_CONFLICT);
+        // The initiator drops the old connection; its core has not read
+        // that yet (it never runs again here), but the transport says so.
+        w.0.store(true, Ordering::Release);
+        assert_eq!(sense(&run(&mut next, now, new, &reserve6).0), None);
+        assert_eq!(sense(&run(&mut next, now, new, &EJECT).0), None);
+        // The old core closes the session later: nothing of the new
+        // nexus's is released by it.
+        busy.close_session(now, old);
+        let third = busy.open_session(now, nexus(3), map.clone(), false);
+        assert_eq!(sense(&tur(&mut busy, now, third, 0)), Some((6, 0x29, 0)));
+        let (r, _) = run(&mut busy, now, third, &EJECT);
+        assert_eq!(r.status, ferrite_scsi::Status::RESERVATION_CONFLICT);
     }
 
     #[test]

@@ -840,11 +840,11 @@ mod tests {
             Refusal::Check(Sense::WRITE_PROTECTED)
         );
         // An SPC-2 reservation of another nexus on a copy target.
-        assert!(a.shared.reserve("other|t"));
+        assert!(a.shared.reserve("other|t", &None));
         let p = params(&[ident(A, 512)], &[(0, 0, 10, 0, 100)], 0);
         assert_eq!(refusal(prepare(&p, &r)), Refusal::Conflict);
         a.shared.release(None);
-        assert!(a.shared.reserve("i|t"));
+        assert!(a.shared.reserve("i|t", &None));
         assert!(prepare(&p, &r).is_ok());
     }
 

@@ -9,3 +9,4 @@ pub mod blockring;
 pub mod buf;
 pub mod mailbox;
 pub mod ring;
+pub mod sock;

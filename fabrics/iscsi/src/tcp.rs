@@ -23,12 +23,14 @@ use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use ferrite_core::device::LunMap;
+use ferrite_core::device::{LunMap, NexusWatch};
 use ferrite_core::shard::{Nexus, ResetScope, SessionId, Shard};
 use ferrite_core::{Abort, Action, TaskTag, TmfFunction};
 use ferrite_reactor::ring::{Ctx, TxSeg, advance};
+use ferrite_reactor::sock::tcp_left_established;
 
 use crate::conn::{CloseReason, Conn, ConnEvent, IscsiConfig, SessionSeq, TaskScope, TxQueue};
 use crate::keys::Params;
@@ -165,6 +167,25 @@ pub trait Portal {
     }
 }
 
+/// The core's watch on a session's leading connection
+/// ([`ferrite_core::device::NexusWatch`]): the initiator dropped the nexus
+/// once the kernel sees the connection leave the established state, before
+/// this connection's core has read the end of the stream. It holds its own
+/// descriptor of the socket, closed with the session.
+#[derive(Debug)]
+struct TcpWatch {
+    sock: TcpStream,
+    /// The connection left a session that goes on (a connection logout
+    /// under MC/S): its state no longer speaks for the nexus.
+    retired: AtomicBool,
+}
+
+impl NexusWatch for TcpWatch {
+    fn gone(&self) -> bool {
+        !self.retired.load(Ordering::Acquire) && tcp_left_established(&self.sock)
+    }
+}
+
 /// One iSCSI connection on a TCP socket.
 pub struct TcpConn {
     sock: TcpStream,
@@ -209,6 +230,8 @@ pub struct TcpConn {
     /// A TARGET COLD RESET of this target was answered here: the worker
     /// drops every connection of the target ([`TcpConn::take_cold_reset`]).
     cold_reset: Option<String>,
+    /// The watch on this connection the session it leads was given.
+    watch: Option<Arc<TcpWatch>>,
 }
 
 impl TcpConn {
@@ -246,6 +269,7 @@ impl TcpConn {
             routed: false,
             handoff: None,
             cold_reset: None,
+            watch: None,
         })
     }
 
@@ -819,6 +843,18 @@ impl TcpConn {
                         rel_port_id: grant.rel_port_id,
                     };
                     let sid = shard.open_session(now, nexus, luns.clone(), true);
+                    match self.sock.try_clone() {
+                        Ok(sock) => {
+                            let w = Arc::new(TcpWatch {
+                                sock,
+                                retired: AtomicBool::new(false),
+                            });
+                            shard.watch_session(sid, w.clone());
+                            self.watch = Some(w);
+                        }
+                        Err(e) => tracing::warn!(peer = %self.peer, error = %e,
+                            "no watch on the connection: its session's loss is seen when read"),
+                    }
                     self.session = Some(sid);
                     self.link = Some(Rc::new(RefCell::new(SessionGroup {
                         tsih: grant.tsih,
@@ -925,6 +961,9 @@ impl TcpConn {
                     shard.close_session(now, sid);
                 }
             }
+            if goes_on && let Some(w) = self.watch.take() {
+                w.retired.store(true, Ordering::Release);
+            }
             if let Some(tsih) = self.tsih.take() {
                 if goes_on {
                     tracing::info!(peer = %self.peer, tsih, "connection left the session");
@@ -1022,5 +1061,30 @@ fn complete_orphan(s: &mut ferrite_core::shard::Session<'_>, a: Action) {
         Action::Respond { id, .. } => s.response_sent(id),
         Action::FetchData { id, .. } => s.data_out_done(id, Err(Abort::ConnectionLost)),
         Action::TmfDone { .. } | Action::Aen { .. } | Action::Close => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    #[test]
+    fn the_watch_sees_the_initiator_drop_its_connection_unless_retired() {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let ini = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let (tgt, _) = l.accept().expect("accept");
+        let w = TcpWatch {
+            sock: tgt.try_clone().expect("clone"),
+            retired: AtomicBool::new(false),
+        };
+        assert!(!w.gone());
+        drop(ini);
+        // Wait for the FIN on the target's own descriptor without reading it.
+        let mut b = [0u8; 1];
+        assert_eq!(tgt.peek(&mut b).expect("peek"), 0);
+        assert!(w.gone());
+        w.retired.store(true, Ordering::Release);
+        assert!(!w.gone());
     }
 }
