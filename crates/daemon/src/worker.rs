@@ -116,6 +116,9 @@ pub struct CoreWorker {
     depth: DepthWatch,
     /// Connections a poll pumped (kept for its allocation).
     touched: Vec<usize>,
+    /// Connections whose next receive waits for the end of the poll pass
+    /// ([`TcpConn::arm_deferred_recv`]).
+    rx_later: Vec<usize>,
 }
 
 /// The deepest initiator queue seen on a core over the last few
@@ -200,6 +203,7 @@ impl CoreWorker {
             groups: HashMap::new(),
             depth: DepthWatch::default(),
             touched: Vec::new(),
+            rx_later: Vec::new(),
         }
     }
 
@@ -330,6 +334,7 @@ impl CoreWorker {
                 if let Some(c) = self.conns.get_mut(key) {
                     if adopted {
                         c.start_adopted(ctx, key as u64, &mut self.shard, &portal);
+                        self.rx_later.push(key);
                     } else {
                         c.start(ctx, key as u64);
                     }
@@ -634,6 +639,7 @@ impl Worker for CoreWorker {
                 let key = (token >> 8) as usize;
                 if let Some(conn) = self.conns.get_mut(key) {
                     conn.on_recv(ctx, key as u64, result, buf, &mut self.shard, &portal);
+                    self.rx_later.push(key);
                     let depth = conn.take_depth_peak();
                     if depth > 0 {
                         self.depth.note(ctx.now(), depth);
@@ -791,6 +797,12 @@ impl Worker for CoreWorker {
             self.after_conn(ctx, key);
         }
         self.touched = touched;
+        // After the responses above were queued to be sent.
+        for key in self.rx_later.drain(..) {
+            if let Some(conn) = self.conns.get_mut(key) {
+                conn.arm_deferred_recv(ctx, key as u64);
+            }
+        }
         progress |= self.srp.poll(
             now,
             &mut self.shard,

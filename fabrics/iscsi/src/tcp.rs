@@ -197,6 +197,8 @@ pub struct TcpConn {
     rx_len: usize,
     /// The last receive emptied the socket: the next one waits for data first.
     rx_drained: bool,
+    /// The next receive waits for [`TcpConn::arm_deferred_recv`].
+    rx_deferred: bool,
     /// Bytes waiting to be sent (not yet handed to the ring).
     tx: VecDeque<TxSeg>,
     /// An emptied send queue kept for its allocation.
@@ -252,6 +254,7 @@ impl TcpConn {
             rx: Some(vec![0; RX_BUF_START]),
             rx_len: 0,
             rx_drained: false,
+            rx_deferred: false,
             tx: VecDeque::new(),
             tx_spare: VecDeque::new(),
             txq: TxQueue::default(),
@@ -563,7 +566,21 @@ impl TcpConn {
         }
         self.rx = Some(buf);
         self.pump(ctx, key, shard, portal);
-        self.arm_recv(ctx, key);
+        // The worker arms the next receive once this round's responses are
+        // queued to be sent ([`TcpConn::arm_deferred_recv`]).
+        self.rx_deferred = true;
+    }
+
+    /// Arms the receive that processing the last one left for later. The
+    /// worker calls it after its poll pass, so the ring sends a round's
+    /// responses before it reads the next commands: the responses carry
+    /// the ACK of whatever arrived meanwhile, and the kernel's read then
+    /// has none left to send on its own (a read that empties the socket
+    /// after two or more small segments otherwise sends a bare ACK).
+    pub fn arm_deferred_recv(&mut self, ctx: &mut Ctx, key: u64) {
+        if std::mem::take(&mut self.rx_deferred) {
+            self.arm_recv(ctx, key);
+        }
     }
 
     /// A send finished.
