@@ -28,8 +28,40 @@ const WAKE_TOKEN: u64 = u64::MAX;
 /// user_data of cancellation requests (their own completions are ignored).
 const CANCEL_TOKEN: u64 = u64::MAX - 1;
 
-/// One piece of bytes to send: owned header bytes, or a window of a shared
-/// scatter-gather list (response data sent straight from the backend's buffer).
+/// The scatter-gather list behind a [`TxSeg::Data`]: shared when several
+/// PDUs each send a window of it, owned when one PDU sends it (no
+/// allocation for the sharing).
+#[derive(Debug)]
+pub enum SgHold {
+    Shared(Arc<SgList>),
+    Owned(SgList),
+}
+
+impl std::ops::Deref for SgHold {
+    type Target = SgList;
+    fn deref(&self) -> &SgList {
+        match self {
+            SgHold::Shared(sg) => sg,
+            SgHold::Owned(sg) => sg,
+        }
+    }
+}
+
+impl From<Arc<SgList>> for SgHold {
+    fn from(sg: Arc<SgList>) -> SgHold {
+        SgHold::Shared(sg)
+    }
+}
+
+impl From<SgList> for SgHold {
+    fn from(sg: SgList) -> SgHold {
+        SgHold::Owned(sg)
+    }
+}
+
+/// One piece of bytes to send: owned header bytes, or a window of a
+/// scatter-gather list (response data sent straight from the backend's
+/// buffer).
 #[derive(Debug)]
 pub enum TxSeg {
     Bytes(Vec<u8>),
@@ -40,7 +72,7 @@ pub enum TxSeg {
         len: u8,
     },
     Data {
-        sg: Arc<SgList>,
+        sg: SgHold,
         offset: usize,
         len: usize,
     },
@@ -806,7 +838,7 @@ mod tests {
         q.push_back(TxSeg::Bytes(vec![1, 2, 3]));
         let sg = Arc::new(SgList::zeroed(10));
         q.push_back(TxSeg::Data {
-            sg,
+            sg: sg.into(),
             offset: 0,
             len: 10,
         });

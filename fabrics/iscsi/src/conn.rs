@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use ferrite_core::{Abort, Action, Cdb, CmdId, CmdRequest, DataDir, Response, TaskAttr, TaskTag};
 use ferrite_core::{TmfFunction, TmfRequest, TmfResponse};
 use ferrite_reactor::buf::SgList;
+use ferrite_reactor::ring::SgHold;
 use ferrite_scsi::{Lun, Sense, Status};
 
 use crate::chap::{ChapAuth, ChapRng};
@@ -767,18 +768,13 @@ impl Conn {
         self.out.push_back(TxSeg::Bytes(out));
     }
 
-    fn send_sg(&mut self, bhs: &BhsBuf, sg: &Arc<SgList>, offset: usize, len: usize) {
+    fn send_sg(&mut self, bhs: &BhsBuf, sg: SgHold, offset: usize, len: usize) {
         tracing::trace!(peer = %self.peer, "tx {bhs:?} offset={offset}");
         let (hdr, n) = self.header_bytes(bhs, len as u32);
         self.out.push_back(TxSeg::copy_of(&hdr[..n]));
         if len == 0 {
             return;
         }
-        self.out.push_back(TxSeg::Data {
-            sg: sg.clone(),
-            offset,
-            len,
-        });
         let pad = [0u8; 3];
         let pad = &pad[..pad_len(len)];
         let mut trailer = [0u8; 3 + DIGEST_LEN];
@@ -792,6 +788,7 @@ impl Conn {
             trailer[n..n + DIGEST_LEN].copy_from_slice(&digest_bytes(crc));
             n += DIGEST_LEN;
         }
+        self.out.push_back(TxSeg::Data { sg, offset, len });
         if n > 0 {
             self.out.push_back(TxSeg::copy_of(&trailer[..n]));
         }
@@ -1813,13 +1810,18 @@ impl Conn {
         {
             // RFC 7143 §11.7: never more Data-In than the initiator expects.
             let total = (data_len as usize).min(sg.len()).min(read_len);
-            let sg = Arc::new(sg);
             let mrdsl = self.params.max_xmit_data_segment_length.max(512) as usize;
             let burst = self.params.max_burst_length.max(512) as usize;
             // RFC 7143 §11.7.4: status may ride in the last Data-In only
             // without sense data (and never for Bidi, whose write residual
             // needs the SCSI Response).
             let collapse = sense.is_none() && status == Status::GOOD && dir == DataDir::Read;
+            // One Data-In PDU owns the list; several share it.
+            let (mut owned, shared) = if total <= mrdsl.min(burst) {
+                (Some(sg), None)
+            } else {
+                (None, Some(Arc::new(sg)))
+            };
             let mut off = 0;
             let mut in_burst = 0;
             while off < total {
@@ -1838,7 +1840,12 @@ impl Conn {
                     self.sns()
                 };
                 let b = pdu::data_in(itt, fin, st, data_sn, off as u32, n as u32, sns);
-                self.send_sg(&b, &sg, off, n);
+                let hold = match (owned.take(), &shared) {
+                    (Some(sg), _) => SgHold::Owned(sg),
+                    (None, Some(sg)) => SgHold::Shared(sg.clone()),
+                    (None, None) => break,
+                };
+                self.send_sg(&b, hold, off, n);
                 data_sn = data_sn.next();
                 off += n;
             }
