@@ -76,7 +76,9 @@ impl Ferrited {
         Ferrited::start(state_dir, free_port(), Options::default())
     }
 
-    /// Starts ferrited listening on 127.0.0.1:`port`.
+    /// Starts ferrited listening on 127.0.0.1:`port`; ready when the portal
+    /// accepts connections and the control socket answers (the two come up
+    /// one after the other).
     pub fn start(state_dir: &Path, port: u16, opts: Options) -> Ferrited {
         let addr: SocketAddr = SocketAddr::from(([127, 0, 0, 1], port));
         let mut cmd = Command::new(ferrited_path());
@@ -87,6 +89,7 @@ impl Ferrited {
         cmd.args(&opts.args);
         let mut f = Ferrited::spawn(cmd, state_dir, addr);
         f.wait_listening();
+        f.wait_control();
         f
     }
 
