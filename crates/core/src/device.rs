@@ -281,6 +281,7 @@ impl DeviceShared {
     /// The nexus holding an SPC-2 reservation, if any. A holder whose
     /// transport is gone lost its nexus, and with it the reservation
     /// (SPC-2 §5.5.1).
+    #[cfg(test)]
     pub(crate) fn reservation(&self) -> Option<String> {
         if !self.reserved.load(Ordering::Acquire) {
             return None;
@@ -288,6 +289,30 @@ impl DeviceShared {
         let mut h = self.holder.lock().ok()?;
         self.drop_gone_holder(&mut h);
         h.as_ref().map(|(n, _)| n.clone())
+    }
+
+    /// True while some nexus may hold an SPC-2 reservation (one atomic
+    /// load: the command path's check before it builds its nexus key).
+    pub(crate) fn is_reserved(&self) -> bool {
+        self.reserved.load(Ordering::Acquire)
+    }
+
+    /// True while a nexus other than `nexus` holds an SPC-2 reservation.
+    /// The holder's own commands never ask its watch; another nexus's ask
+    /// it only when they meet the reservation, so a holder whose transport
+    /// is gone stops conflicting at once (SPC-2 §5.5.1).
+    pub(crate) fn reserved_by_other(&self, nexus: &str) -> bool {
+        if !self.is_reserved() {
+            return false;
+        }
+        let Ok(mut h) = self.holder.lock() else {
+            return false;
+        };
+        if h.as_ref().is_none_or(|(n, _)| n == nexus) {
+            return false;
+        }
+        self.drop_gone_holder(&mut h);
+        h.is_some()
     }
 
     fn drop_gone_holder(&self, h: &mut Option<(String, Watch)>) {

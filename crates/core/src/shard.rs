@@ -833,8 +833,8 @@ impl Shard {
             // answers RESERVATION CONFLICT to all but a few commands.
             if early.is_none()
                 && !emulate::passes_reservation(op)
-                && let Some(holder) = e.device.shared.reservation()
-                && holder != nexus_key(&s.nexus)
+                && e.device.shared.is_reserved()
+                && e.device.shared.reserved_by_other(&nexus_key(&s.nexus))
             {
                 early = Some(Response::status(ferrite_scsi::Status::RESERVATION_CONFLICT));
             }

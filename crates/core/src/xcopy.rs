@@ -189,7 +189,7 @@ fn find_target(t: &tpc::TargetDescriptor, r: &Requester<'_>) -> Option<LunEntry>
 /// (SPC-2 §5.5.1 and SPC-4 §5.13.1 table 66, as for the command itself).
 fn reserved_against(e: &LunEntry, r: &Requester<'_>, op: Opcode) -> bool {
     let shared = &e.device.shared;
-    if shared.reservation().is_some_and(|h| h != r.spc2) {
+    if shared.reserved_by_other(r.spc2) {
         return true;
     }
     shared

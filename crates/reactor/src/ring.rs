@@ -47,18 +47,6 @@ impl std::ops::Deref for SgHold {
     }
 }
 
-impl From<Arc<SgList>> for SgHold {
-    fn from(sg: Arc<SgList>) -> SgHold {
-        SgHold::Shared(sg)
-    }
-}
-
-impl From<SgList> for SgHold {
-    fn from(sg: SgList) -> SgHold {
-        SgHold::Owned(sg)
-    }
-}
-
 /// One piece of bytes to send: owned header bytes, or a window of a
 /// scatter-gather list (response data sent straight from the backend's
 /// buffer).
@@ -838,7 +826,7 @@ mod tests {
         q.push_back(TxSeg::Bytes(vec![1, 2, 3]));
         let sg = Arc::new(SgList::zeroed(10));
         q.push_back(TxSeg::Data {
-            sg: sg.into(),
+            sg: SgHold::Shared(sg),
             offset: 0,
             len: 10,
         });
