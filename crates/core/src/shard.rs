@@ -1940,6 +1940,10 @@ impl Shard {
         }
         if ordered {
             st.ordered = st.ordered.saturating_sub(1);
+        } else if st.ordered == 0 {
+            // Only an ORDERED task in the set blocks others (`may_start`):
+            // with none there before this one left, none waits.
+            return;
         }
         // Unblock younger tasks that may now run.
         let cmds = &self.cmds;

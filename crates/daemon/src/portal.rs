@@ -224,7 +224,7 @@ pub struct CorePortal<'a> {
     /// This core.
     pub core: usize,
     /// The sessions running on this core, by TSIH (MC/S joins).
-    pub links: &'a HashMap<u16, SessionLink>,
+    pub links: &'a rustc_hash::FxHashMap<u16, SessionLink>,
 }
 
 impl Portal for CorePortal<'_> {

@@ -4,7 +4,6 @@
 //! over all cores round-robin.
 
 use rustc_hash::FxHashMap;
-use std::collections::HashMap;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
@@ -102,16 +101,16 @@ pub struct CoreWorker {
     /// Work happened since the counters were last published.
     stats_dirty: bool,
     /// Resets started here, by token: (connection, TMF tag, cores still to report).
-    pending_resets: HashMap<u64, (usize, ferrite_core::TaskTag, usize)>,
+    pending_resets: FxHashMap<u64, (usize, ferrite_core::TaskTag, usize)>,
     next_reset_token: u64,
     /// Tokens to count as drained on the next poll (no other core to ask).
     reset_drained_later: Vec<u64>,
     /// Resets other cores started, applied here: who to tell when drained.
-    remote_resets: HashMap<ferrite_core::shard::RemoteResetId, (usize, u64)>,
+    remote_resets: FxHashMap<ferrite_core::shard::RemoteResetId, (usize, u64)>,
     /// Normal sessions running here, by TSIH, and the connections (slab
     /// keys) of each: MC/S joins and pumping a session's connections together.
-    links: HashMap<u16, SessionLink>,
-    groups: HashMap<u16, Vec<usize>>,
+    links: FxHashMap<u16, SessionLink>,
+    groups: FxHashMap<u16, Vec<usize>>,
     /// How deep the initiators on this core queue their commands.
     depth: DepthWatch,
     /// Connections a poll pumped (kept for its allocation).
@@ -195,12 +194,12 @@ impl CoreWorker {
             stats_board: None,
             next_stats: None,
             stats_dirty: false,
-            pending_resets: HashMap::new(),
+            pending_resets: FxHashMap::default(),
             next_reset_token: 0,
             reset_drained_later: Vec::new(),
-            remote_resets: HashMap::new(),
-            links: HashMap::new(),
-            groups: HashMap::new(),
+            remote_resets: FxHashMap::default(),
+            links: FxHashMap::default(),
+            groups: FxHashMap::default(),
             depth: DepthWatch::default(),
             touched: Vec::new(),
             rx_later: Vec::new(),
@@ -639,11 +638,11 @@ impl Worker for CoreWorker {
                 let key = (token >> 8) as usize;
                 if let Some(conn) = self.conns.get_mut(key) {
                     conn.on_recv(ctx, key as u64, result, buf, &mut self.shard, &portal);
-                    self.rx_later.push(key);
                     let depth = conn.take_depth_peak();
                     if depth > 0 {
                         self.depth.note(ctx.now(), depth);
                     }
+                    self.rx_later.push(key);
                 }
                 self.after_conn(ctx, key);
             }
