@@ -739,7 +739,11 @@ impl Shard {
             && !s.closing
         {
             s.actions.push_back(a);
-            self.mark_ready(id);
+            // `mark_ready` without a second lookup.
+            if !s.in_ready {
+                s.in_ready = true;
+                self.ready.push(id);
+            }
         }
     }
 
@@ -906,17 +910,30 @@ impl Shard {
         }
         // Enter the task set of this nexus and LU (a LUN with no logical unit
         // has none: INQUIRY, REPORT LUNS and REQUEST SENSE there just run).
-        let ordered = self.cmds[key].attr == TaskAttr::Ordered;
+        let attr = self.cmds[key].attr;
+        // Whether `may_start` would let it through, decided while the task
+        // set is at hand; only a SIMPLE task behind an ORDERED one needs
+        // the full check.
+        let mut runs_now = true;
         if self.cmds[key].entry.is_some()
             && let Some(st) = self.lu_mut(key)
         {
             st.tasks.push_back(key);
-            if ordered {
+            if attr == TaskAttr::Ordered {
                 st.ordered += 1;
             }
+            runs_now = match attr {
+                TaskAttr::HeadOfQueue => true,
+                TaskAttr::Ordered => st.tasks.len() == 1,
+                TaskAttr::Simple | TaskAttr::Aca => st.ordered == 0,
+            };
             self.cmds[key].in_task_set = true;
         }
-        self.advance(key);
+        if runs_now {
+            self.start(key);
+        } else {
+            self.advance(key);
+        }
         cid
     }
 
@@ -2007,10 +2024,14 @@ impl Shard {
                 self.finish_waiter(t.waiter);
             }
         }
+        // The last command of a closed session frees it (`reap`, with one
+        // lookup).
         if let Some(s) = self.sessions.get_mut(&c.session) {
             s.live = s.live.saturating_sub(1);
+            if s.closing && s.live == 0 {
+                self.sessions.remove(&c.session);
+            }
         }
-        self.reap(c.session);
     }
 
     fn count_finished(&mut self, sid: SessionId, dev: Option<DeviceId>, done: &Completion) {
@@ -2793,6 +2814,19 @@ impl Session<'_> {
     /// The next action for the fabric.
     pub fn poll_action(&mut self) -> Option<Action> {
         self.shard.sessions.get_mut(&self.id)?.actions.pop_front()
+    }
+
+    /// Moves every queued action to the end of `out`, in order: one
+    /// lookup for a whole batch instead of one per action. When `out` is
+    /// empty the two queues trade places, so both keep their allocations.
+    pub fn take_actions(&mut self, out: &mut VecDeque<Action>) {
+        if let Some(s) = self.shard.sessions.get_mut(&self.id) {
+            if out.is_empty() {
+                std::mem::swap(out, &mut s.actions);
+            } else {
+                out.append(&mut s.actions);
+            }
+        }
     }
 }
 

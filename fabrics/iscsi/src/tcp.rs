@@ -203,6 +203,8 @@ pub struct TcpConn {
     tx: VecDeque<TxSeg>,
     /// An emptied send queue kept for its allocation.
     tx_spare: VecDeque<TxSeg>,
+    /// The session's actions being handed out (kept for its allocation).
+    actions: VecDeque<Action>,
     txq: TxQueue,
     sending: bool,
     session: Option<SessionId>,
@@ -257,6 +259,7 @@ impl TcpConn {
             rx_deferred: false,
             tx: VecDeque::new(),
             tx_spare: VecDeque::new(),
+            actions: VecDeque::new(),
             txq: TxQueue::default(),
             sending: false,
             session: None,
@@ -669,7 +672,9 @@ impl TcpConn {
             if let Some(sid) = self.session
                 && let Some(mut s) = shard.session(sid)
             {
-                while let Some(a) = s.poll_action() {
+                let mut actions = std::mem::take(&mut self.actions);
+                s.take_actions(&mut actions);
+                while let Some(a) = actions.pop_front() {
                     progress = true;
                     match self.route(&a) {
                         Route::Here => self.deliver(now, a),
@@ -683,6 +688,7 @@ impl TcpConn {
                         Route::Nobody => complete_orphan(&mut s, a),
                     }
                 }
+                self.actions = actions;
             }
             if !progress {
                 break;
