@@ -1,8 +1,8 @@
 //! The contract between the core and fabrics: plain calls in, actions out.
 //!
 //! A fabric calls its [`Session`](crate::Session) (`submit`, `data_out_done`,
-//! `response_sent`, `task_mgmt`), then drains `poll_action` and carries the
-//! actions out. The core never calls into a fabric, nothing re-enters, and
+//! `response_sent`, `task_mgmt`), then drains `poll_action` (or takes the
+//! whole queue with `take_actions`) and carries the actions out. The core never calls into a fabric, nothing re-enters, and
 //! every scenario can be driven in a unit test without a socket.
 
 use ferrite_reactor::buf::SgList;
