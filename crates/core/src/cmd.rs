@@ -2,8 +2,9 @@
 //!
 //! A fabric calls its [`Session`](crate::Session) (`submit`, `data_out_done`,
 //! `response_sent`, `task_mgmt`), then drains `poll_action` (or takes the
-//! whole queue with `take_actions`) and carries the actions out. The core never calls into a fabric, nothing re-enters, and
-//! every scenario can be driven in a unit test without a socket.
+//! whole queue with `take_actions`) and carries the actions out. The core
+//! never calls into a fabric, nothing re-enters, and every scenario can be
+//! driven in a unit test without a socket.
 
 use ferrite_reactor::buf::SgList;
 use ferrite_scsi::{Lun, Sense, Status};

@@ -194,6 +194,18 @@ impl LuState {
         }
         self.ua.push_back(s);
     }
+
+    /// SAM-5 §8.6 for task `key` of attribute `attr`, already in `tasks`,
+    /// where this set alone decides: HEAD OF QUEUE at once, ORDERED when
+    /// first, SIMPLE when no ORDERED task is in the set. `None`: a SIMPLE
+    /// task with ORDERED ones in the set, which runs only if none is older.
+    fn admits(&self, key: usize, attr: TaskAttr) -> Option<bool> {
+        match attr {
+            TaskAttr::HeadOfQueue => Some(true),
+            TaskAttr::Ordered => Some(self.tasks.front() == Some(&key)),
+            TaskAttr::Simple | TaskAttr::Aca => (self.ordered == 0).then_some(true),
+        }
+    }
 }
 
 /// Records the device counter `now` a nexus has seen in `seen`; true when
@@ -220,6 +232,21 @@ struct SessionState {
     /// The fabric's watch on this nexus's transport
     /// ([`crate::device::NexusWatch`]), given to the state it holds.
     watch: Watch,
+}
+
+impl SessionState {
+    /// Puts session `id` (this one) on the shard's `ready` list once.
+    fn mark_ready(&mut self, id: SessionId, ready: &mut Vec<SessionId>) {
+        if !self.in_ready {
+            self.in_ready = true;
+            ready.push(id);
+        }
+    }
+
+    /// Closed, and no command of it is left: the shard can forget it.
+    fn reapable(&self) -> bool {
+        self.closing && self.live == 0
+    }
 }
 
 /// Who waits for a set of aborted commands to drain.
@@ -726,11 +753,8 @@ impl Shard {
     // ----- internals -----
 
     fn mark_ready(&mut self, id: SessionId) {
-        if let Some(s) = self.sessions.get_mut(&id)
-            && !s.in_ready
-        {
-            s.in_ready = true;
-            self.ready.push(id);
+        if let Some(s) = self.sessions.get_mut(&id) {
+            s.mark_ready(id, &mut self.ready);
         }
     }
 
@@ -739,11 +763,7 @@ impl Shard {
             && !s.closing
         {
             s.actions.push_back(a);
-            // `mark_ready` without a second lookup.
-            if !s.in_ready {
-                s.in_ready = true;
-                self.ready.push(id);
-            }
+            s.mark_ready(id, &mut self.ready);
         }
     }
 
@@ -911,10 +931,10 @@ impl Shard {
         // Enter the task set of this nexus and LU (a LUN with no logical unit
         // has none: INQUIRY, REPORT LUNS and REQUEST SENSE there just run).
         let attr = self.cmds[key].attr;
-        // Whether `may_start` would let it through, decided while the task
-        // set is at hand; only a SIMPLE task behind an ORDERED one needs
-        // the full check.
-        let mut runs_now = true;
+        // Admitted while the task set is at hand (no second lookup through
+        // `advance`); only a SIMPLE task among ORDERED ones takes the full
+        // check there.
+        let mut admitted = Some(true);
         if self.cmds[key].entry.is_some()
             && let Some(st) = self.lu_mut(key)
         {
@@ -922,14 +942,10 @@ impl Shard {
             if attr == TaskAttr::Ordered {
                 st.ordered += 1;
             }
-            runs_now = match attr {
-                TaskAttr::HeadOfQueue => true,
-                TaskAttr::Ordered => st.tasks.len() == 1,
-                TaskAttr::Simple | TaskAttr::Aca => st.ordered == 0,
-            };
+            admitted = st.admits(key, attr);
             self.cmds[key].in_task_set = true;
         }
-        if runs_now {
+        if admitted == Some(true) {
             self.start(key);
         } else {
             self.advance(key);
@@ -959,28 +975,23 @@ impl Shard {
         else {
             return true;
         };
-        match c.attr {
-            TaskAttr::HeadOfQueue => true,
-            TaskAttr::Ordered => st.tasks.front() == Some(&key),
-            TaskAttr::Simple | TaskAttr::Aca => {
-                if st.ordered == 0 {
-                    return true;
-                }
-                for &k in &st.tasks {
-                    if k == key {
-                        return true;
-                    }
-                    if self
-                        .cmds
-                        .get(k)
-                        .is_some_and(|o| o.attr == TaskAttr::Ordered)
-                    {
-                        return false;
-                    }
-                }
-                true
+        if let Some(decided) = st.admits(key, c.attr) {
+            return decided;
+        }
+        // A SIMPLE task among ORDERED ones: it runs if none is older.
+        for &k in &st.tasks {
+            if k == key {
+                return true;
+            }
+            if self
+                .cmds
+                .get(k)
+                .is_some_and(|o| o.attr == TaskAttr::Ordered)
+            {
+                return false;
             }
         }
+        true
     }
 
     /// Advances a command as far as it can go now.
@@ -2028,7 +2039,7 @@ impl Shard {
         // lookup).
         if let Some(s) = self.sessions.get_mut(&c.session) {
             s.live = s.live.saturating_sub(1);
-            if s.closing && s.live == 0 {
+            if s.reapable() {
                 self.sessions.remove(&c.session);
             }
         }
@@ -2045,11 +2056,7 @@ impl Shard {
 
     /// Frees a closed session once nothing of it remains.
     fn reap(&mut self, id: SessionId) {
-        if self
-            .sessions
-            .get(&id)
-            .is_some_and(|s| s.closing && s.live == 0)
-        {
+        if self.sessions.get(&id).is_some_and(SessionState::reapable) {
             self.sessions.remove(&id);
         }
     }

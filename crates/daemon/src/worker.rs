@@ -638,11 +638,11 @@ impl Worker for CoreWorker {
                 let key = (token >> 8) as usize;
                 if let Some(conn) = self.conns.get_mut(key) {
                     conn.on_recv(ctx, key as u64, result, buf, &mut self.shard, &portal);
+                    self.rx_later.push(key);
                     let depth = conn.take_depth_peak();
                     if depth > 0 {
                         self.depth.note(ctx.now(), depth);
                     }
-                    self.rx_later.push(key);
                 }
                 self.after_conn(ctx, key);
             }
