@@ -179,6 +179,33 @@ fn fileio_keeps_every_acknowledged_block() {
     run_backend(dir.path(), &devs);
 }
 
+/// The same on tmpfs, where reads of 128 KiB and more travel as the file's
+/// pages spliced into the socket: the read-back (256 KiB per command, split
+/// over several Data-In PDUs) checks those bytes too.
+#[test]
+fn fileio_on_tmpfs_keeps_every_acknowledged_block() {
+    let shm = Path::new("/dev/shm");
+    if !shm.is_dir() {
+        eprintln!("skipping: no /dev/shm");
+        return;
+    }
+    let dir = tempfile::tempdir_in(shm).unwrap();
+    let devs: Vec<String> = [512u32, 4096]
+        .iter()
+        .map(|bs| {
+            device_json(
+                &format!("shm{bs}"),
+                "vdisk_fileio",
+                &format!(
+                    r#""filename": "{}", "size": {SIZE}, "blocksize": {bs}"#,
+                    dir.path().join(format!("shm{bs}.img")).display()
+                ),
+            )
+        })
+        .collect();
+    run_backend(dir.path(), &devs);
+}
+
 #[test]
 fn blockio_on_a_file_keeps_every_acknowledged_block() {
     let Some(dir) = direct_io_dir() else {

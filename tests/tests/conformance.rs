@@ -2,7 +2,8 @@
 //! logical units of one ferrited: a thin-provisioned fileio LUN with
 //! 512-byte blocks and a removable medium (INQUIRY RMB = 1, so the NoMedia,
 //! StartStopUnit and PreventAllow families run for real), a fileio LUN with
-//! 4096-byte blocks, and nullio's `mem` mode. Each LU gets the whole suite
+//! 4096-byte blocks on tmpfs where there is one (so its large reads travel
+//! as page-cache pages spliced into the socket), and nullio's `mem` mode. Each LU gets the whole suite
 //! (every family, one process, the URL given once, as a full run is
 //! normally made), then the MultipathIO suite with the URL given twice, so
 //! it runs over two sessions with the two initiator names. The three LUs'
@@ -27,8 +28,9 @@ use ferrite_tests::{CU_INITIATORS, Ferrited, Options, free_port, parse_cu, run_w
 
 const IQN: &str = "iqn.2026-11.org.ferrite:conformance";
 
-/// (label, target suffix, device JSON)
-fn luns(dir: &Path) -> Vec<(&'static str, String)> {
+/// (label, target suffix, device JSON); the 4 KiB fileio LUN lives in
+/// `shm`.
+fn luns(dir: &Path, shm: &Path) -> Vec<(&'static str, String)> {
     vec![
         (
             "fileio",
@@ -41,7 +43,7 @@ fn luns(dir: &Path) -> Vec<(&'static str, String)> {
             "fileio4k",
             format!(
                 r#"{{"name":"thin4k","handler":"vdisk_fileio","filename":"{}","size":268435456,"blocksize":4096,"thin_provisioned":true}}"#,
-                dir.join("thin4k.img").display()
+                shm.join("thin4k.img").display()
             ),
         ),
         (
@@ -51,8 +53,8 @@ fn luns(dir: &Path) -> Vec<(&'static str, String)> {
     ]
 }
 
-fn config(dir: &Path, port: u16) -> std::path::PathBuf {
-    let l = luns(dir);
+fn config(dir: &Path, shm: &Path, port: u16) -> std::path::PathBuf {
+    let l = luns(dir, shm);
     let devices: Vec<String> = l.iter().map(|(_, d)| d.clone()).collect();
     let names = ["thin512", "thin4k", "mem"];
     let targets: Vec<String> = l
@@ -183,8 +185,12 @@ fn iscsi_test_cu_whole_suite_on_fileio_4k_and_mem() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
+    let shm = match Path::new("/dev/shm").is_dir() {
+        true => tempfile::tempdir_in("/dev/shm").expect("tempdir in /dev/shm"),
+        false => tempfile::tempdir().expect("tempdir"),
+    };
     let port = free_port();
-    let cfg = config(dir.path(), port);
+    let cfg = config(dir.path(), shm.path(), port);
     let mut f = Ferrited::start(
         dir.path(),
         port,
@@ -197,7 +203,7 @@ fn iscsi_test_cu_whole_suite_on_fileio_4k_and_mem() {
     // The three LUs are three targets and three devices: their runs share
     // nothing but ferrited, so they run side by side (most of a run is
     // libiscsi sleeping: SANITIZE and reset tests wait in seconds).
-    let runs: Vec<_> = luns(dir.path())
+    let runs: Vec<_> = luns(dir.path(), shm.path())
         .into_iter()
         .map(|(label, _)| {
             let url = f.url(&format!("{IQN}-{label}"), 0);

@@ -269,6 +269,8 @@ impl Backend for BlockBackend {
             fua: true,
             write_cache: !self.opts.write_through && self.volatile_cache,
             unmap_zeroes: file_thin,
+            // O_DIRECT bypasses the page cache: there are no pages to hand.
+            read_pipe: false,
         }
     }
 

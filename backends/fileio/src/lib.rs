@@ -66,6 +66,9 @@ pub struct FileBackend {
     phys_exp: u8,
     /// Holes can be punched (probed at open).
     punch_hole: bool,
+    /// The file lives in memory (tmpfs): reads can hand over its pages in
+    /// a pipe without waiting for a device (`BlockOp::ReadPipe`).
+    in_memory: bool,
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BackendError {
@@ -146,6 +149,7 @@ impl FileBackend {
             tracing::info!(path = %shown, "nv_cache: flushes and FUA skip fdatasync");
         }
         let capacity = size / opts.block_size as u64 * opts.block_size as u64;
+        let in_memory = blockring::on_tmpfs(file.as_fd());
         let shared = Arc::new(Shared::new(file, capacity, &path));
         Ok(FileBackend {
             // A file has no physical block of its own: the file system's
@@ -161,6 +165,7 @@ impl FileBackend {
             opts,
             shared,
             punch_hole,
+            in_memory,
         })
     }
 
@@ -266,6 +271,7 @@ impl Backend for FileBackend {
             fua: true,
             write_cache: !self.opts.write_through,
             unmap_zeroes: self.punch_hole,
+            read_pipe: self.in_memory,
         }
     }
 
@@ -939,5 +945,77 @@ mod tests {
         assert_eq!(phys_exp(4096, 4096), 0);
         assert_eq!(phys_exp(65536, 512), 3);
         assert_eq!(phys_exp(512, 4096), 0);
+    }
+
+    #[test]
+    fn read_pipe_hands_over_the_file_pages_on_tmpfs_only() {
+        let Some(pool) = ferrite_reactor::pipe::PipePool::new(2, 2) else {
+            return;
+        };
+        let dir = shm_dir();
+        let b = create(&dir, 4 * MIB, 512);
+        if !b.caps().read_pipe {
+            // Not tmpfs here: nothing more to see.
+            return;
+        }
+        let mut q = b.open_queue(8).unwrap();
+        let data = pattern(256 * 1024, 0x5a);
+        let want = data.to_vec();
+        assert!(
+            run(
+                q.as_mut(),
+                BlockOp::Write {
+                    offset: 512,
+                    buf: data,
+                    fua: false
+                }
+            )
+            .result
+            .is_ok()
+        );
+        let pipe = pool.get().unwrap();
+        let d = run(
+            q.as_mut(),
+            BlockOp::ReadPipe {
+                offset: 512,
+                len: 256 * 1024,
+                pipe,
+            },
+        );
+        assert!(d.result.is_ok(), "{:?}", d.result);
+        let mut pipe = d.pipe.expect("the pipe comes back");
+        assert_eq!(pipe.held(), 256 * 1024);
+        let mut got = Vec::new();
+        pipe.read_to(&mut got, 256 * 1024).unwrap();
+        assert_eq!(got, want);
+        // Past the capacity: refused, and the pipe still comes back.
+        let d = run(
+            q.as_mut(),
+            BlockOp::ReadPipe {
+                offset: 4 * MIB - 512,
+                len: 1024,
+                pipe,
+            },
+        );
+        assert_eq!(d.result, Err(BlockError::Os(libc::EINVAL)));
+        assert_eq!(d.pipe.expect("pipe").held(), 0);
+
+        // A file that is not in memory offers no pipes.
+        let disk = tempfile::tempdir().unwrap();
+        if !blockring::on_tmpfs(std::fs::File::open(disk.path()).unwrap().as_fd()) {
+            let b = create(&disk, MIB, 512);
+            assert!(!b.caps().read_pipe);
+            let mut q = b.open_queue(8).unwrap();
+            let d = run(
+                q.as_mut(),
+                BlockOp::ReadPipe {
+                    offset: 0,
+                    len: 4096,
+                    pipe: pool.get().unwrap(),
+                },
+            );
+            assert_eq!(d.result, Err(BlockError::Unsupported));
+            assert!(d.pipe.is_some());
+        }
     }
 }

@@ -39,6 +39,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use ferrite_core::backend::{BackendError, BackendQueue, BlockDone, BlockError, BlockOp, Busy};
 use ferrite_reactor::blockring::{self, BlockRing, RingFull, RingStats};
 use ferrite_reactor::buf::SgList;
+use ferrite_reactor::pipe::Pipe;
 
 /// How `BlockOp::Unmap` is carried out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -342,7 +343,46 @@ impl UringQueue {
 
     fn finish_now(&mut self, tag: u64, result: Result<(), BlockError>, buf: Option<SgList>) {
         self.in_flight += 1;
-        self.ready.push_back(BlockDone { tag, result, buf });
+        self.ready.push_back(BlockDone {
+            tag,
+            result,
+            buf,
+            pipe: None,
+        });
+    }
+
+    fn finish_pipe(&mut self, tag: u64, result: Result<(), BlockError>, pipe: Pipe) {
+        self.in_flight += 1;
+        self.ready.push_back(BlockDone {
+            tag,
+            result,
+            buf: None,
+            pipe: Some(pipe),
+        });
+    }
+
+    /// `BlockOp::ReadPipe`: the file's pages go into the pipe on this
+    /// thread, as a tmpfs read would be copied here (see [`Inline`]); no
+    /// byte is copied.
+    fn read_pipe(&mut self, tag: u64, offset: u64, len: u32, mut pipe: Pipe) {
+        if !self.in_range(offset, len as u64) {
+            self.finish_pipe(tag, Err(BlockError::Os(libc::EINVAL)), pipe);
+            return;
+        }
+        if self.inline != Inline::Memory {
+            // Only files in memory offer pipes (`Caps::read_pipe`).
+            self.finish_pipe(tag, Err(BlockError::Unsupported), pipe);
+            return;
+        }
+        let result = match pipe.splice_from_file(&self.shared.file, offset, len as usize) {
+            Ok(n) if n == len as usize => Ok(()),
+            // Short: the file was truncated below the capacity under us
+            // (the LUN goes offline), or the pipe could not take it all.
+            Ok(_) if !self.shared.check() => Err(BlockError::Offline),
+            Ok(_) => Err(BlockError::Io),
+            Err(e) => Err(map_errno(e.raw_os_error().unwrap_or(libc::EIO))),
+        };
+        self.finish_pipe(tag, result, pipe);
     }
 
     fn slot(&mut self, p: Pending) -> u64 {
@@ -493,6 +533,10 @@ impl BackendQueue for UringQueue {
         if self.shared.is_offline() || (due && !self.shared.check()) {
             let buf = match op {
                 BlockOp::Read { buf, .. } | BlockOp::Write { buf, .. } => Some(buf),
+                BlockOp::ReadPipe { pipe, .. } => {
+                    self.finish_pipe(tag, Err(BlockError::Offline), pipe);
+                    return Ok(());
+                }
                 _ => None,
             };
             self.finish_now(tag, Err(BlockError::Offline), buf);
@@ -501,6 +545,10 @@ impl BackendQueue for UringQueue {
         let range_err = Err(BlockError::Os(libc::EINVAL));
         let rofs = Err(BlockError::Os(libc::EROFS));
         let (shape, p, rop) = match op {
+            BlockOp::ReadPipe { offset, len, pipe } => {
+                self.read_pipe(tag, offset, len, pipe);
+                return Ok(());
+            }
             BlockOp::Read { offset, buf } => {
                 if !self.in_range(offset, buf.len() as u64) || !self.aligned(offset, &buf) {
                     self.finish_now(tag, range_err, Some(buf));
@@ -735,7 +783,12 @@ impl BackendQueue for UringQueue {
                     (Err(err), buf)
                 }
             };
-            out.push(BlockDone { tag, result, buf });
+            out.push(BlockDone {
+                tag,
+                result,
+                buf,
+                pipe: None,
+            });
         }
         self.reaped = reaped;
     }

@@ -128,6 +128,7 @@ enum Kind {
 fn classify(op: &BlockOp) -> (Kind, Option<(u64, u64)>) {
     match op {
         BlockOp::Read { offset, buf } => (Kind::Read, Some((*offset, buf.len() as u64))),
+        BlockOp::ReadPipe { offset, len, .. } => (Kind::Read, Some((*offset, *len as u64))),
         BlockOp::Write { offset, buf, .. } => (Kind::Write, Some((*offset, buf.len() as u64))),
         BlockOp::Unmap { offset, len } | BlockOp::WriteZeroes { offset, len } => {
             (Kind::Write, Some((*offset, *len)))
@@ -269,10 +270,16 @@ struct FaultQueue {
 }
 
 /// The buffer of a read or write (an injected failure returns it).
-fn take_buf(op: BlockOp) -> Option<ferrite_reactor::buf::SgList> {
+fn take_buf(
+    op: BlockOp,
+) -> (
+    Option<ferrite_reactor::buf::SgList>,
+    Option<ferrite_reactor::pipe::Pipe>,
+) {
     match op {
-        BlockOp::Read { buf, .. } | BlockOp::Write { buf, .. } => Some(buf),
-        _ => None,
+        BlockOp::Read { buf, .. } | BlockOp::Write { buf, .. } => (Some(buf), None),
+        BlockOp::ReadPipe { pipe, .. } => (None, Some(pipe)),
+        _ => (None, None),
     }
 }
 
@@ -285,13 +292,14 @@ impl BackendQueue for FaultQueue {
         let v = judge(&self.rules, &op, bs);
         let due = Instant::now() + v.delay;
         if let Some(e) = v.error {
-            let buf = take_buf(op);
+            let (buf, pipe) = take_buf(op);
             self.failed.push_back((
                 due,
                 BlockDone {
                     tag,
                     result: Err(e),
                     buf,
+                    pipe,
                 },
             ));
             return Ok(());

@@ -222,6 +222,7 @@ impl Backend for NullBackend {
             fua: true,
             write_cache: false,
             unmap_zeroes: true,
+            read_pipe: false,
         }
     }
 
@@ -276,6 +277,15 @@ impl NullQueue {
         // Out-of-range requests are the core's bug, but never a panic here.
         let range_err = Err(BlockError::Os(libc::EINVAL));
         let (result, buf) = match op {
+            // Not in this backend's caps: refused, the pipe handed back.
+            BlockOp::ReadPipe { pipe, .. } => {
+                return BlockDone {
+                    tag,
+                    result: Err(BlockError::Unsupported),
+                    buf: None,
+                    pipe: Some(pipe),
+                };
+            }
             BlockOp::Read { offset, mut buf } => {
                 if !self.in_range(offset, buf.len() as u64) {
                     (range_err, Some(buf))
@@ -319,7 +329,12 @@ impl NullQueue {
                 }
             }
         };
-        BlockDone { tag, result, buf }
+        BlockDone {
+            tag,
+            result,
+            buf,
+            pipe: None,
+        }
     }
 }
 

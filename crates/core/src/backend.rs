@@ -16,6 +16,7 @@
 use std::os::fd::RawFd;
 
 use ferrite_reactor::buf::SgList;
+use ferrite_reactor::pipe::Pipe;
 
 /// Size and shape of a device as the backend sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,6 +50,9 @@ pub struct Caps {
     pub write_cache: bool,
     /// Unmapped ranges read back as zeroes (LBPRZ).
     pub unmap_zeroes: bool,
+    /// `BlockOp::ReadPipe` is served: read data can be handed over as
+    /// references to page-cache pages in a pipe instead of a copy.
+    pub read_pipe: bool,
 }
 
 /// One block operation. Offsets and lengths are in bytes and are multiples of
@@ -57,6 +61,10 @@ pub struct Caps {
 pub enum BlockOp {
     /// Read `buf.len()` bytes at `offset` into `buf`.
     Read { offset: u64, buf: SgList },
+    /// Put `len` bytes at `offset` into `pipe` as page references (only to
+    /// backends whose caps say `read_pipe`); the pipe comes back in
+    /// [`BlockDone::pipe`] holding exactly `len` bytes on success.
+    ReadPipe { offset: u64, len: u32, pipe: Pipe },
     /// Write `buf` at `offset`; with `fua` it is durable before completion.
     Write { offset: u64, buf: SgList, fua: bool },
     /// Make every completed write durable.
@@ -97,6 +105,8 @@ pub struct BlockDone {
     pub result: Result<(), BlockError>,
     /// The read or write buffer, returned whatever the outcome.
     pub buf: Option<SgList>,
+    /// The pipe of a `ReadPipe`, returned whatever the outcome.
+    pub pipe: Option<Pipe>,
 }
 
 /// Back-pressure: the queue is full; here is the operation back.

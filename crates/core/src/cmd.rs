@@ -7,6 +7,7 @@
 //! driven in a unit test without a socket.
 
 use ferrite_reactor::buf::SgList;
+use ferrite_reactor::pipe::Pipe;
 use ferrite_scsi::{Lun, Sense, Status};
 use smallvec::SmallVec;
 
@@ -99,8 +100,11 @@ pub struct Response {
     /// list. The fabric gives the list back to nobody: dropping it returns the
     /// buffers to their pool (after `response_sent`).
     pub data: Option<SgList>,
-    /// Bytes of `data` to send.
+    /// Bytes of `data` (or of `pipe`) to send.
     pub data_len: u32,
+    /// Data-In as file pages in a pipe instead of `data` (only to sessions
+    /// that asked for it with `Session::set_pipe_reads`).
+    pub pipe: Option<PipeData>,
     /// Residual for the Data-In direction (or the only direction).
     pub residual: Residual,
     /// Residual of the write part of a Bidi command.
@@ -115,6 +119,7 @@ impl Response {
             sense: None,
             data: None,
             data_len: 0,
+            pipe: None,
             residual: Residual::None,
             bidi_residual: Residual::None,
         }
@@ -127,6 +132,7 @@ impl Response {
             sense: Some(SmallVec::from_slice(&sense.to_fixed())),
             data: None,
             data_len: 0,
+            pipe: None,
             residual: Residual::None,
             bidi_residual: Residual::None,
         }
@@ -137,6 +143,52 @@ impl Response {
         Response {
             status,
             ..Response::good()
+        }
+    }
+}
+
+/// Read data handed over as page-cache pages in a pipe.
+///
+/// The pages are the file's own, so a write to those blocks lands in them
+/// even after the response has left. A write the initiator issues after it
+/// saw the response cannot be early: the status comes after the data. A
+/// write that only waited in the task set for this read (SAM-5 §8.6: an
+/// ORDERED task, or any task behind one) could be; such a write waits until
+/// `hold` is dropped, which the fabric does once the initiator has shown it
+/// received the response (iSCSI: its ExpStatSN passed the response's
+/// StatSN), or the connection is gone.
+#[derive(Debug)]
+pub struct PipeData {
+    /// The pipe, holding exactly the response's `data_len` bytes.
+    pub pipe: Pipe,
+    /// Released when the initiator has the data.
+    pub hold: DeliveryHold,
+}
+
+/// Marks a response as not yet delivered; released on drop.
+pub struct DeliveryHold {
+    release: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl DeliveryHold {
+    /// A hold whose release is `f`, run once when the hold is dropped.
+    pub fn on_drop(f: impl FnOnce() + Send + 'static) -> DeliveryHold {
+        DeliveryHold {
+            release: Some(Box::new(f)),
+        }
+    }
+}
+
+impl std::fmt::Debug for DeliveryHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DeliveryHold")
+    }
+}
+
+impl Drop for DeliveryHold {
+    fn drop(&mut self) {
+        if let Some(f) = self.release.take() {
+            f();
         }
     }
 }
@@ -219,4 +271,9 @@ pub enum Action {
     /// The core ends the nexus (e.g. TARGET COLD RESET, target removed):
     /// the fabric logs the session out or drops its connections.
     Close,
+    /// A command waits for the [`DeliveryHold`]s of earlier responses: the
+    /// fabric makes the initiator show what it has received (iSCSI: a
+    /// NOP-In ping, answered with ExpStatSN). Only sessions that take pipe
+    /// data see it.
+    ConfirmDelivery,
 }

@@ -33,8 +33,8 @@ pub mod stats;
 pub mod xcopy;
 
 pub use cmd::{
-    Abort, Action, Cdb, CmdId, CmdRequest, DataDir, Residual, Response, TaskAttr, TaskTag,
-    TmfFunction, TmfId, TmfRequest, TmfResponse,
+    Abort, Action, Cdb, CmdId, CmdRequest, DataDir, DeliveryHold, PipeData, Residual, Response,
+    TaskAttr, TaskTag, TmfFunction, TmfId, TmfRequest, TmfResponse,
 };
 pub use shard::{Nexus, RemoteResetId, ResetScope, Session, SessionId, Shard};
 pub use stats::{

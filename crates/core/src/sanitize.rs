@@ -719,9 +719,14 @@ mod tests {
                             m.data[offset as usize..(offset + len) as usize].fill(0);
                             (Ok(()), None)
                         }
-                        BlockOp::Flush => (Ok(()), None),
+                        BlockOp::Flush | BlockOp::ReadPipe { .. } => (Ok(()), None),
                     };
-                    out.push(BlockDone { tag, result, buf });
+                    out.push(BlockDone {
+                        tag,
+                        result,
+                        buf,
+                        pipe: None,
+                    });
                 }
             }
             fn in_flight(&self) -> usize {

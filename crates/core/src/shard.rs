@@ -26,14 +26,15 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use ferrite_reactor::buf::{BufPool, SgList};
+use ferrite_reactor::pipe::{Pipe, PipePool};
 use ferrite_scsi::{Lun, Sense};
 use slab::Slab;
 use smallvec::SmallVec;
 
 use crate::backend::{BackendQueue, BlockDone, BlockError, BlockOp, Busy};
 use crate::cmd::{
-    Abort, Action, Cdb, CmdId, CmdRequest, Residual, Response, TaskAttr, TaskTag, TmfFunction,
-    TmfId, TmfRequest, TmfResponse,
+    Abort, Action, Cdb, CmdId, CmdRequest, DeliveryHold, PipeData, Residual, Response, TaskAttr,
+    TaskTag, TmfFunction, TmfId, TmfRequest, TmfResponse,
 };
 use crate::device::{Device, DeviceId, LunEntry, LunMap, NexusWatch, Watch};
 use crate::emulate::{self, DataCtx, Plan, Rmw};
@@ -46,6 +47,16 @@ pub const QUEUE_DEPTH: u32 = 128;
 
 /// Unit attentions kept per nexus per LUN; older ones are dropped first.
 const UA_QUEUE_MAX: usize = 8;
+
+/// Reads from this size up travel as page-cache pages in a pipe when the
+/// session and backend allow it; below it the copy costs less than the
+/// pipe's extra system calls.
+const PIPE_READ_MIN: u32 = 128 * 1024;
+/// Idle pipes a shard keeps.
+const PIPES_IDLE: usize = 32;
+/// Pipes a shard has out at once (two descriptors each); reads beyond them
+/// take buffers.
+const PIPES_LIVE: usize = 64;
 
 /// A session's handle inside its shard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -163,6 +174,20 @@ struct Cmd {
     active: bool,
     /// Holds its byte range in the device's [`RangeLocks`](crate::device).
     locked: bool,
+    /// Waited in its task set for older tasks (SAM-5 §8.6): it is ordered
+    /// after them, so its writes wait for their data's delivery too.
+    waited: bool,
+    /// Delivery holds of its session older than this one must be released
+    /// before its writes go ([`Shard::delivered`]); set when first needed.
+    barrier: Option<u64>,
+}
+
+/// Reads of a session whose data left as page-cache pages and that the
+/// initiator has not yet shown it received ([`DeliveryHold`]).
+#[derive(Debug, Default)]
+struct Deliveries {
+    next: u64,
+    open: std::collections::BTreeSet<u64>,
 }
 
 /// Per nexus per LUN state: unit attentions, the capacity generation last
@@ -232,6 +257,11 @@ struct SessionState {
     /// The fabric's watch on this nexus's transport
     /// ([`crate::device::NexusWatch`]), given to the state it holds.
     watch: Watch,
+    /// The fabric takes large reads as page-cache pages in a pipe
+    /// ([`Session::set_pipe_reads`]).
+    pipe_reads: bool,
+    /// Those reads not yet known to be delivered.
+    deliveries: Arc<std::sync::Mutex<Deliveries>>,
 }
 
 impl SessionState {
@@ -325,6 +355,9 @@ pub struct Shard {
     next_sanitize: u32,
     /// The [`capacity_epoch`](crate::device::capacity_epoch) last scanned.
     cap_epoch: u64,
+    /// Pipes for reads handed over as page-cache pages: made on first use;
+    /// `Some(None)` once the kernel refused them.
+    pipes: Option<Option<PipePool>>,
 }
 
 impl std::fmt::Debug for Shard {
@@ -458,6 +491,7 @@ impl Shard {
             sanitizing: Slab::new(),
             next_sanitize: 1,
             cap_epoch: crate::device::capacity_epoch(),
+            pipes: None,
         }
     }
 
@@ -502,6 +536,8 @@ impl Shard {
                 next_tmf: 1,
                 stats: IoStats::default(),
                 watch: None,
+                pipe_reads: false,
+                deliveries: Arc::default(),
             },
         );
         id
@@ -914,6 +950,8 @@ impl Shard {
             out_bytes: 0,
             active: true,
             locked: false,
+            waited: false,
+            barrier: None,
         });
         s.stats.started();
         if let Some(e) = self.cmds[key].entry.as_ref() {
@@ -1006,6 +1044,7 @@ impl Shard {
                 }
                 if !self.may_start(key) {
                     self.cmds[key].state = CmdState::Blocked;
+                    self.cmds[key].waited = true;
                     return;
                 }
                 self.start(key);
@@ -1027,9 +1066,17 @@ impl Shard {
             Plan::Fail(s, r) => self.respond(key, check(s, r)),
             Plan::Good(r) => self.respond(key, good(r)),
             Plan::DataIn => self.start_data_in(key),
-            Plan::Read { offset, len, .. } => {
-                let buf = self.pool.sg(len as usize);
-                self.submit_op(key, BlockOp::Read { offset, buf });
+            Plan::Read {
+                offset, len, xfer, ..
+            } => {
+                let op = match self.read_pipe(key, offset, len, xfer) {
+                    Some(pipe) => BlockOp::ReadPipe { offset, len, pipe },
+                    None => BlockOp::Read {
+                        offset,
+                        buf: self.pool.sg(len as usize),
+                    },
+                };
+                self.submit_op(key, op);
             }
             Plan::Write { len, .. } => self.fetch(key, len),
             Plan::Flush(_) => self.submit_op(key, BlockOp::Flush),
@@ -1329,6 +1376,21 @@ impl Shard {
             self.respond(key, Response::check(Sense::LOGICAL_UNIT_NOT_SUPPORTED));
             return;
         };
+        // A write ordered after older tasks must not change pages that
+        // their responses still carry to the initiator (`Response::pipe`):
+        // it waits until the initiator has them.
+        if self.cmds[key].waited
+            && matches!(
+                op,
+                BlockOp::Write { .. } | BlockOp::WriteZeroes { .. } | BlockOp::Unmap { .. }
+            )
+            && !self.delivered(key)
+        {
+            self.cmds[key].op = Some(op);
+            self.cmds[key].state = CmdState::RangeWait;
+            self.range_wait.push_back(key);
+            return;
+        }
         // SBC-4 §5.3: COMPARE AND WRITE (and ORWRITE) hold their range from
         // the read to the write; writes of others wait for it.
         let owner = self.owner(key);
@@ -1566,6 +1628,76 @@ impl Shard {
 
     /// The owner token of a command in the device range locks: unique
     /// across cores.
+    /// A pipe for a read of `len` bytes at `offset` that can travel as
+    /// page-cache pages: large enough for the pipe to pay, sent whole, to a
+    /// session that takes pipes, from a backend that fills them.
+    fn read_pipe(&mut self, key: usize, offset: u64, len: u32, xfer: u32) -> Option<Pipe> {
+        if len < PIPE_READ_MIN || xfer != len {
+            return None;
+        }
+        let c = &self.cmds[key];
+        if !self.sessions.get(&c.session).is_some_and(|s| s.pipe_reads) {
+            return None;
+        }
+        if !c.entry.as_ref()?.device.backend.caps().read_pipe {
+            return None;
+        }
+        let pool = self
+            .pipes
+            .get_or_insert_with(|| PipePool::new(PIPES_IDLE, PIPES_LIVE))
+            .as_ref()?;
+        if !pool.fits(offset, len as usize) {
+            return None;
+        }
+        pool.get()
+    }
+
+    /// A hold on the command's session until the initiator has the
+    /// response's pipe data (see [`PipeData`]).
+    fn delivery_hold(&self, key: usize) -> Option<DeliveryHold> {
+        let d = self
+            .sessions
+            .get(&self.cmds[key].session)?
+            .deliveries
+            .clone();
+        let id = {
+            let mut g = d.lock().ok()?;
+            let id = g.next;
+            g.next += 1;
+            g.open.insert(id);
+            id
+        };
+        Some(DeliveryHold::on_drop(move || {
+            if let Ok(mut g) = d.lock() {
+                g.open.remove(&id);
+            }
+        }))
+    }
+
+    /// Whether every response of the command's session that carried pipe
+    /// data before the command started has been delivered. The first time
+    /// it is not, the fabric is asked to find out
+    /// ([`Action::ConfirmDelivery`]).
+    fn delivered(&mut self, key: usize) -> bool {
+        let c = &mut self.cmds[key];
+        let Some(s) = self.sessions.get_mut(&c.session) else {
+            return true;
+        };
+        let Ok(d) = s.deliveries.lock() else {
+            return true;
+        };
+        let first = c.barrier.is_none();
+        let barrier = *c.barrier.get_or_insert(d.next);
+        let done = d.open.first().is_none_or(|&f| f >= barrier);
+        drop(d);
+        if !done && first {
+            let sid = c.session;
+            s.actions.push_back(Action::ConfirmDelivery);
+            s.mark_ready(sid, &mut self.ready);
+        }
+        done
+    }
+
     fn owner(&self, key: usize) -> u64 {
         ((self.core as u64) << 32) | self.cmds[key].seq as u64
     }
@@ -1868,8 +2000,17 @@ impl Shard {
         let rsp = match (c.plan, d.result) {
             (Plan::Read { xfer, residual, .. }, Ok(())) => {
                 let mut rsp = good(residual);
-                match dbuf {
-                    Some(buf) if buf.len() >= xfer as usize => {
+                match (dbuf, d.pipe) {
+                    (_, Some(pipe)) if pipe.held() == xfer as usize => {
+                        match self.delivery_hold(key) {
+                            Some(hold) => {
+                                rsp.pipe = Some(PipeData { pipe, hold });
+                                rsp.data_len = xfer;
+                            }
+                            None => rsp = Response::check(Sense::INTERNAL_TARGET_FAILURE),
+                        }
+                    }
+                    (Some(buf), None) if buf.len() >= xfer as usize => {
                         rsp.data = Some(buf);
                         rsp.data_len = xfer;
                     }
@@ -2795,6 +2936,17 @@ impl Session<'_> {
     pub fn data_out_done_at(&mut self, now: Instant, id: CmdId, data: Result<SgList, Abort>) {
         self.shard.tick(now);
         self.shard.data_out_done(self.id, id, data)
+    }
+
+    /// Whether this session's fabric takes large reads as page-cache pages
+    /// in a pipe ([`Response::pipe`]) where the backend can give them. Off
+    /// by default: a fabric says yes only if it can splice a pipe into its
+    /// transport and release each response's [`DeliveryHold`] once the
+    /// initiator has received it.
+    pub fn set_pipe_reads(&mut self, on: bool) {
+        if let Some(s) = self.shard.sessions.get_mut(&self.id) {
+            s.pipe_reads = on;
+        }
     }
 
     /// The response of `id` is sent; the command is forgotten.

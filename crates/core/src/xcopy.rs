@@ -1123,6 +1123,7 @@ mod tests {
                         tag,
                         result: Ok(()),
                         buf,
+                        pipe: None,
                     });
                 }
             }

@@ -65,6 +65,7 @@ impl BackendQueue for HeldQ {
                 tag,
                 result: Ok(()),
                 buf,
+                pipe: None,
             });
         }
     }

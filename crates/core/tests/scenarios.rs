@@ -96,6 +96,7 @@ impl BackendQueue for MemQueue {
         }
         let e = match &op {
             BlockOp::Read { offset, buf } => ("R", *offset, buf.len(), false),
+            BlockOp::ReadPipe { offset, len, .. } => ("P", *offset, *len as usize, false),
             BlockOp::Write { offset, buf, fua } => ("W", *offset, buf.len(), *fua),
             BlockOp::Flush => ("F", 0, 0, false),
             BlockOp::Unmap { offset, len } => ("U", *offset, *len as usize, false),
@@ -114,6 +115,23 @@ impl BackendQueue for MemQueue {
         while let Some((tag, op)) = self.pending.pop_front() {
             let fail = c.fail_next.take();
             let (buf, result) = match op {
+                BlockOp::ReadPipe {
+                    offset,
+                    len,
+                    mut pipe,
+                } => {
+                    let o = offset as usize;
+                    if fail.is_none() {
+                        pipe.fill(&c.data[o..o + len as usize]).unwrap();
+                    }
+                    out.push(BlockDone {
+                        tag,
+                        result: fail.map_or(Ok(()), Err),
+                        buf: None,
+                        pipe: Some(pipe),
+                    });
+                    continue;
+                }
                 BlockOp::Read { offset, mut buf } => {
                     let o = offset as usize;
                     let n = buf.len();
@@ -148,7 +166,12 @@ impl BackendQueue for MemQueue {
                 }
                 BlockOp::Flush => (None, fail.map_or(Ok(()), Err)),
             };
-            out.push(BlockDone { tag, result, buf });
+            out.push(BlockDone {
+                tag,
+                result,
+                buf,
+                pipe: None,
+            });
         }
     }
 
@@ -925,6 +948,116 @@ fn ordered_blocks_younger_and_waits_for_older() {
     assert!(matches!(acts[..], [Action::Respond { id, .. }] if id == c));
 }
 
+/// A large read to a session that takes pipes comes back as pages in a
+/// pipe. A write that waited in the task set for that read (ORDERED) must
+/// not change the pages before the initiator has them: it waits for the
+/// response's delivery hold, and the fabric is asked to confirm delivery.
+/// A write that did not wait for it goes at once.
+#[test]
+fn pipe_read_holds_writes_ordered_after_it_until_delivered() {
+    let caps = Caps {
+        read_pipe: true,
+        write_cache: true,
+        fua: true,
+        ..Caps::default()
+    };
+    let mut h = H::build(DeviceFlags::default(), false, BLOCKS, caps);
+    let r = h.run(&[0; 6], DataDir::None, 0, &[]);
+    assert_eq!(sense_of(&r), (0x06, 0x29, 0x00));
+    let len = 256 * 1024u32;
+    let blocks = (len / BS) as u16;
+    let data = pattern(len as usize, 3);
+    good(&h.run(&rw10(0x2a, 0, blocks, 0), DataDir::Write, len, &data));
+    // Not asked for: buffers.
+    let r = h.run(&rw10(0x28, 0, blocks, 0), DataDir::Read, len, &[]);
+    good(&r);
+    assert!(r.pipe.is_none());
+    assert_eq!(data_of(&r), data);
+
+    h.shard.session(h.sid).unwrap().set_pipe_reads(true);
+    // Small reads still use buffers.
+    let r = h.run(&rw10(0x28, 0, 8, 0), DataDir::Read, 8 * BS, &[]);
+    assert!(r.pipe.is_none());
+    assert_eq!(data_of(&r), data[..8 * BS as usize]);
+    // A SIMPLE write after a pipe read does not wait for its delivery.
+    let r = h.run(&rw10(0x28, 0, blocks, 0), DataDir::Read, len, &[]);
+    let held = r.pipe.expect("the read came as a pipe");
+    good(&h.run(
+        &rw10(0x2a, 600, 1, 0),
+        DataDir::Write,
+        BS,
+        &pattern(BS as usize, 1),
+    ));
+    drop(held);
+
+    // The read waits in the backend; an ORDERED write queues behind it.
+    h.ctl.lock().unwrap().hold = true;
+    let read = h.submit(
+        &rw10(0x28, 0, blocks, 0),
+        DataDir::Read,
+        len,
+        TaskAttr::Simple,
+    );
+    let write = h.submit(
+        &rw10(0x2a, 100, 1, 0),
+        DataDir::Write,
+        BS,
+        TaskAttr::Ordered,
+    );
+    assert!(h.actions().is_empty());
+    h.ctl.lock().unwrap().hold = false;
+    let mut pd = None;
+    let mut asked = 0;
+    let mut answered = Vec::new();
+    for _ in 0..6 {
+        h.poll();
+        for a in h.actions() {
+            match a {
+                Action::Respond { id, mut rsp, .. } => {
+                    good(&rsp);
+                    if id == read {
+                        assert_eq!(rsp.data_len, len);
+                        pd = Some(rsp.pipe.take().expect("pipe data"));
+                    }
+                    h.shard.session(h.sid).unwrap().response_sent(id);
+                    answered.push(id);
+                }
+                Action::FetchData { id, mut buf, .. } => {
+                    assert_eq!(id, write);
+                    buf.copy_in(0, &pattern(BS as usize, 9));
+                    h.shard.session(h.sid).unwrap().data_out_done(id, Ok(buf));
+                }
+                Action::ConfirmDelivery => asked += 1,
+                other => panic!("unexpected action {other:?}"),
+            }
+        }
+    }
+    // The write has its data but waits; the fabric was asked once.
+    assert_eq!(answered, vec![read]);
+    assert_eq!(asked, 1);
+    let mut pd = pd.expect("the read answered");
+    let mut got = Vec::new();
+    assert_eq!(
+        pd.pipe.read_to(&mut got, len as usize).unwrap(),
+        len as usize
+    );
+    assert_eq!(got, data, "the pages still hold what was read");
+    drop(pd);
+    for _ in 0..4 {
+        h.poll();
+        for a in h.actions() {
+            if let Action::Respond { id, rsp, .. } = a {
+                good(&rsp);
+                h.shard.session(h.sid).unwrap().response_sent(id);
+                answered.push(id);
+            }
+        }
+    }
+    assert_eq!(answered, vec![read, write]);
+    let r = h.run(&rw10(0x28, 100, 1, 0), DataDir::Read, BS, &[]);
+    assert_eq!(data_of(&r), pattern(BS as usize, 9));
+}
+
 #[test]
 fn simple_commands_run_concurrently() {
     let mut h = H::ready();
@@ -1261,6 +1394,7 @@ const THIN_CAPS: Caps = Caps {
     fua: true,
     write_cache: true,
     unmap_zeroes: true,
+    read_pipe: false,
 };
 
 #[test]

@@ -1051,7 +1051,7 @@ fn action_tag(a: &Action) -> Option<u64> {
     match a {
         Action::FetchData { tag, .. } | Action::Respond { tag, .. } => Some(tag.0),
         Action::TmfDone { tag, .. } => Some(tag.0),
-        Action::Aen { .. } | Action::Close => None,
+        Action::Aen { .. } | Action::Close | Action::ConfirmDelivery => None,
     }
 }
 

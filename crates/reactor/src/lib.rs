@@ -8,5 +8,6 @@
 pub mod blockring;
 pub mod buf;
 pub mod mailbox;
+pub mod pipe;
 pub mod ring;
 pub mod sock;

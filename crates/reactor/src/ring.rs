@@ -18,6 +18,7 @@ use slab::Slab;
 
 use crate::buf::SgList;
 use crate::mailbox::MailboxRx;
+use crate::pipe::Pipe;
 
 /// Most iovecs one send carries (Linux IOV_MAX is 1024).
 const MAX_IOVECS: usize = 256;
@@ -64,7 +65,18 @@ pub enum TxSeg {
         offset: usize,
         len: usize,
     },
+    /// The next `len` bytes of a pipe of file pages (response data spliced
+    /// from the page cache): sent with a splice of their own, no copy. The
+    /// pipe is shared by the Data-In PDUs of one response, each taking its
+    /// window in order.
+    Pipe {
+        pipe: PipeHold,
+        len: usize,
+    },
 }
+
+/// A pipe shared by the segments that drain it in turn.
+pub type PipeHold = Arc<std::sync::Mutex<Pipe>>;
 
 /// Most bytes a [`TxSeg::Inline`] holds: a basic header segment with a
 /// header digest.
@@ -90,7 +102,7 @@ impl TxSeg {
         match self {
             TxSeg::Bytes(b) => Some(b),
             TxSeg::Inline { buf, len } => Some(&buf[..*len as usize]),
-            TxSeg::Data { .. } => None,
+            TxSeg::Data { .. } | TxSeg::Pipe { .. } => None,
         }
     }
 
@@ -99,7 +111,7 @@ impl TxSeg {
         match self {
             TxSeg::Bytes(b) => b.len(),
             TxSeg::Inline { len, .. } => *len as usize,
-            TxSeg::Data { len, .. } => *len,
+            TxSeg::Data { len, .. } | TxSeg::Pipe { len, .. } => *len,
         }
     }
 
@@ -142,6 +154,7 @@ pub fn advance(segs: &mut VecDeque<TxSeg>, mut n: usize) {
                 *offset += n;
                 *len -= n;
             }
+            TxSeg::Pipe { len, .. } => *len -= n,
         }
     }
 }
@@ -182,6 +195,11 @@ enum Op {
         segs: VecDeque<TxSeg>,
         // Read by the kernel through the pointer in the SQE; kept alive here.
         iovecs: Vec<libc::iovec>,
+    },
+    /// A splice from the pipe of `segs`' first segment into the socket.
+    Splice {
+        token: u64,
+        segs: VecDeque<TxSeg>,
     },
     Accept {
         token: u64,
@@ -293,12 +311,30 @@ impl Ctx {
         self.push(e);
     }
 
-    /// Sends `segs` with one writev (at most [`MAX_IOVECS`] pieces).
+    /// Sends `segs` with one writev (at most [`MAX_IOVECS`] pieces), up to
+    /// the first pipe segment; a pipe segment at the front is sent alone,
+    /// spliced from its pipe into the socket.
     pub fn send(&mut self, fd: RawFd, segs: VecDeque<TxSeg>, token: u64) {
+        if let Some(TxSeg::Pipe { pipe, len }) = segs.front() {
+            let pfd = pipe.lock().map_or(-1, |p| p.read_fd());
+            let len = u32::try_from(*len).unwrap_or(u32::MAX);
+            let mut flags = libc::SPLICE_F_MOVE;
+            if segs.len() > 1 {
+                flags |= libc::SPLICE_F_MORE;
+            }
+            let key = self.ops.insert(Op::Splice { token, segs });
+            let e = opcode::Splice::new(types::Fd(pfd), -1, types::Fd(fd), -1, len)
+                .flags(flags)
+                .build()
+                .user_data(key as u64);
+            self.push(e);
+            return;
+        }
         let mut iov = self.iov_spare.pop().unwrap_or_default();
         iov.clear();
         'outer: for s in &segs {
             match s {
+                TxSeg::Pipe { .. } => break,
                 TxSeg::Bytes(_) | TxSeg::Inline { .. } => {
                     if iov.len() == MAX_IOVECS {
                         break;
@@ -368,6 +404,7 @@ impl Ctx {
                 let token = match op {
                     Op::Recv { token, .. }
                     | Op::Send { token, .. }
+                    | Op::Splice { token, .. }
                     | Op::Accept { token }
                     | Op::Poll { token } => *token,
                 };
@@ -651,6 +688,28 @@ fn complete(op: Op, res: i32) -> (Completion, Option<Vec<libc::iovec>>) {
             },
             Some(iovecs),
         ),
+        Op::Splice { token, segs } => {
+            let result = match (result(res), segs.front()) {
+                (Ok(n), Some(TxSeg::Pipe { pipe, .. })) if n > 0 => {
+                    if let Ok(mut p) = pipe.lock() {
+                        p.taken(n);
+                    }
+                    Ok(n)
+                }
+                // The pipe held less than the segment says: the bytes
+                // promised to the peer cannot be sent.
+                (Ok(_), _) => Err(io::Error::from_raw_os_error(libc::EPIPE)),
+                (Err(e), _) => Err(e),
+            };
+            (
+                Completion::Send {
+                    token,
+                    result,
+                    segs,
+                },
+                None,
+            )
+        }
         Op::Accept { token } => (
             Completion::Accept {
                 token,

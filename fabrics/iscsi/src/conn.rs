@@ -20,10 +20,13 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferrite_core::{Abort, Action, Cdb, CmdId, CmdRequest, DataDir, Response, TaskAttr, TaskTag};
+use ferrite_core::{
+    Abort, Action, Cdb, CmdId, CmdRequest, DataDir, DeliveryHold, PipeData, Response, TaskAttr,
+    TaskTag,
+};
 use ferrite_core::{TmfFunction, TmfRequest, TmfResponse};
-use ferrite_reactor::buf::SgList;
-use ferrite_reactor::ring::SgHold;
+use ferrite_reactor::buf::{IoBuf, SgList};
+use ferrite_reactor::ring::{PipeHold, SgHold};
 use ferrite_scsi::{Lun, Sense, Status};
 
 use crate::chap::{ChapAuth, ChapRng};
@@ -220,6 +223,35 @@ pub enum ConnEvent {
     Closed { reason: CloseReason },
 }
 
+/// A response's Data-In bytes as `respond` sends them.
+enum Payload {
+    /// A buffer list: owned while one PDU sends it, shared by several.
+    Sg(Option<SgList>, Option<Arc<SgList>>),
+    /// Page-cache pages in a pipe, each PDU taking the next bytes; and how
+    /// many it holds.
+    Pipe(PipeHold, usize),
+}
+
+impl Payload {
+    fn len(&self) -> usize {
+        match self {
+            Payload::Sg(Some(sg), _) => sg.len(),
+            Payload::Sg(None, Some(sg)) => sg.len(),
+            Payload::Sg(None, None) => 0,
+            Payload::Pipe(_, len) => *len,
+        }
+    }
+
+    /// Several PDUs will send this list: share it.
+    fn share(&mut self) {
+        if let Payload::Sg(owned, shared) = self
+            && let Some(sg) = owned.take()
+        {
+            *shared = Some(Arc::new(sg));
+        }
+    }
+}
+
 /// Transmit queue: owned header bytes, and zero-copy references into a
 /// response's buffers.
 #[derive(Debug, Default)]
@@ -251,6 +283,11 @@ impl TxQueue {
                 TxSeg::Data { sg, offset, len } => {
                     for sl in sg.slices(*offset, *len) {
                         out.extend_from_slice(sl);
+                    }
+                }
+                TxSeg::Pipe { pipe, len } => {
+                    if let Ok(mut p) = pipe.lock() {
+                        let _ = p.read_to(&mut out, *len);
                     }
                 }
                 other => out.extend_from_slice(other.bytes().unwrap_or(&[])),
@@ -583,6 +620,10 @@ pub struct Conn {
     /// The most commands the initiator had outstanding, as seen from here,
     /// since the driver last asked ([`Conn::take_depth_peak`]).
     depth_peak: u32,
+    /// Responses whose data left as page-cache pages, oldest first: their
+    /// StatSN, and the hold the core keeps until the initiator's ExpStatSN
+    /// shows it has them.
+    read_holds: VecDeque<(StatSn, DeliveryHold)>,
 }
 
 /// Requests held for CmdSN order at most (the window bounds it anyway).
@@ -642,6 +683,7 @@ impl Conn {
             text_cont: None,
             close_reason: None,
             depth_peak: 0,
+            read_holds: VecDeque::new(),
         }
     }
 
@@ -791,6 +833,22 @@ impl Conn {
         self.out.push_back(TxSeg::Data { sg, offset, len });
         if n > 0 {
             self.out.push_back(TxSeg::copy_of(&trailer[..n]));
+        }
+    }
+
+    /// A Data-In PDU whose `len` data bytes are the next ones of `pipe`
+    /// (never with a data digest: see `respond`).
+    fn send_pipe(&mut self, bhs: &BhsBuf, pipe: PipeHold, len: usize) {
+        tracing::trace!(peer = %self.peer, "tx {bhs:?} from a pipe");
+        let (hdr, n) = self.header_bytes(bhs, len as u32);
+        self.out.push_back(TxSeg::copy_of(&hdr[..n]));
+        if len == 0 {
+            return;
+        }
+        self.out.push_back(TxSeg::Pipe { pipe, len });
+        let pad = [0u8; 3];
+        if pad_len(len) > 0 {
+            self.out.push_back(TxSeg::copy_of(&pad[..pad_len(len)]));
         }
     }
 
@@ -1042,12 +1100,7 @@ impl Conn {
                         if let Some(iv) = self.cfg.nop_in_interval
                             && now >= later(self.last_rx, iv)
                         {
-                            // RFC 7143 §11.19: a ping carries a TTT and
-                            // ITT 0xffffffff; StatSN is not advanced.
-                            let ttt = self.new_ttt();
-                            let b = pdu::nop_in([0; 8], RESERVED_TAG, ttt, self.sns());
-                            self.send(&b, &[]);
-                            self.ping = Some((ttt, later(now, self.cfg.nop_in_timeout)));
+                            self.ping(now);
                         }
                     }
                 }
@@ -1095,6 +1148,11 @@ impl Conn {
             Action::Respond { id, tag, rsp } => self.respond(id, tag, rsp),
             Action::TmfDone { tag, rsp, .. } => self.tmf_done(tag, rsp),
             Action::Aen { lun, sense } => self.aen(lun, sense),
+            Action::ConfirmDelivery => {
+                if !self.read_holds.is_empty() && self.phase == Phase::FullFeature {
+                    self.ping(now);
+                }
+            }
             Action::Close => {
                 if self.phase != Phase::FullFeature || self.logout_deadline.is_some() {
                     return;
@@ -1114,6 +1172,9 @@ impl Conn {
 
     fn start_pdu(&mut self, hdr: [u8; BHS_LEN], ahs: Vec<u8>) {
         let bhs = Bhs(&hdr);
+        if !self.read_holds.is_empty() {
+            self.ack_reads(bhs.exp_stat_sn());
+        }
         tracing::trace!(peer = %self.peer, "rx {bhs:?} sn={:#x}", bhs.cmd_sn().0);
         let len = bhs.data_segment_len() as usize;
         let op = bhs.opcode();
@@ -1777,6 +1838,35 @@ impl Conn {
         }
     }
 
+    /// Sends a NOP-In ping unless one is out. RFC 7143 §11.19: a ping
+    /// carries a TTT and ITT 0xffffffff; StatSN is not advanced. Its
+    /// NOP-Out answer carries the initiator's ExpStatSN.
+    fn ping(&mut self, now: Instant) {
+        if self.ping.is_some() {
+            return;
+        }
+        let ttt = self.new_ttt();
+        let b = pdu::nop_in([0; 8], RESERVED_TAG, ttt, self.sns());
+        self.send(&b, &[]);
+        self.ping = Some((ttt, later(now, self.cfg.nop_in_timeout)));
+    }
+
+    /// Releases the delivery holds of the responses the initiator has seen:
+    /// those before `exp` (RFC 7143 §3.2.2.2: ExpStatSN acknowledges every
+    /// status before it). An ExpStatSN beyond the last StatSN sent is
+    /// ignored.
+    fn ack_reads(&mut self, exp: StatSn) {
+        let ahead = exp.0.wrapping_sub(self.stat_sn.0) as i32;
+        if ahead > 0 {
+            return;
+        }
+        while let Some((sn, _)) = self.read_holds.front()
+            && (exp.0.wrapping_sub(sn.0) as i32) > 0
+        {
+            self.read_holds.pop_front();
+        }
+    }
+
     fn respond(&mut self, id: CmdId, tag: TaskTag, rsp: Response) {
         let itt = tag.0 as u32;
         let task = self.tasks.remove(&itt);
@@ -1800,16 +1890,51 @@ impl Conn {
             sense,
             data,
             data_len,
+            pipe,
             residual,
             bidi_residual,
         } = rsp;
         let mut data_sn = DataSn(0);
         let mut collapsed = false;
-        if let Some(sg) = data
+        let (payload, hold) = match (data, pipe) {
+            (_, Some(PipeData { mut pipe, hold })) => {
+                if self.data_digest {
+                    // The digest needs the bytes: this connection copies
+                    // them out, and the pages are free at once.
+                    let mut bytes = Vec::new();
+                    let held = pipe.held();
+                    match pipe.read_to(&mut bytes, held) {
+                        Ok(_) => {
+                            let mut sg = SgList::new();
+                            sg.push(IoBuf::from_slice(&bytes));
+                            (Some(Payload::Sg(Some(sg), None)), None)
+                        }
+                        Err(e) => {
+                            tracing::warn!(peer = %self.peer, error = %e, "read data lost from its pipe, dropping the connection");
+                            self.close(CloseReason::CoreRequest);
+                            self.events.push_back(ConnEvent::ResponseSent { id });
+                            return;
+                        }
+                    }
+                } else {
+                    let hold_len = pipe.held();
+                    (
+                        Some(Payload::Pipe(
+                            Arc::new(std::sync::Mutex::new(pipe)),
+                            hold_len,
+                        )),
+                        Some(hold),
+                    )
+                }
+            }
+            (Some(sg), None) => (Some(Payload::Sg(Some(sg), None)), None),
+            (None, None) => (None, None),
+        };
+        if let Some(mut payload) = payload
             && matches!(dir, DataDir::Read | DataDir::Bidi)
         {
             // RFC 7143 §11.7: never more Data-In than the initiator expects.
-            let total = (data_len as usize).min(sg.len()).min(read_len);
+            let total = (data_len as usize).min(payload.len()).min(read_len);
             let mrdsl = self.params.max_xmit_data_segment_length.max(512) as usize;
             let burst = self.params.max_burst_length.max(512) as usize;
             // RFC 7143 §11.7.4: status may ride in the last Data-In only
@@ -1817,11 +1942,9 @@ impl Conn {
             // needs the SCSI Response).
             let collapse = sense.is_none() && status == Status::GOOD && dir == DataDir::Read;
             // One Data-In PDU owns the list; several share it.
-            let (mut owned, shared) = if total <= mrdsl.min(burst) {
-                (Some(sg), None)
-            } else {
-                (None, Some(Arc::new(sg)))
-            };
+            if total > mrdsl.min(burst) {
+                payload.share();
+            }
             let mut off = 0;
             let mut in_burst = 0;
             while off < total {
@@ -1840,12 +1963,17 @@ impl Conn {
                     self.sns()
                 };
                 let b = pdu::data_in(itt, fin, st, data_sn, off as u32, n as u32, sns);
-                let hold = match (owned.take(), &shared) {
-                    (Some(sg), _) => SgHold::Owned(sg),
-                    (None, Some(sg)) => SgHold::Shared(sg.clone()),
-                    (None, None) => break,
-                };
-                self.send_sg(&b, hold, off, n);
+                match &mut payload {
+                    Payload::Sg(owned, shared) => {
+                        let hold = match (owned.take(), &shared) {
+                            (Some(sg), _) => SgHold::Owned(sg),
+                            (None, Some(sg)) => SgHold::Shared(sg.clone()),
+                            (None, None) => break,
+                        };
+                        self.send_sg(&b, hold, off, n);
+                    }
+                    Payload::Pipe(pipe, _) => self.send_pipe(&b, pipe.clone(), n),
+                }
                 data_sn = data_sn.next();
                 off += n;
             }
@@ -1864,6 +1992,11 @@ impl Conn {
                 }
                 None => self.send(&b, &[]),
             }
+        }
+        if let Some(hold) = hold {
+            // The status just sent carries the last StatSN.
+            let sn = StatSn(self.stat_sn.0.wrapping_sub(1));
+            self.read_holds.push_back((sn, hold));
         }
         self.events.push_back(ConnEvent::ResponseSent { id });
     }

@@ -9,10 +9,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferrite_core::{
-    Abort, Action, CmdId, CmdRequest, DataDir, Response, TaskTag, TmfFunction, TmfId, TmfResponse,
+    Abort, Action, CmdId, CmdRequest, DataDir, DeliveryHold, PipeData, Response, TaskTag,
+    TmfFunction, TmfId, TmfResponse,
 };
 use ferrite_reactor::buf::BufPool;
+use ferrite_reactor::pipe::PipePool;
 use ferrite_scsi::{Lun, Sense};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::conn::{CloseReason, Conn, ConnEvent, IscsiConfig, IscsiTarget, TxQueue};
 use crate::initiator::{Command, Initiator, InitiatorConfig, InitiatorError, Transport};
@@ -37,6 +40,10 @@ struct FakeCore {
     data_errors: Vec<Abort>,
     /// Hold TMF answers (to test ordering with pending data).
     responses_sent: u32,
+    /// Reads answered as pages in a pipe, with a range hold whose release
+    /// is counted in `holds_released`.
+    pipes: Option<PipePool>,
+    holds_released: Arc<AtomicUsize>,
 }
 
 impl FakeCore {
@@ -54,6 +61,8 @@ impl FakeCore {
             tmfs: Vec::new(),
             data_errors: Vec::new(),
             responses_sent: 0,
+            pipes: None,
+            holds_released: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -110,6 +119,21 @@ impl FakeCore {
         let len = blocks * BS;
         let rsp = match cdb[0] {
             0x00 => Response::good(),
+            0x28 if at + len <= self.disk.len() && self.pipes.is_some() => {
+                let Some(mut pipe) = self.pipes.as_ref().and_then(PipePool::get) else {
+                    panic!("no pipe");
+                };
+                assert_eq!(pipe.fill(&self.disk[at..at + len]).unwrap(), len);
+                let released = self.holds_released.clone();
+                let hold = DeliveryHold::on_drop(move || {
+                    released.fetch_add(1, Ordering::SeqCst);
+                });
+                Response {
+                    data_len: len as u32,
+                    pipe: Some(PipeData { pipe, hold }),
+                    ..Response::good()
+                }
+            }
             0x28 if at + len <= self.disk.len() => {
                 let mut sg = self.pool.sg(len);
                 sg.copy_in(0, &self.disk[at..at + len]);
@@ -382,6 +406,22 @@ fn digests_and_unsolicited_data() {
     assert_eq!(w.r2ts, 2);
     assert_eq!(r.data, data);
     assert_eq!(&i.t.core.disk[8 * BS..8 * BS + data.len()], &data[..]);
+    // Pages in a pipe need their bytes for the data digest: the connection
+    // copies them out, the digest checks, and nothing stays held.
+    if let Some(pool) = PipePool::new(2, 2) {
+        i.t.core.pipes = Some(pool);
+        let r = i
+            .command(&Command {
+                cdb: &read10(8, (data.len() / BS) as u16),
+                read_len: data.len() as u32,
+                attr: 1,
+                ..Command::default()
+            })
+            .expect("read");
+        assert_eq!(r.status, 0);
+        assert_eq!(r.data, data);
+        assert_eq!(i.t.core.holds_released.load(Ordering::SeqCst), 1);
+    }
 }
 
 #[test]
@@ -765,6 +805,71 @@ fn max_cmd_sn_tracks_queue_depth() {
     let rsp = i.wait_for(Opcode::SCSI_RSP, itt).unwrap();
     // After the response the slot is free again: the window moved by one.
     assert_eq!(rsp.bhs().max_cmd_sn(), start.next());
+}
+
+/// Read data sent as pages from a pipe arrives whole, split over Data-In
+/// PDUs; each read's delivery hold lasts until the initiator's ExpStatSN
+/// shows it has the response, and when the core asks (ConfirmDelivery) a
+/// ping makes a quiet initiator say so.
+#[test]
+fn pipe_reads_are_held_until_the_initiator_has_them() {
+    let mut i = logged_in(cfg(), ini_cfg());
+    let Some(pool) = PipePool::new(4, 4) else {
+        return;
+    };
+    let data = pattern(200 * 1024, 5);
+    let blocks = (data.len() / BS) as u16;
+    i.t.core.disk[..data.len()].copy_from_slice(&data);
+    i.t.core.pipes = Some(pool);
+    let released = i.t.core.holds_released.clone();
+    let read = |i: &mut Initiator<Mem>| {
+        i.command(&Command {
+            cdb: &read10(0, blocks),
+            read_len: data.len() as u32,
+            attr: 1,
+            ..Command::default()
+        })
+        .expect("read")
+    };
+    let r = read(&mut i);
+    assert_eq!(r.status, 0);
+    assert_eq!(r.data, data);
+    assert_eq!(r.data_in_pdus, 25);
+    assert!(r.status_in_data_in);
+    // Nothing came from the initiator since: still held.
+    assert_eq!(released.load(Ordering::SeqCst), 0);
+    // Its next PDU carries an ExpStatSN past the read's status.
+    assert_eq!(i.nop(b"x", true).unwrap(), b"x");
+    assert_eq!(released.load(Ordering::SeqCst), 1);
+
+    let r = read(&mut i);
+    assert_eq!(r.data, data);
+    // Time alone sends nothing (no keepalive configured here)...
+    i.t.advance(Duration::from_secs(1));
+    assert!(i.t.output.is_empty());
+    assert_eq!(released.load(Ordering::SeqCst), 1);
+    // ...the core's request does: one ping, however often it asks.
+    i.t.core.actions.push_back(Action::ConfirmDelivery);
+    i.t.core.actions.push_back(Action::ConfirmDelivery);
+    i.t.pump();
+    let ping = i.recv_pdu().unwrap();
+    assert_eq!(ping.bhs().opcode(), Opcode::NOP_IN);
+    assert_eq!(ping.bhs().itt(), RESERVED_TAG);
+    assert_ne!(ping.bhs().ttt(), RESERVED_TAG);
+    assert!(i.t.output.is_empty());
+    // Any answer releases the hold.
+    assert_eq!(i.nop(b"y", true).unwrap(), b"y");
+    assert_eq!(released.load(Ordering::SeqCst), 2);
+    // With nothing held, a request sends nothing.
+    i.t.core.actions.push_back(Action::ConfirmDelivery);
+    i.t.pump();
+    assert!(i.t.output.is_empty());
+    // The logout's ExpStatSN (or the end of the connection) releases the
+    // last one.
+    let _ = read(&mut i);
+    assert_eq!(i.logout(0).unwrap(), 0);
+    drop(i);
+    assert_eq!(released.load(Ordering::SeqCst), 3);
 }
 
 #[test]

@@ -733,7 +733,9 @@ impl TcpConn {
                 itt(tag).and_then(|i| g.seq.task_owner(i))
             }
             Action::TmfDone { tag, .. } => itt(tag).and_then(|i| g.seq.tmf_owner(i)),
-            Action::Aen { .. } | Action::Close => g.members.first().map(|(m, _)| *m),
+            Action::Aen { .. } | Action::Close | Action::ConfirmDelivery => {
+                g.members.first().map(|(m, _)| *m)
+            }
         };
         match owner {
             Some(m) if m == me => Route::Here,
@@ -817,6 +819,13 @@ impl TcpConn {
                             self.conn.join_session(seq, &lead, member);
                             self.tsih = Some(grant.tsih);
                             self.session = Some(sid);
+                            // Responses may now leave on several connections,
+                            // each acknowledged on its own: no more pipe data
+                            // (the holds already out stay with the leading
+                            // connection, which ConfirmDelivery reaches).
+                            if let Some(mut s) = shard.session(sid) {
+                                s.set_pipe_reads(false);
+                            }
                             self.nexus = target.map(|t| (t, initiator, luns));
                             self.link = Some(link);
                             self.conn.accept_session(tsih);
@@ -866,6 +875,11 @@ impl TcpConn {
                         rel_port_id: grant.rel_port_id,
                     };
                     let sid = shard.open_session(now, nexus, luns.clone(), true);
+                    // Large reads from file LUNs in memory travel as their
+                    // pages, spliced into the socket (`TxSeg::Pipe`).
+                    if let Some(mut s) = shard.session(sid) {
+                        s.set_pipe_reads(true);
+                    }
                     match self.sock.try_clone() {
                         Ok(sock) => {
                             let w = Arc::new(TcpWatch {
@@ -1083,7 +1097,8 @@ fn complete_orphan(s: &mut ferrite_core::shard::Session<'_>, a: Action) {
     match a {
         Action::Respond { id, .. } => s.response_sent(id),
         Action::FetchData { id, .. } => s.data_out_done(id, Err(Abort::ConnectionLost)),
-        Action::TmfDone { .. } | Action::Aen { .. } | Action::Close => {}
+        // Holds die with their connection: nothing to confirm.
+        Action::TmfDone { .. } | Action::Aen { .. } | Action::Close | Action::ConfirmDelivery => {}
     }
 }
 

@@ -645,6 +645,8 @@ impl Channel {
                 }
             }
             Action::Close => self.logout(TLogoutReason::NO_REASON),
+            // SRP sessions never take pipe data, so nothing is held.
+            Action::ConfirmDelivery => {}
         }
     }
 
