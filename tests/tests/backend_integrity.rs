@@ -160,23 +160,28 @@ fn run_backend(dir: &Path, devices: &[String]) {
 
 const SIZE: u64 = 32 << 20;
 
-#[test]
-fn fileio_keeps_every_acknowledged_block() {
-    let dir = tempfile::tempdir().unwrap();
-    let devs: Vec<String> = [512u32, 4096]
+/// Two fileio LUNs in `dir` (512- and 4096-byte blocks), named `name512`
+/// and `name4096`.
+fn fileio_devices(dir: &Path, name: &str) -> Vec<String> {
+    [512u32, 4096]
         .iter()
         .map(|bs| {
             device_json(
-                &format!("file{bs}"),
+                &format!("{name}{bs}"),
                 "vdisk_fileio",
                 &format!(
                     r#""filename": "{}", "size": {SIZE}, "blocksize": {bs}"#,
-                    dir.path().join(format!("file{bs}.img")).display()
+                    dir.join(format!("{name}{bs}.img")).display()
                 ),
             )
         })
-        .collect();
-    run_backend(dir.path(), &devs);
+        .collect()
+}
+
+#[test]
+fn fileio_keeps_every_acknowledged_block() {
+    let dir = tempfile::tempdir().unwrap();
+    run_backend(dir.path(), &fileio_devices(dir.path(), "file"));
 }
 
 /// The same on tmpfs, where reads of 128 KiB and more travel as the file's
@@ -190,20 +195,7 @@ fn fileio_on_tmpfs_keeps_every_acknowledged_block() {
         return;
     }
     let dir = tempfile::tempdir_in(shm).unwrap();
-    let devs: Vec<String> = [512u32, 4096]
-        .iter()
-        .map(|bs| {
-            device_json(
-                &format!("shm{bs}"),
-                "vdisk_fileio",
-                &format!(
-                    r#""filename": "{}", "size": {SIZE}, "blocksize": {bs}"#,
-                    dir.path().join(format!("shm{bs}.img")).display()
-                ),
-            )
-        })
-        .collect();
-    run_backend(dir.path(), &devs);
+    run_backend(dir.path(), &fileio_devices(dir.path(), "shm"));
 }
 
 #[test]

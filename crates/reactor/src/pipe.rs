@@ -291,7 +291,6 @@ impl Drop for Pipe {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write;
 
     fn file_with(bytes: &[u8]) -> File {
         let path = std::env::temp_dir().join(format!(
@@ -299,15 +298,9 @@ mod tests {
             std::process::id(),
             bytes.len()
         ));
-        let mut f = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .expect("create");
+        std::fs::write(&path, bytes).expect("write");
+        let f = File::open(&path).expect("open");
         let _ = std::fs::remove_file(&path);
-        f.write_all(bytes).expect("write");
         f
     }
 
