@@ -66,9 +66,9 @@ pub enum TxSeg {
         len: usize,
     },
     /// The next `len` bytes of a pipe of file pages (response data spliced
-    /// from the page cache): sent with a splice of their own, no copy. The
-    /// pipe is shared by the Data-In PDUs of one response, each taking its
-    /// window in order.
+    /// from the page cache): sent with a splice of their own, no copy. One
+    /// pipe may back several segments, each taking the next bytes in
+    /// queue order.
     Pipe {
         pipe: PipeHold,
         len: usize,
