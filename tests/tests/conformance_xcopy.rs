@@ -267,7 +267,13 @@ fn extended_copy_moves_64_mib_between_devices_inside_the_target() {
 
     // 1. QEMU offloads the copy with EXTENDED COPY.
     if has_qemu_iscsi() {
+        // The counters are those of this moment: the test's own read of
+        // the whole source is in them already.
         let read_before = stat(&f, "src", "read_bytes");
+        assert!(
+            read_before >= SIZE as u64,
+            "read_bytes {read_before} misses the {SIZE} bytes just read"
+        );
         let out = run_with_timeout(
             Process::new("qemu-img").args([
                 "convert",

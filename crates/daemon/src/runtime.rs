@@ -114,6 +114,28 @@ impl DaemonRuntime {
         self
     }
 
+    /// Asks every core for its counters of this moment and waits (a
+    /// second at most) until all answered; a core that does not answer in
+    /// time counts with what it published last.
+    fn fresh_stats(&self) {
+        let question = self.stats_board.ask();
+        let mut asked = 0;
+        for c in &self.cores {
+            if c.send(Msg::PublishStats(question)).is_ok() {
+                asked += 1;
+            }
+        }
+        if asked == self.cores.len()
+            && !self
+                .stats_board
+                .wait(question, asked, std::time::Duration::from_secs(1))
+        {
+            tracing::warn!(
+                "a core did not publish its counters within a second: reporting older ones"
+            );
+        }
+    }
+
     fn lock(&self) -> Result<MutexGuard<'_, State>, RuntimeError> {
         self.state
             .lock()
@@ -629,6 +651,7 @@ impl Runtime for DaemonRuntime {
     }
 
     fn sessions(&self) -> Vec<SessionInfo> {
+        self.fresh_stats();
         let mut v = self.registry.sessions();
         for s in &mut v {
             if let Some(io) = self.stats_board.session(s.tsih) {
@@ -681,6 +704,7 @@ impl Runtime for DaemonRuntime {
     }
 
     fn stats(&self) -> Stats {
+        self.fresh_stats();
         let (devices, targets) = self.stats_board.totals();
         let mut out = Stats::default();
         if let Ok(st) = self.state.lock() {

@@ -1,7 +1,10 @@
 //! Statistics across cores: each reactor publishes its shard's counters here
 //! about once a second (control path: one short mutex hold per core per
 //! second), and the management thread reads them for `ferritectl stats`,
-//! `ferritectl sessions` and the Prometheus endpoint.
+//! `ferritectl sessions` and the Prometheus endpoint. Before it reads, the
+//! management thread asks every core for its counters of that moment
+//! ([`StatsBoard::ask`], [`StatsBoard::wait`]), so what it reports includes
+//! every command answered before the question.
 //!
 //! Per-device counters come straight from the shards. Per-target counters are
 //! the sum of the target's sessions: the live ones, plus what sessions that
@@ -9,7 +12,9 @@
 //! before it closes is not counted).
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use ferrite_core::device::DeviceId;
 use ferrite_core::stats::{
@@ -26,27 +31,37 @@ pub struct CoreStats {
     pub sessions: BTreeMap<u16, (String, CoreIo)>,
     /// Counters of sessions that ended, by target.
     pub ended: BTreeMap<String, CoreIo>,
+    /// The newest question ([`StatsBoard::ask`]) these counters answer.
+    pub answered: u64,
 }
 
 /// The board every core publishes to.
 #[derive(Debug, Default)]
 pub struct StatsBoard {
     cores: Mutex<BTreeMap<usize, CoreStats>>,
+    /// Signalled on every publication.
+    published: Condvar,
+    /// The newest question asked.
+    asked: AtomicU64,
 }
 
 impl StatsBoard {
     /// Replaces `core`'s devices and sessions; sessions it published before
     /// and no longer has are added to their target's ended counters.
+    /// `answered` is the newest question the core saw before it took these
+    /// counters (0: none).
     pub fn publish(
         &self,
         core: usize,
         devices: BTreeMap<DeviceId, CoreIo>,
         sessions: BTreeMap<u16, (String, CoreIo)>,
+        answered: u64,
     ) {
         let Ok(mut cores) = self.cores.lock() else {
             return;
         };
         let c = cores.entry(core).or_default();
+        c.answered = c.answered.max(answered);
         let gone: Vec<u16> = c
             .sessions
             .keys()
@@ -60,6 +75,38 @@ impl StatsBoard {
         }
         c.devices = devices;
         c.sessions = sessions;
+        drop(cores);
+        self.published.notify_all();
+    }
+
+    /// A new question: the number each core echoes in its next
+    /// [`StatsBoard::publish`] once it was asked (`Msg::PublishStats`).
+    pub fn ask(&self) -> u64 {
+        self.asked.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Waits until each of `cores` answered `question` or a newer one, for
+    /// at most `limit`. False when one did not (a core stuck or gone; what
+    /// it published last still counts).
+    pub fn wait(&self, question: u64, cores: usize, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        let Ok(mut guard) = self.cores.lock() else {
+            return false;
+        };
+        loop {
+            let done = (0..cores).all(|k| guard.get(&k).is_some_and(|c| c.answered >= question));
+            if done {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            guard = match self.published.wait_timeout(guard, left) {
+                Ok((g, _)) => g,
+                Err(_) => return false,
+            };
+        }
     }
 
     /// Every core's devices merged, and every target's sessions (live and
@@ -151,13 +198,39 @@ mod tests {
         };
         let mut s = BTreeMap::new();
         s.insert(7u16, ("t1".to_string(), io));
-        b.publish(0, BTreeMap::new(), s);
-        b.publish(1, BTreeMap::new(), BTreeMap::new());
+        b.publish(0, BTreeMap::new(), s, 0);
+        b.publish(1, BTreeMap::new(), BTreeMap::new(), 0);
         assert_eq!(b.totals().1["t1"].errors, 3);
         assert_eq!(b.session(7).map(|i| i.errors), Some(3));
         // The session ends: its counters move to the target's ended total.
-        b.publish(0, BTreeMap::new(), BTreeMap::new());
+        b.publish(0, BTreeMap::new(), BTreeMap::new(), 0);
         assert_eq!(b.totals().1["t1"].errors, 3);
         assert_eq!(b.session(7), None);
+    }
+
+    #[test]
+    fn a_question_is_answered_once_every_core_published_after_it() {
+        let b = std::sync::Arc::new(StatsBoard::default());
+        b.publish(0, BTreeMap::new(), BTreeMap::new(), 0);
+        let q = b.ask();
+        // Nobody answers: the wait gives up after its limit.
+        assert!(!b.wait(q, 2, Duration::from_millis(20)));
+        b.publish(0, BTreeMap::new(), BTreeMap::new(), q);
+        // Core 1 has not answered yet.
+        assert!(!b.wait(q, 2, Duration::from_millis(20)));
+        let b2 = b.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            b2.publish(1, BTreeMap::new(), BTreeMap::new(), q);
+        });
+        assert!(b.wait(q, 2, Duration::from_secs(10)));
+        t.join().unwrap();
+        // A timed publication later does not take the answer back.
+        b.publish(1, BTreeMap::new(), BTreeMap::new(), 0);
+        assert!(b.wait(q, 2, Duration::ZERO));
+        // A newer question needs newer answers.
+        let q2 = b.ask();
+        assert!(q2 > q);
+        assert!(!b.wait(q2, 2, Duration::from_millis(1)));
     }
 }

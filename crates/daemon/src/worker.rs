@@ -59,6 +59,9 @@ pub enum Msg {
     },
     /// A core finished its part of reset `token`.
     ResetDrained { token: u64 },
+    /// Publish this core's counters now, answering this question of the
+    /// stats board ([`crate::stats::StatsBoard::ask`]).
+    PublishStats(u64),
     /// Close every connection and stop.
     Stop,
 }
@@ -276,13 +279,20 @@ impl CoreWorker {
         }
     }
 
+    /// Publishes the counters when a second passed since the last time and
+    /// work happened since.
     fn publish_stats(&mut self, now: Instant) {
-        let Some(board) = &self.stats_board else {
-            return;
-        };
         if !self.stats_dirty || self.next_stats.is_some_and(|t| now < t) {
             return;
         }
+        self.publish_stats_now(now, 0);
+    }
+
+    /// Publishes the counters as they are, answering `question` (0: none).
+    fn publish_stats_now(&mut self, now: Instant, question: u64) {
+        let Some(board) = &self.stats_board else {
+            return;
+        };
         self.stats_dirty = false;
         self.next_stats = Some(now + std::time::Duration::from_secs(1));
         let st = self.shard.stats();
@@ -294,7 +304,7 @@ impl CoreWorker {
                 sessions.insert(tsih, (target.to_string(), io));
             }
         }
-        board.publish(self.core, st.devices, sessions);
+        board.publish(self.core, st.devices, sessions, question);
     }
 
     /// Gives this core the SRP target ports to accept logins on.
@@ -703,6 +713,7 @@ impl Worker for CoreWorker {
                 self.remote_resets.insert(id, (origin, token));
             }
             Msg::ResetDrained { token } => self.reset_drained(ctx, token),
+            Msg::PublishStats(question) => self.publish_stats_now(ctx.now(), question),
             Msg::AbortPreempted(dev, nexuses) => {
                 self.shard.abort_preempted(dev, &nexuses);
             }
