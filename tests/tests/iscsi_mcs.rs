@@ -188,11 +188,7 @@ fn four_connections_carry_verified_io_at_once() {
                 .unwrap_or_else(|_| panic!("a connection failed:\n{}", f.log_text()))
         })
         .collect();
-    assert!(
-        started.elapsed() < Duration::from_secs(60),
-        "MC/S I/O took {:?}",
-        started.elapsed()
-    );
+    eprintln!("MC/S I/O of {ROUNDS} rounds took {:?}", started.elapsed());
     // Everything written on any connection reads back on every other one.
     for round in 0..ROUNDS {
         for n in 0..4u32 {

@@ -83,6 +83,15 @@ fn try_with_ua_retry(
     Ok(r)
 }
 
+/// How long a unit attention may take to show before the test calls it
+/// missing: a bound for a hang, far above what a slow machine needs (the
+/// delays seen are reported, not asserted).
+const UA_WAIT: Duration = Duration::from_secs(30);
+
+/// A pause of the running I/O this long means a hung nexus, not a slow
+/// machine.
+const IO_HANG: Duration = Duration::from_secs(10);
+
 /// Polls with TEST UNIT READY on LUN 0 until a unit attention `want`
 /// arrives (an initiator learns of LUN changes this way); returns the
 /// unit attentions seen, or None after `limit`.
@@ -220,12 +229,12 @@ fn lun_changes_under_io_pause_nothing_and_raise_the_unit_attentions() {
         ]);
         f.ok(&["do", &luns, "add c1 1"]);
         // The observer learns of the new LUN from the unit attention.
-        let (after, uas) = wait_for_ua(&mut obs, REPORTED_LUNS_CHANGED, Duration::from_secs(5));
+        let (after, uas) = wait_for_ua(&mut obs, REPORTED_LUNS_CHANGED, UA_WAIT);
         obs_uas.extend(&uas);
         match after {
             Some(t) => ua_delays.push(t),
             None => problems.push(format!(
-                "round {round}: no REPORTED LUNS DATA HAS CHANGED within 5 s of adding LUN 1 (saw {uas:02x?})"
+                "round {round}: no REPORTED LUNS DATA HAS CHANGED within {UA_WAIT:?} of adding LUN 1 (saw {uas:02x?})"
             )),
         }
         assert_eq!(
@@ -256,7 +265,7 @@ fn lun_changes_under_io_pause_nothing_and_raise_the_unit_attentions() {
         let t0 = Instant::now();
         let mut seen_cap_ua = false;
         let mut got = 0;
-        while t0.elapsed() < Duration::from_secs(5) {
+        while t0.elapsed() < UA_WAIT {
             let r = scsi(&mut obs, 1, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], 8, &[]);
             if is_ua(&r) {
                 obs_uas.push(asc(&r));
@@ -277,7 +286,7 @@ fn lun_changes_under_io_pause_nothing_and_raise_the_unit_attentions() {
         }
         if !seen_cap_ua {
             problems.push(format!(
-                "round {round}: no CAPACITY DATA HAS CHANGED within 5 s of the resize"
+                "round {round}: no CAPACITY DATA HAS CHANGED within {UA_WAIT:?} of the resize"
             ));
         }
         if got != size1 {
@@ -287,12 +296,12 @@ fn lun_changes_under_io_pause_nothing_and_raise_the_unit_attentions() {
         }
 
         f.ok(&["do", &luns, "del 1"]);
-        let (after, uas) = wait_for_ua(&mut obs, REPORTED_LUNS_CHANGED, Duration::from_secs(5));
+        let (after, uas) = wait_for_ua(&mut obs, REPORTED_LUNS_CHANGED, UA_WAIT);
         obs_uas.extend(&uas);
         match after {
             Some(t) => ua_delays.push(t),
             None => problems.push(format!(
-                "round {round}: no REPORTED LUNS DATA HAS CHANGED within 5 s of removing LUN 1"
+                "round {round}: no REPORTED LUNS DATA HAS CHANGED within {UA_WAIT:?} of removing LUN 1"
             )),
         }
         assert_eq!(
@@ -343,9 +352,19 @@ fn lun_changes_under_io_pause_nothing_and_raise_the_unit_attentions() {
         obs_uas.len(),
         ua_delays.iter().max()
     );
+    // The changes never stop the I/O. The longest gap between completions
+    // is reported above; only a gap no slow machine explains, one of a hung
+    // nexus, fails the test.
+    let mut gap = Duration::ZERO;
+    let mut last = started;
+    for t in rep.done.iter().copied().chain([started + elapsed]) {
+        gap = gap.max(t.saturating_duration_since(last));
+        last = t;
+    }
+    eprintln!("longest gap between completions: {gap:?}");
     assert!(
-        per_sec.iter().all(|n| *n > 0),
-        "I/O stalled for a whole second: completions per second {per_sec:?}"
+        gap < IO_HANG,
+        "I/O stopped for {gap:?} during the changes: completions per second {per_sec:?}"
     );
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }

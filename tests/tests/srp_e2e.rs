@@ -745,15 +745,13 @@ fn bad_rkey_fails_the_channel_and_spares_another() {
     // The remote access error breaks the queue pair, as on hardware: the
     // command fails and the channel is closed.
     // The initiator learns it from its own queue pair (flushed receives),
-    // never from an SRP_RSP claiming success, and without waiting for a
-    // timeout.
-    let t0 = Instant::now();
+    // never from an SRP_RSP claiming success, and not by running out of
+    // time (InitError::Timeout).
     match bad.ini.wait(tag) {
         Err(InitError::Closed(_)) | Err(InitError::Completion(_)) => {}
         Ok(c) => panic!("a response arrived over a broken queue pair: {:?}", c.rsp),
         Err(e) => panic!("unexpected: {e}"),
     }
-    assert!(t0.elapsed() < Duration::from_secs(5));
     let again = bad
         .ini
         .command(Lun(0), &[0u8; 6], None, 0, Layout::default());
