@@ -167,12 +167,12 @@ pub struct PipeData {
 
 /// Marks a response as not yet delivered; released on drop.
 pub struct DeliveryHold {
-    release: Option<Box<dyn FnOnce() + Send>>,
+    release: Option<Box<dyn FnOnce()>>,
 }
 
 impl DeliveryHold {
     /// A hold whose release is `f`, run once when the hold is dropped.
-    pub fn on_drop(f: impl FnOnce() + Send + 'static) -> DeliveryHold {
+    pub fn on_drop(f: impl FnOnce() + 'static) -> DeliveryHold {
         DeliveryHold {
             release: Some(Box::new(f)),
         }

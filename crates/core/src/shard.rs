@@ -261,7 +261,7 @@ struct SessionState {
     /// ([`Session::set_pipe_reads`]).
     pipe_reads: bool,
     /// Those reads not yet known to be delivered.
-    deliveries: Arc<std::sync::Mutex<Deliveries>>,
+    deliveries: std::rc::Rc<std::cell::RefCell<Deliveries>>,
 }
 
 impl SessionState {
@@ -537,7 +537,7 @@ impl Shard {
                 stats: IoStats::default(),
                 watch: None,
                 pipe_reads: false,
-                deliveries: Arc::default(),
+                deliveries: std::rc::Rc::default(),
             },
         );
         id
@@ -1661,14 +1661,14 @@ impl Shard {
             .deliveries
             .clone();
         let id = {
-            let mut g = d.lock().ok()?;
+            let mut g = d.try_borrow_mut().ok()?;
             let id = g.next;
             g.next += 1;
             g.open.insert(id);
             id
         };
         Some(DeliveryHold::on_drop(move || {
-            if let Ok(mut g) = d.lock() {
+            if let Ok(mut g) = d.try_borrow_mut() {
                 g.open.remove(&id);
             }
         }))
@@ -1683,7 +1683,7 @@ impl Shard {
         let Some(s) = self.sessions.get_mut(&c.session) else {
             return true;
         };
-        let Ok(d) = s.deliveries.lock() else {
+        let Ok(d) = s.deliveries.try_borrow() else {
             return true;
         };
         let first = c.barrier.is_none();

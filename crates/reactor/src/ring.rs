@@ -75,8 +75,9 @@ pub enum TxSeg {
     },
 }
 
-/// A pipe shared by the segments that drain it in turn.
-pub type PipeHold = Arc<std::sync::Mutex<Pipe>>;
+/// A pipe shared by the segments that drain it in turn, all on the
+/// reactor thread that filled it: shared without a lock.
+pub type PipeHold = std::rc::Rc<std::cell::RefCell<Pipe>>;
 
 /// Most bytes a [`TxSeg::Inline`] holds: a basic header segment with a
 /// header digest.
@@ -316,7 +317,7 @@ impl Ctx {
     /// spliced from its pipe into the socket.
     pub fn send(&mut self, fd: RawFd, segs: VecDeque<TxSeg>, token: u64) {
         if let Some(TxSeg::Pipe { pipe, len }) = segs.front() {
-            let pfd = pipe.lock().map_or(-1, |p| p.read_fd());
+            let pfd = pipe.try_borrow().map_or(-1, |p| p.read_fd());
             let len = u32::try_from(*len).unwrap_or(u32::MAX);
             let mut flags = libc::SPLICE_F_MOVE;
             if segs.len() > 1 {
@@ -691,7 +692,7 @@ fn complete(op: Op, res: i32) -> (Completion, Option<Vec<libc::iovec>>) {
         Op::Splice { token, segs } => {
             let result = match (result(res), segs.front()) {
                 (Ok(n), Some(TxSeg::Pipe { pipe, .. })) if n > 0 => {
-                    if let Ok(mut p) = pipe.lock() {
+                    if let Ok(mut p) = pipe.try_borrow_mut() {
                         p.taken(n);
                     }
                     Ok(n)

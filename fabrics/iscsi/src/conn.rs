@@ -286,7 +286,7 @@ impl TxQueue {
                     }
                 }
                 TxSeg::Pipe { pipe, len } => {
-                    if let Ok(mut p) = pipe.lock() {
+                    if let Ok(mut p) = pipe.try_borrow_mut() {
                         let _ = p.read_to(&mut out, *len);
                     }
                 }
@@ -1920,7 +1920,7 @@ impl Conn {
                     let hold_len = pipe.held();
                     (
                         Some(Payload::Pipe(
-                            Arc::new(std::sync::Mutex::new(pipe)),
+                            std::rc::Rc::new(std::cell::RefCell::new(pipe)),
                             hold_len,
                         )),
                         Some(hold),
