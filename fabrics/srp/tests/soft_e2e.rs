@@ -158,9 +158,9 @@ impl MemCore {
     }
 }
 
-/// What the target thread reports when its channel ends.
-/// What the target thread's core was left with (its queued actions stay on
-/// that thread).
+/// What the target thread reports when its channel ends: counts of what
+/// its core was left with (the core itself, holding responses bound to
+/// that thread, stays there).
 struct TargetReport {
     cmds_left: usize,
     submitted: u32,
