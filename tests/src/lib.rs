@@ -6,7 +6,12 @@
 //! and stops it when dropped. Tests need the external tools installed
 //! (`tools/test-all` installs them); a missing tool fails the test with a
 //! message naming the package.
+//!
+//! [`lab`] runs scenarios inside a Linux guest under qemu, where the kernel's
+//! own initiators and targets are.
 #![forbid(unsafe_code)]
+
+pub mod lab;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -1,0 +1,117 @@
+# lib.sh - sourced by every lab scenario; runs inside the guest as root.
+#
+# A scenario prints "lab: STEP" as it goes and ends with `pass`; the first
+# failed check calls `fail REASON`, which dumps what explains it (ferrited's
+# log tail, the kernel log) and exits non-zero. The harness
+# (tests/src/lab.rs) reports the reason and the logs saved under /out.
+#
+# Variables from the harness: FERRITED, FERRITECTL (binaries built on the
+# host, visible here through the 9p root).
+set -u
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+LAB_STATE=/tmp/ferrite
+CTL_SOCK=$LAB_STATE/ferrited.sock
+DEFAULT_IQN=iqn.2026-11.org.ferrite:default
+FERRITED_PID=
+
+step() { echo "lab: $*"; }
+fail() {
+    echo "lab: FAIL: $*"
+    if [ -f /out/ferrited.log ]; then echo "--- ferrited.log (tail)"; tail -n 40 /out/ferrited.log; fi
+    echo "--- dmesg (tail)"; dmesg | tail -n 40
+    dmesg > /out/dmesg.log 2>/dev/null
+    exit 1
+}
+pass() { dmesg > /out/dmesg.log 2>/dev/null; echo "lab: PASS${1:+: $*}"; exit 0; }
+# check DESCRIPTION CMD...: run CMD, fail with DESCRIPTION when it fails.
+check() { local what=$1; shift; "$@" || fail "$what (exit $?: $*)"; }
+
+modprobe_all() { local m; for m in "$@"; do modprobe "$m" || fail "modprobe $m"; done; }
+
+# start_ferrited [ARGS...]: ferrited with its state in $LAB_STATE, its log
+# appended to /out/ferrited.log; returns once the control socket answers.
+start_ferrited() {
+    mkdir -p "$LAB_STATE"; rm -f "$CTL_SOCK"
+    RUST_LOG=${FERRITE_LOG:-info} "$FERRITED" --state-dir "$LAB_STATE" --control "$CTL_SOCK" "$@" \
+        >>/out/ferrited.log 2>&1 &
+    FERRITED_PID=$!
+    local i
+    for i in $(seq 1 300); do
+        if [ -S "$CTL_SOCK" ] && ctl ls / >/dev/null 2>&1; then return 0; fi
+        kill -0 "$FERRITED_PID" 2>/dev/null || fail "ferrited exited at start"
+        sleep 0.2
+    done
+    fail "ferrited's control socket never answered"
+}
+stop_ferrited() {
+    [ -n "$FERRITED_PID" ] || return 0
+    kill -TERM "$FERRITED_PID" 2>/dev/null; wait "$FERRITED_PID" 2>/dev/null; FERRITED_PID=
+}
+ctl() { "$FERRITECTL" --socket "$CTL_SOCK" "$@"; }
+
+# wait_port HOST PORT: until something accepts TCP connections there.
+wait_port() {
+    local i
+    for i in $(seq 1 150); do
+        (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null && return 0
+        sleep 0.2
+    done
+    fail "nothing listens on $1:$2"
+}
+
+# iscsid wants its lock and database folders; the guest's /run is fresh.
+start_iscsid() {
+    mkdir -p /run/lock/iscsi /etc/iscsi /var/lib/iscsi/nodes /var/lib/iscsi/send_targets
+    [ -s /etc/iscsi/initiatorname.iscsi ] ||
+        echo "InitiatorName=iqn.2026-12.org.ferrite.lab:initiator" >/etc/iscsi/initiatorname.iscsi
+    modprobe_all iscsi_tcp sd_mod
+    iscsid -f >/out/iscsid.log 2>&1 &
+    local i; for i in $(seq 1 50); do [ -S /run/iscsid.sock ] || [ -e /run/lock/iscsi/lock ] && break; sleep 0.1; done
+    sleep 0.5
+}
+
+# udev gives /dev/disk/by-*, and dm-multipath finds its paths through it.
+start_udev() {
+    /lib/systemd/systemd-udevd --daemon >/dev/null 2>&1 || fail "systemd-udevd"
+    udevadm trigger >/dev/null 2>&1; udevadm settle >/dev/null 2>&1
+}
+
+# disks_of TARGET_IQN: the block devices (sda ...) of the open-iscsi sessions
+# to TARGET_IQN, in LUN order.
+disks_of() {
+    local s
+    for s in /sys/class/iscsi_session/session*; do
+        [ "$(cat "$s/targetname" 2>/dev/null)" = "$1" ] || continue
+        ls -d "$s"/device/target*/*:*:*:*/block/* 2>/dev/null | sort -t: -k4 -n | xargs -r -n1 basename
+    done
+}
+# wait_disks TARGET_IQN N: until N disks of TARGET_IQN are there; prints them.
+wait_disks() {
+    local i d
+    for i in $(seq 1 100); do
+        d=$(disks_of "$1")
+        [ "$(echo "$d" | grep -c .)" -ge "$2" ] && { echo "$d"; return 0; }
+        sleep 0.2
+    done
+    return 1
+}
+# disk_of_lun TARGET_IQN LUN: the block device of that LUN.
+disk_of_lun() {
+    local s
+    for s in /sys/class/iscsi_session/session*; do
+        [ "$(cat "$s/targetname" 2>/dev/null)" = "$1" ] || continue
+        ls -d "$s"/device/target*/*:*:*:"$2"/block/* 2>/dev/null | head -1 | xargs -r basename
+    done
+}
+
+# fio_verify NAME DEVICE FIO-ARGS...: a fio job that verifies what it wrote
+# (crc32c); fails the scenario on any error or verify mismatch.
+fio_verify() {
+    local name=$1 dev=$2; shift 2
+    fio --name="$name" --filename="$dev" --direct=1 --ioengine=libaio --verify=crc32c \
+        --verify_fatal=1 --output-format=terse --terse-version=3 "$@" >"/out/fio-$name.log" 2>&1 ||
+        { cat "/out/fio-$name.log"; fail "fio $name"; }
+    # terse v3: field 5 is the error code, 7 read KiB, 48 write KiB, 8 read IOPS, 49 write IOPS
+    awk -F';' -v n="$name" '$1=="3" { printf "lab: fio %s: err=%s read=%sKiB (%s IOPS) write=%sKiB (%s IOPS)\n", n, $5, $7, $8, $48, $49; if ($5 != 0) exit 1 }' \
+        "/out/fio-$name.log" || fail "fio $name reported an error"
+}
