@@ -115,3 +115,54 @@ fio_verify() {
     awk -F';' -v n="$name" '$1=="3" { printf "lab: fio %s: err=%s read=%sKiB (%s IOPS) write=%sKiB (%s IOPS)\n", n, $5, $7, $8, $48, $49; if ($5 != 0) exit 1 }' \
         "/out/fio-$name.log" || fail "fio $name reported an error"
 }
+
+# rxe_pair: two soft-RoCE devices on a veth pair, rxe0 on veth0 (10.99.0.1)
+# and rxe1 on veth1 (10.99.0.2). Both addresses are the guest's own, so an
+# RDMA/CM connection to 10.99.0.1 resolves to rxe0 and rxe carries it
+# through its loopback: the SRP initiator logs in through srp-rxe0-1.
+rxe_pair() {
+    modprobe_all rdma_rxe ib_uverbs rdma_ucm
+    ip link set lo up
+    ip link add veth0 type veth peer name veth1 || fail "veth pair"
+    ip addr add 10.99.0.1/24 dev veth0; ip addr add 10.99.0.2/24 dev veth1
+    ip link set veth0 up; ip link set veth1 up
+    rdma link add rxe0 type rxe netdev veth0 || fail "rdma link add rxe0"
+    rdma link add rxe1 type rxe netdev veth1 || fail "rdma link add rxe1"
+}
+
+# SRP port id of the lab's SRP targets, and the halves ib_srp names it by.
+SRP_PORT_ID=0x66657272697465206c61622070307430
+SRP_ID_EXT=${SRP_PORT_ID:2:16}
+SRP_IOC_GUID=${SRP_PORT_ID:18:16}
+SRP_LISTEN=10.99.0.1:5555
+
+# srp_config FILE DEVICES-JSON LUNS-JSON: a configuration with one SRP port on
+# rxe0 (verbs provider, RDMA/CM on $SRP_LISTEN) and no iSCSI target.
+srp_config() {
+    cat >"$1" <<JSON
+{ "devices": [ $2 ],
+  "targets": { "iscsi": [], "srp": [
+    { "name": "srp0", "port_id": "$SRP_PORT_ID",
+      "provider": { "kind": "verbs", "device": "rxe0", "port": 1, "listen": "$SRP_LISTEN" },
+      "luns": [ $3 ] } ] } }
+JSON
+}
+
+# srp_login [EXTRA]: ib_srp logs in to the lab's SRP port over RDMA/CM
+# (EXTRA: more add_target options, e.g. ch_count=2).
+srp_login() {
+    local opts="id_ext=$SRP_ID_EXT,ioc_guid=$SRP_IOC_GUID,dest=$SRP_LISTEN${1:+,$1}"
+    echo "$opts" >/sys/class/infiniband_srp/srp-rxe0-1/add_target ||
+        fail "ib_srp add_target $opts refused: $(dmesg | grep -i srp | tail -3)"
+}
+# srp_disks N: the first N SCSI disks (the lab guest has no others), in
+# LUN order, after waiting for them.
+srp_disks() {
+    local i d
+    for i in $(seq 1 100); do
+        d=$(ls -d /sys/class/scsi_disk/*/device/block/* 2>/dev/null | sort -t: -k4 -n | xargs -r -n1 basename)
+        [ "$(echo "$d" | grep -c .)" -ge "$1" ] && { echo "$d" | head -n "$1"; return 0; }
+        sleep 0.2
+    done
+    return 1
+}
