@@ -47,12 +47,16 @@ use ferrite_rdma::verbs::{
     VerbsConnRequest, VerbsCq, VerbsListener, VerbsPd, VerbsQp, VerbsQpAttrs,
 };
 use ferrite_rdma::{CompletionQueue, ProtectionDomain, WcStatus, WorkCompletion};
-use ferrite_srp::channel::{self, ChannelConfig, Event, Login};
+use ferrite_srp::channel::{self, ChannelConfig, Event, Login, LoginRefusal};
 use ferrite_srp::iu;
 use ferrite_srp::target::{RecvRing, TargetConn};
 
 /// Most I_T nexuses core 0 remembers the core of.
 const MAX_NEXUS_ROUTES: usize = 16384;
+
+/// Most RDMA channels one I_T nexus may have (the Linux initiator opens up
+/// to one per CPU, `ch_count`); a login past it is refused with 00010006h.
+const MAX_CHANNELS_PER_NEXUS: usize = 64;
 
 /// An SRP target port as cores read it from the snapshot.
 #[derive(Debug)]
@@ -145,12 +149,14 @@ impl PortListener {
                         return Some(Request::Verbs(r));
                     }
                     // Another HCA port's address: not this SRP port's
-                    // business (dropping the request refuses it).
-                    tracing::debug!(
-                        device = %r.context().name(),
-                        hca_port = r.port_num(),
-                        "SRP login on another HCA port refused"
-                    );
+                    // business.
+                    let why = LoginRefusal::OtherHcaPort(r.port_num());
+                    let tag = iu::LoginReq::parse(r.private_data()).map_or(0, |q| q.tag);
+                    tracing::warn!(device = %r.context().name(), reason = %format!("{:#010x}", why.reason().0),
+                        why = %why, "SRP login rejected");
+                    if let Err(e) = r.reject(&why.reject(tag).encode()) {
+                        tracing::debug!(error = %e, "SRP login reject not delivered");
+                    }
                 }
             }
         }
@@ -563,38 +569,42 @@ impl SrpCore {
             return;
         }
         let Some(t) = targets.get(port).cloned() else {
-            return reject(req, iu::LoginRejReason::UNABLE_TO_ESTABLISH, "port removed");
+            let tag = iu::LoginReq::parse(req.private_data()).map_or(0, |r| r.tag);
+            return reject(req, port, None, tag, LoginRefusal::PortRemoved);
         };
         let cfg = ChannelConfig {
             credits: t.credits,
             target_port_id: t.port_id,
             ..ChannelConfig::default()
         };
-        let Ok(login_req) = iu::LoginReq::parse(req.private_data()) else {
-            return reject(
-                req,
-                iu::LoginRejReason::UNABLE_TO_ESTABLISH,
-                "malformed SRP_LOGIN_REQ",
-            );
-        };
+        // SRP r16a §6.2-§6.4: the request in either layout (the 64-byte IU,
+        // or the 56 bytes Linux sends over RDMA CM), every refusal an
+        // SRP_LOGIN_REJ with its reason.
+        let (channel, mut rsp, login_req, layout) =
+            match channel::login(cfg.clone(), req.private_data()) {
+                Login::Reject { rej, why } => {
+                    let initiator = iu::LoginReq::parse(req.private_data())
+                        .ok()
+                        .map(|r| hex(&r.initiator_port_id));
+                    return reject(req, port, initiator.as_deref(), rej.tag, why);
+                }
+                Login::Accept {
+                    channel,
+                    rsp,
+                    req,
+                    layout,
+                } => (channel, rsp, req, layout),
+            };
         let initiator_id = login_req.initiator_port_id;
         let initiator = hex(&initiator_id);
-        let (channel, mut rsp) = match channel::login(cfg.clone(), req.private_data()) {
-            Login::Reject(rej) => {
-                tracing::warn!(port, initiator = %initiator, reason = rej.reason.0, "SRP login rejected");
-                if let Err(e) = req.reject(&rej.encode()) {
-                    tracing::debug!(error = %e, "SRP login reject not delivered");
-                }
-                return;
-            }
-            Login::Accept { channel, rsp } => (channel, rsp),
-        };
         if !t.target.enabled {
             // SRP r16a §6.4: the target cannot take the channel now.
             return reject(
                 req,
-                iu::LoginRejReason::UNABLE_TO_ESTABLISH,
-                "port disabled",
+                port,
+                Some(&initiator),
+                login_req.tag,
+                LoginRefusal::PortDisabled,
             );
         }
         let attrs = QpAttrs {
@@ -611,14 +621,28 @@ impl SrpCore {
             })
             .map(|(k, _)| k)
             .collect();
-        let multi = login_req.req_flags & 0x3 == iu::MULTICHAN_MULTI;
+        let multi = login_req.multi_channel_action() == iu::MULTICHAN_MULTI;
+        if multi && same_nexus.len() >= MAX_CHANNELS_PER_NEXUS {
+            // Bounded whatever an initiator asks: SRP r16a §6.4 00010006h.
+            return reject(
+                req,
+                port,
+                Some(&initiator),
+                login_req.tag,
+                LoginRefusal::ChannelLimit(same_nexus.len()),
+            );
+        }
+        let imm = channel.immediate_data_offset();
+        let it_iu_len = channel.config().max_it_iu_len;
+        Self::multi_result(&mut rsp, &same_nexus, multi);
+        let who = Refuser {
+            port,
+            initiator: &initiator,
+            tag: login_req.tag,
+        };
         let made = match req {
-            Request::Soft(r) => {
-                self.accept_soft(r, &cfg, attrs, channel, &mut rsp, &same_nexus, multi)
-            }
-            Request::Verbs(r) => {
-                self.accept_verbs(r, &cfg, attrs, channel, &mut rsp, &same_nexus, multi)
-            }
+            Request::Soft(r) => self.accept_soft(r, &who, attrs, channel, &rsp),
+            Request::Verbs(r) => self.accept_verbs(r, &who, attrs, channel, &rsp),
         };
         let Some((conn, cq)) = made else { return };
         // SRP r16a §6.2 MULTI-CHANNEL ACTION: 0 ends the nexus's other
@@ -684,7 +708,8 @@ impl SrpCore {
             close: false,
         });
         tracing::info!(core = self.core, port, initiator = %initiator, qpn,
-            channels = if joined.is_some() { same_nexus.len() + 1 } else { 1 }, "SRP login");
+            channels = if joined.is_some() { same_nexus.len() + 1 } else { 1 },
+            layout = ?layout, it_iu_len, immediate_data_offset = ?imm, "SRP login");
         let soft = matches!(cq, ChanCq::Soft);
         let key = self.conns.insert(SrpConn {
             conn,
@@ -705,52 +730,45 @@ impl SrpCore {
     }
 
     /// The MULTI-CHANNEL RESULT of a login (SRP r16a §6.3).
+    /// Bits 1:0 of RSP_FLAGS; the others (SRP-2 immediate data supported)
+    /// are the channel's.
     fn multi_result(rsp: &mut iu::LoginRsp, same_nexus: &[usize], multi: bool) {
-        rsp.rsp_flags = match (same_nexus.is_empty(), multi) {
+        let result = match (same_nexus.is_empty(), multi) {
             (true, _) => iu::LOGIN_RSP_NO_CHANNEL,
             (false, true) => iu::LOGIN_RSP_MAINTAINED,
             (false, false) => iu::LOGIN_RSP_TERMINATED,
         };
+        rsp.rsp_flags = (rsp.rsp_flags & !iu::MULTICHAN_MASK) | result;
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn accept_soft(
         &mut self,
         req: ConnRequest,
-        cfg: &ChannelConfig,
+        who: &Refuser<'_>,
         attrs: QpAttrs,
         channel: Box<channel::Channel>,
-        rsp: &mut iu::LoginRsp,
-        same_nexus: &[usize],
-        multi: bool,
+        rsp: &iu::LoginRsp,
     ) -> Option<(TargetConn, ChanCq)> {
         let cq = match self.soft_cq() {
             Ok(cq) => cq,
             Err(e) => {
-                tracing::warn!(error = %e, "SRP login refused");
-                reject(
-                    Request::Soft(req),
-                    iu::LoginRejReason::INSUFFICIENT_RESOURCES,
-                    "no CQ",
-                );
+                tracing::warn!(error = %e, "SRP channel: no completion queue");
+                who.refuse(Request::Soft(req), "completion queue");
                 return None;
             }
         };
         let qp = SoftQp::create(&self.pd, &cq, &cq, None, attrs);
-        let ring =
-            match RecvRing::for_config(&self.pd, cfg).and_then(|r| r.post_all(&qp).map(|_| r)) {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::warn!(error = %e, "SRP login refused");
-                    reject(
-                        Request::Soft(req),
-                        iu::LoginRejReason::INSUFFICIENT_RESOURCES,
-                        "receive ring",
-                    );
-                    return None;
-                }
-            };
-        Self::multi_result(rsp, same_nexus, multi);
+        // The receive ring has the negotiated IU length.
+        let ring = match RecvRing::for_config(&self.pd, channel.config())
+            .and_then(|r| r.post_all(&qp).map(|_| r))
+        {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "SRP channel: no receive ring");
+                who.refuse(Request::Soft(req), "receive ring");
+                return None;
+            }
+        };
         if let Err(e) = qp.accept(req, &rsp.encode()) {
             tracing::warn!(error = %e, "SRP accept failed");
             return None;
@@ -773,16 +791,13 @@ impl SrpCore {
     /// The same as [`SrpCore::accept_soft`] on an HCA: the protection
     /// domain is the device's on this core, the completion queue the
     /// channel's own (sized for it, so it can never overflow).
-    #[allow(clippy::too_many_arguments)]
     fn accept_verbs(
         &mut self,
-        req: VerbsConnRequest,
-        cfg: &ChannelConfig,
+        mut req: VerbsConnRequest,
+        who: &Refuser<'_>,
         attrs: QpAttrs,
         channel: Box<channel::Channel>,
-        rsp: &mut iu::LoginRsp,
-        same_nexus: &[usize],
-        multi: bool,
+        rsp: &iu::LoginRsp,
     ) -> Option<(TargetConn, ChanCq)> {
         let ctx = req.context();
         let name = ctx.name();
@@ -792,12 +807,8 @@ impl SrpCore {
                     self.verbs.insert(name.clone(), VerbsDev { pd });
                 }
                 Err(e) => {
-                    tracing::warn!(device = %name, error = %e, "SRP login refused: no protection domain");
-                    reject(
-                        Request::Verbs(req),
-                        iu::LoginRejReason::INSUFFICIENT_RESOURCES,
-                        "no PD",
-                    );
+                    tracing::warn!(device = %name, error = %e, "SRP channel: no protection domain");
+                    who.refuse(Request::Verbs(req), "protection domain");
                     return None;
                 }
             }
@@ -813,25 +824,25 @@ impl SrpCore {
         let cq = match ctx.create_cq(depth) {
             Ok(cq) => cq,
             Err(e) => {
-                tracing::warn!(device = %name, error = %e, "SRP login refused: no CQ");
-                reject(
-                    Request::Verbs(req),
-                    iu::LoginRejReason::INSUFFICIENT_RESOURCES,
-                    "no CQ",
-                );
+                tracing::warn!(device = %name, error = %e, "SRP channel: no completion queue");
+                who.refuse(Request::Verbs(req), "completion queue");
                 return None;
             }
         };
-        // A failed QP creation refuses the request itself.
+        // Should the queue pair not come up, the request is refused with
+        // this SRP_LOGIN_REJ (the connection manager sends it).
+        req.set_refusal(&who.rej("queue pair").encode());
         let qp = match VerbsQp::for_request(req, &pd, &cq, &cq, None, vattrs) {
             Ok(qp) => qp,
             Err(e) => {
-                tracing::warn!(device = %name, error = %e, "SRP login refused: no queue pair");
+                tracing::warn!(device = %name, error = %e, "SRP channel: no queue pair");
+                who.log("queue pair");
                 return None;
             }
         };
         let pd_dyn: &dyn ProtectionDomain = &pd;
-        let ring = match RecvRing::for_config(pd_dyn, cfg).and_then(|r| r.post_all(&qp).map(|_| r))
+        let ring = match RecvRing::for_config(pd_dyn, channel.config())
+            .and_then(|r| r.post_all(&qp).map(|_| r))
         {
             Ok(r) => r,
             Err(e) => {
@@ -840,7 +851,6 @@ impl SrpCore {
                 return None;
             }
         };
-        Self::multi_result(rsp, same_nexus, multi);
         if let Err(e) = qp.accept(&rsp.encode()) {
             tracing::warn!(error = %e, "SRP accept failed");
             return None;
@@ -1034,13 +1044,44 @@ fn group_of(t: &Target, luns: &Arc<LunMap>) -> Option<String> {
         .map(|g| g.name.clone())
 }
 
-fn reject(req: Request, reason: iu::LoginRejReason, why: &str) {
-    tracing::warn!(why, reason = reason.0, "SRP login rejected");
-    let rej = iu::LoginRej {
-        tag: iu::iu_tag(req.private_data()).unwrap_or(0),
-        reason,
-        buf_fmt: iu::BUF_FORMAT_DIRECT | iu::BUF_FORMAT_INDIRECT,
-    };
+/// What a refusal of a login that passed the protocol checks needs.
+struct Refuser<'a> {
+    port: &'a str,
+    initiator: &'a str,
+    tag: u64,
+}
+
+impl Refuser<'_> {
+    /// The SRP_LOGIN_REJ of a channel the target could not set up.
+    fn rej(&self, what: &'static str) -> iu::LoginRej {
+        LoginRefusal::Resources(what).reject(self.tag)
+    }
+
+    fn refuse(&self, req: Request, what: &'static str) {
+        reject(
+            req,
+            self.port,
+            Some(self.initiator),
+            self.tag,
+            LoginRefusal::Resources(what),
+        );
+    }
+
+    /// The log line of a refusal the provider delivers itself.
+    fn log(&self, what: &'static str) {
+        let why = LoginRefusal::Resources(what);
+        tracing::warn!(port = self.port, initiator = self.initiator,
+            reason = %format!("{:#010x}", why.reason().0), why = %why, "SRP login rejected");
+    }
+}
+
+/// Refuses a login: an SRP_LOGIN_REJ with the reason SRP prescribes as the
+/// reject's private data (the Linux initiator reads it from there and
+/// reports the reason), and one log line saying why.
+fn reject(req: Request, port: &str, initiator: Option<&str>, tag: u64, why: LoginRefusal) {
+    let rej = why.reject(tag);
+    tracing::warn!(port, initiator = initiator.unwrap_or("?"),
+        reason = %format!("{:#010x}", rej.reason.0), why = %why, "SRP login rejected");
     if let Err(e) = req.reject(&rej.encode()) {
         tracing::debug!(error = %e, "SRP login reject not delivered");
     }

@@ -284,8 +284,21 @@ pub trait MemoryRegion: Send {
 
 /// A protection domain: registers memory for local and remote access.
 pub trait ProtectionDomain: Send + Sync {
-    /// Registers every segment of `sg` with `access`.
+    /// Registers every segment of `sg` with `access`; the registration ends
+    /// with the region ([`MemoryRegion::into_sg`] or drop).
     fn reg_sg(&self, sg: SgList, access: Access) -> Result<Box<dyn MemoryRegion>, RdmaError>;
+
+    /// The data path's registration: every segment of `sg` as a region with
+    /// at least `access`, registered once for the life of its memory rather
+    /// than for this transfer where the provider can (the verbs provider
+    /// keeps the memory region on the buffer, `ferrite_reactor::buf::
+    /// Attachment`, so a pool buffer is registered once and carries its keys
+    /// to every later user). [`MemoryRegion::into_sg`] gives the list back
+    /// and leaves the memory registered. The default registers for this
+    /// transfer only.
+    fn map_sg(&self, sg: SgList, access: Access) -> Result<Box<dyn MemoryRegion>, RdmaError> {
+        self.reg_sg(sg, access)
+    }
 }
 
 /// A completion queue: non-blocking polling plus an fd to sleep on.

@@ -23,7 +23,11 @@
 //! so the memory outlives the registration; its bytes are read and written
 //! through the region ([`MemoryRegion::read_at`], [`MemoryRegion::write_at`])
 //! only while no work request that targets it is outstanding, which is the
-//! fabric driver's rule (as with any DMA).
+//! fabric driver's rule (as with any DMA). The data path maps buffers with
+//! [`VerbsPd::map_sg`] instead: the memory region is kept on the buffer's
+//! memory (its `ferrite_reactor::buf::Attachment`) and dropped just before
+//! that memory is freed, so a pool buffer is registered once for its life,
+//! not once per transfer.
 
 use std::ffi::CStr;
 use std::net::SocketAddr;
@@ -389,9 +393,140 @@ impl VerbsPd {
     }
 }
 
+impl VerbsPd {
+    /// The data path's registration ([`ProtectionDomain::map_sg`]): each
+    /// segment's whole allocation is registered with this PD the first time
+    /// it is seen here, and the memory region stays on the buffer (its
+    /// [`ferrite_reactor::buf::Attachment`]) until the memory is freed, so
+    /// a pool buffer is registered once for its life and every later
+    /// transfer only reads its keys. A region registered with fewer rights
+    /// than `access` is registered again with both.
+    pub fn map_sg(&self, mut sg: SgList, access: Access) -> Result<VerbsMappedSg, RdmaError> {
+        let mut segs = Vec::with_capacity(sg.segments().len());
+        for b in sg.segments_mut() {
+            let len32 = u32::try_from(b.len()).map_err(|_| RdmaError::TooLarge)?;
+            let cap = b.capacity();
+            // The pointer as the HCA may write through it (marks the
+            // buffer's bytes as no longer known to be zero).
+            let addr = b.as_mut_ptr();
+            let regs = b
+                .attachment_or_insert_with(BufRegs::default)
+                .ok_or(RdmaError::Protocol("buffer without memory"))?;
+            let at = regs.0.iter().position(|r| Arc::ptr_eq(&r._pd, &self.inner));
+            let reg = match at {
+                Some(i) if regs.0[i].access.contains(access) => &regs.0[i],
+                found => {
+                    let want = found.map_or(access, |i| regs.0[i].access | access);
+                    // SAFETY: `addr..addr+cap` is the buffer's whole live
+                    // allocation; the registration is kept in the
+                    // allocation's attachment, which the buffer drops
+                    // before it frees the memory, so the memory outlives
+                    // the registration.
+                    let mr = unsafe {
+                        sys::ibv_reg_mr(self.inner.pd, addr.cast(), cap, access_flags(want))
+                    };
+                    if mr.is_null() {
+                        return Err(verr("ibv_reg_mr"));
+                    }
+                    // SAFETY: `mr` is a live registration returned just now.
+                    let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+                    let reg = BufReg {
+                        mr,
+                        lkey,
+                        rkey,
+                        access: want,
+                        _pd: self.inner.clone(),
+                    };
+                    match found {
+                        // The narrower registration is deregistered as it
+                        // is replaced.
+                        Some(i) => {
+                            regs.0[i] = reg;
+                            &regs.0[i]
+                        }
+                        None => {
+                            regs.0.push(reg);
+                            &regs.0[regs.0.len() - 1]
+                        }
+                    }
+                }
+            };
+            segs.push(MrSeg {
+                addr: addr as u64,
+                len: len32,
+                lkey: reg.lkey,
+                rkey: reg.rkey,
+            });
+        }
+        Ok(VerbsMappedSg { segs, sg })
+    }
+}
+
+/// One buffer's memory registered with one protection domain, for the
+/// life of the memory (see [`VerbsPd::map_sg`]).
+struct BufReg {
+    mr: *mut sys::ibv_mr,
+    lkey: u32,
+    rkey: u32,
+    access: Access,
+    _pd: Arc<PdInner>,
+}
+
+// SAFETY: the registration is owned by this value alone and deregistered
+// once, in Drop; ibv_dereg_mr may be called from any thread.
+unsafe impl Send for BufReg {}
+// SAFETY: shared references only read the keys.
+unsafe impl Sync for BufReg {}
+
+impl Drop for BufReg {
+    fn drop(&mut self) {
+        // SAFETY: registered in `map_sg` and deregistered exactly once,
+        // before the memory is freed (the buffer drops its attachment
+        // first).
+        unsafe { sys::ibv_dereg_mr(self.mr) };
+    }
+}
+
+/// The registrations of one buffer's memory, one per protection domain:
+/// the buffer's attachment.
+#[derive(Default)]
+struct BufRegs(SmallVec<[BufReg; 1]>);
+
+/// An [`SgList`] mapped for the data path: its segments' keys, from
+/// registrations that outlive it ([`VerbsPd::map_sg`]).
+pub struct VerbsMappedSg {
+    segs: Vec<MrSeg>,
+    sg: SgList,
+}
+
+impl std::fmt::Debug for VerbsMappedSg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "VerbsMappedSg({:?})", self.segs)
+    }
+}
+
+impl MemoryRegion for VerbsMappedSg {
+    fn segs(&self) -> &[MrSeg] {
+        &self.segs
+    }
+    fn read_at(&self, offset: u64, dst: &mut [u8]) -> usize {
+        self.sg.copy_out(offset as usize, dst)
+    }
+    fn write_at(&mut self, offset: u64, src: &[u8]) -> usize {
+        self.sg.copy_in(offset as usize, src)
+    }
+    /// Gives the list back; its memory stays registered.
+    fn into_sg(self: Box<Self>) -> SgList {
+        self.sg
+    }
+}
+
 impl ProtectionDomain for VerbsPd {
     fn reg_sg(&self, sg: SgList, access: Access) -> Result<Box<dyn MemoryRegion>, RdmaError> {
         Ok(Box::new(VerbsPd::reg_sg(self, sg, access)?))
+    }
+    fn map_sg(&self, sg: SgList, access: Access) -> Result<Box<dyn MemoryRegion>, RdmaError> {
+        Ok(Box::new(VerbsPd::map_sg(self, sg, access)?))
     }
 }
 
@@ -724,6 +859,8 @@ impl EventChannel {
                 status: e.status,
                 id: e.id,
                 private,
+                initiator_depth: conn.initiator_depth,
+                responder_resources: conn.responder_resources,
             }
         };
         // SAFETY: acked exactly once.
@@ -766,6 +903,12 @@ struct CmEvent {
     status: i32,
     id: *mut sys::rdma_cm_id,
     private: Vec<u8>,
+    /// A connect request's RDMA READ limits, from this side's point of
+    /// view: how many this side may have outstanding toward the peer (the
+    /// peer's responder resources), and how many of the peer's it must
+    /// answer at once (the peer's initiator depth).
+    initiator_depth: u8,
+    responder_resources: u8,
 }
 
 fn sockaddr(addr: &SocketAddr) -> libc::sockaddr_storage {
@@ -885,6 +1028,9 @@ impl VerbsListener {
                 return Some(VerbsConnRequest {
                     id: ev.id,
                     private_data: ev.private,
+                    initiator_depth: ev.initiator_depth,
+                    responder_resources: ev.responder_resources,
+                    refusal: Vec::new(),
                 });
             }
             tracing::debug!(
@@ -902,6 +1048,30 @@ impl VerbsListener {
 pub struct VerbsConnRequest {
     id: *mut sys::rdma_cm_id,
     private_data: Vec<u8>,
+    /// RDMA READs the peer lets this side have outstanding (its responder
+    /// resources) and that it may itself have outstanding toward this side
+    /// (its initiator depth): the accept may not ask for more.
+    initiator_depth: u8,
+    responder_resources: u8,
+    /// What a refusal carries when the request is dropped unaccepted or
+    /// its queue pair cannot be made.
+    refusal: Vec<u8>,
+}
+
+/// Refuses a connect request with `private_data` (at most 148 bytes on IB
+/// and RoCE: an IB CM REJ's private data). librdmacm sends it as a
+/// consumer-defined reject, which is where the peer looks for it.
+fn reject_id(id: *mut sys::rdma_cm_id, private_data: &[u8]) {
+    let len = u8::try_from(private_data.len()).unwrap_or(0);
+    let data = if len == 0 {
+        ptr::null()
+    } else {
+        private_data.as_ptr().cast()
+    };
+    // SAFETY: live id of a connect request; the data is valid for the call.
+    if unsafe { sys::rdma_reject(id, data, len) } != 0 {
+        tracing::debug!(errno = errno(), "rdma_reject failed");
+    }
 }
 
 // SAFETY: the request's id is owned by this value alone.
@@ -916,12 +1086,11 @@ impl std::fmt::Debug for VerbsConnRequest {
 impl Drop for VerbsConnRequest {
     fn drop(&mut self) {
         if !self.id.is_null() {
-            // SAFETY: a request neither accepted nor rejected: refuse it
-            // and free its id (once; `take_id` nulls the field).
-            unsafe {
-                sys::rdma_reject(self.id, ptr::null(), 0);
-                sys::rdma_destroy_id(self.id);
-            }
+            // A request neither accepted nor rejected: refuse it and free
+            // its id (once; `take_id` nulls the field).
+            reject_id(self.id, &self.refusal);
+            // SAFETY: the id is ours and no longer needed.
+            unsafe { sys::rdma_destroy_id(self.id) };
         }
     }
 }
@@ -931,9 +1100,23 @@ impl VerbsConnRequest {
         std::mem::replace(&mut self.id, ptr::null_mut())
     }
 
-    /// The connect request's private data.
+    /// The connect request's private data. Over InfiniBand and RoCE it is
+    /// always 56 bytes (what an IB CM REQ carries after RDMA CM's own
+    /// header), whatever length the peer sent.
     pub fn private_data(&self) -> &[u8] {
         &self.private_data
+    }
+
+    /// What to refuse the request with should it be dropped unaccepted or
+    /// its queue pair fail ([`VerbsQp::for_request`]).
+    pub fn set_refusal(&mut self, private_data: &[u8]) {
+        self.refusal = private_data.to_vec();
+    }
+
+    /// The peer's RDMA READ limits as this side must keep to them: READs
+    /// this side may have outstanding, and READs the peer may.
+    pub fn rd_atomic(&self) -> (u8, u8) {
+        (self.initiator_depth, self.responder_resources)
     }
 
     /// The HCA port the request arrived on (1-based).
@@ -979,6 +1162,9 @@ pub struct VerbsQp {
     ch: EventChannel,
     state: AtomicU8,
     attrs: VerbsQpAttrs,
+    /// The connect request's limits ([`VerbsConnRequest::rd_atomic`]) for
+    /// the accept of a passive side.
+    peer_rd: Option<(u8, u8)>,
     _pd: Arc<PdInner>,
     _cqs: (Arc<CqInner>, Arc<CqInner>),
     _srq: Option<Arc<SrqInner>>,
@@ -1009,6 +1195,7 @@ impl Drop for VerbsQp {
 }
 
 impl VerbsQp {
+    #[allow(clippy::too_many_arguments)]
     fn create_on(
         id: *mut sys::rdma_cm_id,
         ch: EventChannel,
@@ -1017,6 +1204,7 @@ impl VerbsQp {
         recv_cq: &VerbsCq,
         srq: Option<&VerbsSrq>,
         attrs: VerbsQpAttrs,
+        refusal: Option<&[u8]>,
     ) -> Result<VerbsQp, RdmaError> {
         let mut init = sys::ibv_qp_init_attr {
             qp_context: ptr::null_mut(),
@@ -1036,6 +1224,9 @@ impl VerbsQp {
         // SAFETY: live id, PD and CQs; `init` is valid for the call.
         if unsafe { sys::rdma_create_qp(id, pd.inner.pd, &mut init) } != 0 {
             let e = verr("rdma_create_qp");
+            if let Some(data) = refusal {
+                reject_id(id, data);
+            }
             // SAFETY: the id is ours and unused.
             unsafe { sys::rdma_destroy_id(id) };
             return Err(e);
@@ -1047,6 +1238,7 @@ impl VerbsQp {
             ch,
             state: AtomicU8::new(ST_INIT),
             attrs,
+            peer_rd: None,
             _pd: pd.inner.clone(),
             _cqs: (send_cq.inner.clone(), recv_cq.inner.clone()),
             _srq: srq.map(|s| s.inner.clone()),
@@ -1063,31 +1255,35 @@ impl VerbsQp {
         srq: Option<&VerbsSrq>,
         attrs: VerbsQpAttrs,
     ) -> Result<VerbsQp, RdmaError> {
+        // Until the queue pair exists, a failure drops `req`, which refuses
+        // the connection with its refusal ([`VerbsConnRequest::set_refusal`]).
         let ch = EventChannel::new()?;
-        let id = req.take_id();
         // SAFETY: live id; `verbs` is set for a connect request.
-        if let Err(e) = pd.check_device(unsafe { (*id).verbs }) {
-            // SAFETY: the id is ours; refuse the connection and free it.
-            unsafe {
-                sys::rdma_reject(id, ptr::null(), 0);
-                sys::rdma_destroy_id(id);
-            }
-            return Err(e);
-        }
+        pd.check_device(unsafe { (*req.id).verbs })?;
         // SAFETY: live id and channel.
-        if unsafe { sys::rdma_migrate_id(id, ch.ch) } != 0 {
-            let e = verr("rdma_migrate_id");
-            // SAFETY: the id is ours.
-            unsafe { sys::rdma_destroy_id(id) };
-            return Err(e);
+        if unsafe { sys::rdma_migrate_id(req.id, ch.ch) } != 0 {
+            return Err(verr("rdma_migrate_id"));
         }
-        VerbsQp::create_on(id, ch, pd, send_cq, recv_cq, srq, attrs)
+        let peer_rd = req.rd_atomic();
+        let refusal = std::mem::take(&mut req.refusal);
+        let id = req.take_id();
+        let mut qp = VerbsQp::create_on(id, ch, pd, send_cq, recv_cq, srq, attrs, Some(&refusal))?;
+        qp.peer_rd = Some(peer_rd);
+        Ok(qp)
     }
 
     /// Accepts the connection with `private_data` (call after posting
     /// receives). The QP is ready once [`QueuePair::state`] says `Rts`.
     pub fn accept(&self, private_data: &[u8]) -> Result<(), RdmaError> {
         let mut p = conn_param(private_data, &self.attrs)?;
+        // Never more RDMA READs in flight than the peer said it answers at
+        // once (its responder resources), nor more of its READs served
+        // than it asked for: a responder given more READs than it has
+        // resources for loses some.
+        if let Some((ord, ird)) = self.peer_rd {
+            p.initiator_depth = p.initiator_depth.min(ord);
+            p.responder_resources = p.responder_resources.min(ird);
+        }
         // SAFETY: live id with a QP; `p` and the private data outlive the call.
         if unsafe { sys::rdma_accept(self.id, &mut p) } != 0 {
             return Err(verr("rdma_accept"));
@@ -1180,7 +1376,7 @@ impl VerbsQp {
             return Err(e);
         }
         drop(ch);
-        let qp = VerbsQp::create_on(id, inner_ch, pd, send_cq, recv_cq, None, attrs)?;
+        let qp = VerbsQp::create_on(id, inner_ch, pd, send_cq, recv_cq, None, attrs, None)?;
         for r in recvs {
             qp.post_recv(r).map_err(|_| verr("ibv_post_recv"))?;
         }

@@ -6,8 +6,16 @@
 //! [`BufPool`]; the pool's free list is lock-free, so a buffer may be dropped on
 //! any thread. An [`SgList`] is the scatter-gather list that travels from a
 //! fabric to the core to a backend and back: it owns its segments.
+//!
+//! A buffer's memory can carry one [`Attachment`]: what a device made of
+//! that memory, such as the memory regions an RDMA provider registered it
+//! as. It lives exactly as long as the allocation: a pooled buffer takes it
+//! back to the pool and on to its next user, so memory is registered once
+//! for its life rather than once per transfer, and it is dropped (the
+//! memory deregistered) just before the memory is freed.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::any::Any;
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
@@ -19,6 +27,9 @@ use smallvec::SmallVec;
 /// Alignment of every [`IoBuf`]: enough for `O_DIRECT` on 4 KiB-sector devices.
 pub const BUF_ALIGN: usize = 4096;
 
+/// What lives as long as a buffer's memory (see the module doc).
+pub type Attachment = Box<dyn Any + Send + Sync>;
+
 /// Raw aligned allocation. Owns `cap` bytes at `ptr`.
 struct RawBuf {
     ptr: NonNull<u8>,
@@ -26,6 +37,8 @@ struct RawBuf {
     /// All `cap` bytes are known to be zero: nothing has had a way to write
     /// them since they were allocated or last zeroed.
     zero: bool,
+    /// Dropped before the memory is freed.
+    attached: Option<Attachment>,
 }
 
 // SAFETY: RawBuf uniquely owns its heap allocation; no aliasing pointers exist.
@@ -46,6 +59,7 @@ impl RawBuf {
             ptr,
             cap,
             zero: true,
+            attached: None,
         }
     }
 
@@ -60,6 +74,8 @@ impl RawBuf {
 
 impl Drop for RawBuf {
     fn drop(&mut self) {
+        // A device registration of the memory goes before the memory does.
+        drop(self.attached.take());
         // SAFETY: ptr was allocated in `new` with exactly this layout.
         unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.cap)) }
     }
@@ -218,6 +234,26 @@ impl IoBuf {
             }
             None => NonNull::dangling().as_ptr(),
         }
+    }
+
+    /// The attachment of this buffer's memory, if it is a `T`.
+    pub fn attachment<T: Any>(&self) -> Option<&T> {
+        self.raw.as_ref()?.attached.as_ref()?.downcast_ref()
+    }
+
+    /// The attachment of this buffer's memory as a `T`, made by `init` when
+    /// there is none or it is of another type (which is dropped first).
+    /// `None` only for a buffer without memory.
+    pub fn attachment_or_insert_with<T: Any + Send + Sync>(
+        &mut self,
+        init: impl FnOnce() -> T,
+    ) -> Option<&mut T> {
+        let raw = self.raw.as_mut()?;
+        if !raw.attached.as_ref().is_some_and(|a| a.is::<T>()) {
+            raw.attached = None;
+            raw.attached = Some(Box::new(init()));
+        }
+        raw.attached.as_mut()?.downcast_mut()
     }
 
     /// Zeroes the visible bytes. A buffer nothing has written since it was
@@ -502,6 +538,52 @@ mod tests {
         assert_eq!(pool.idle(), 2);
         // get() still hands out full-size buffers.
         assert_eq!(pool.get(10).capacity(), 256 * 1024);
+    }
+
+    #[test]
+    fn attachments_follow_the_memory_through_the_pool() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static DROPPED: AtomicUsize = AtomicUsize::new(0);
+        struct Reg(u32);
+        impl Drop for Reg {
+            fn drop(&mut self) {
+                DROPPED.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let pool = BufPool::new(4096, 1);
+        let mut b = pool.get(4096);
+        assert!(b.attachment::<Reg>().is_none());
+        let mut made = 0;
+        b.attachment_or_insert_with(|| {
+            made += 1;
+            Reg(7)
+        });
+        let ptr = b.as_ptr();
+        drop(b);
+        // Back from the pool: the same memory, still attached.
+        let mut b = pool.get(100);
+        assert_eq!(b.as_ptr(), ptr);
+        assert_eq!(b.attachment::<Reg>().map(|r| r.0), Some(7));
+        b.attachment_or_insert_with(|| {
+            made += 1;
+            Reg(8)
+        });
+        assert_eq!(made, 1, "an existing attachment is reused");
+        assert_eq!(DROPPED.load(Ordering::SeqCst), 0);
+        // A second buffer does not fit the pool's free list (max_free 1):
+        // its memory is freed on drop, and its attachment dropped with it.
+        let mut c = pool.get(10);
+        c.attachment_or_insert_with(|| Reg(9));
+        drop(b);
+        drop(c);
+        assert_eq!(DROPPED.load(Ordering::SeqCst), 1);
+        drop(pool);
+        assert_eq!(DROPPED.load(Ordering::SeqCst), 2, "the pool frees the rest");
+        // Unpooled memory drops its attachment with the buffer.
+        let mut u = IoBuf::new(10);
+        u.attachment_or_insert_with(|| Reg(1));
+        drop(u);
+        assert_eq!(DROPPED.load(Ordering::SeqCst), 3);
     }
 
     #[test]

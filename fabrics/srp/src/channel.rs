@@ -20,6 +20,7 @@
 //! the target's own SRP_CRED_REQ and SRP_AER_REQ, of which at most one is
 //! outstanding at a time).
 
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 
 use ferrite_core::{
@@ -37,7 +38,9 @@ use crate::iu::{self, DataBuf, IuError, IuType, TLogoutReason};
 #[derive(Clone, Debug)]
 pub struct ChannelConfig {
     /// Size of the target's receive buffers: the largest IU an initiator
-    /// may send (SRP_LOGIN_RSP MAXIMUM INITIATOR TO TARGET IU LENGTH).
+    /// may send. Before login, the most this target accepts; the accepted
+    /// channel's copy holds what was negotiated (the initiator's REQUESTED
+    /// MAXIMUM INITIATOR TO TARGET IU LENGTH, which SRP_LOGIN_RSP echoes).
     pub max_it_iu_len: u32,
     /// Largest IU the target sends (SRP_RSP with sense, SRP_AER_REQ).
     pub max_ti_iu_len: u32,
@@ -49,16 +52,24 @@ pub struct ChannelConfig {
     /// This target port's identifier (SRP r16a §4.7): logins naming another
     /// port are rejected.
     pub target_port_id: [u8; 16],
+    /// Grant SRP-2 immediate data to initiators that ask for it.
+    pub immediate_data: bool,
 }
+
+/// The largest IU the target takes by default: room for the Linux
+/// initiator's 8 KiB of immediate data behind its 68-byte SRP_CMD
+/// (`max_imm_data`, `SRP_IMM_DATA_OFFSET`), twice over.
+pub const DEFAULT_MAX_IT_IU_LEN: u32 = 16 * 1024 + 256;
 
 impl Default for ChannelConfig {
     fn default() -> ChannelConfig {
         ChannelConfig {
-            max_it_iu_len: 4096,
+            max_it_iu_len: DEFAULT_MAX_IT_IU_LEN,
             max_ti_iu_len: 512,
             credits: 64,
             reserve: 2,
             target_port_id: [0; 16],
+            immediate_data: true,
         }
     }
 }
@@ -71,17 +82,142 @@ impl ChannelConfig {
     }
 }
 
+/// Why a login is refused, with the SRP_LOGIN_REJ reason it is answered
+/// with ([`LoginRefusal::reason`], SRP r16a §6.4 table 19). The channel
+/// decides the first six; the others are a driver's policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoginRefusal {
+    /// The private data is too short for either login layout.
+    Short { got: usize },
+    /// The IU type is not SRP_LOGIN_REQ.
+    NotLoginReq(u8),
+    /// The target port id names another target port.
+    ForeignTargetPort([u8; 16]),
+    /// REQUESTED MAXIMUM INITIATOR TO TARGET IU LENGTH above what the
+    /// target receives.
+    IuTooLarge { asked: u32, max: u32 },
+    /// A requested IU length that cannot hold an SRP_CMD.
+    IuTooSmall(u32),
+    /// REQUIRED BUFFER FORMATS the target does not support.
+    UnsupportedFormats(u16),
+    /// MULTI-CHANNEL ACTION 2 or 3, which SRP reserves.
+    ReservedMultiChannel(u8),
+    /// The target port is disabled.
+    PortDisabled,
+    /// The target port went away while the request waited.
+    PortRemoved,
+    /// The request arrived on this HCA port (the listening address is
+    /// shared), not on the one the target port is configured for.
+    OtherHcaPort(u8),
+    /// The target could not set the channel up (queue pair, buffers).
+    Resources(&'static str),
+    /// The I_T nexus already has this many channels, the most it may have.
+    ChannelLimit(usize),
+}
+
+impl LoginRefusal {
+    /// The SRP_LOGIN_REJ REASON (SRP r16a §6.4).
+    pub fn reason(&self) -> iu::LoginRejReason {
+        use iu::LoginRejReason as R;
+        match self {
+            LoginRefusal::IuTooLarge { .. } => R::IT_IU_LENGTH_TOO_LARGE,
+            LoginRefusal::ForeignTargetPort(_) => R::UNABLE_TO_ASSOCIATE,
+            LoginRefusal::UnsupportedFormats(_) => R::UNSUPPORTED_DESCRIPTOR_FORMAT,
+            LoginRefusal::Resources(_) => R::INSUFFICIENT_RESOURCES,
+            LoginRefusal::ChannelLimit(_) => R::CHANNEL_LIMIT_REACHED,
+            // 00010000h: unable to establish the channel, no reason
+            // specified (SRP has no code of its own for these).
+            LoginRefusal::Short { .. }
+            | LoginRefusal::NotLoginReq(_)
+            | LoginRefusal::IuTooSmall(_)
+            | LoginRefusal::ReservedMultiChannel(_)
+            | LoginRefusal::PortDisabled
+            | LoginRefusal::PortRemoved
+            | LoginRefusal::OtherHcaPort(_) => R::UNABLE_TO_ESTABLISH,
+        }
+    }
+
+    /// The SRP_LOGIN_REJ answering `tag` for this refusal, naming the
+    /// buffer formats the target supports.
+    pub fn reject(&self, tag: u64) -> iu::LoginRej {
+        iu::LoginRej {
+            tag,
+            reason: self.reason(),
+            buf_fmt: SUPPORTED_BUF_FMT,
+        }
+    }
+}
+
+impl std::fmt::Display for LoginRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LoginRefusal::Short { got } => write!(
+                f,
+                "private data of {got} bytes is shorter than an SRP_LOGIN_REQ ({} or {} bytes)",
+                iu::LOGIN_REQ_RDMA_LEN,
+                iu::LOGIN_REQ_LEN
+            ),
+            LoginRefusal::NotLoginReq(t) => write!(f, "IU type {t:#04x} is not SRP_LOGIN_REQ"),
+            LoginRefusal::ForeignTargetPort(id) => {
+                write!(f, "target port id 0x")?;
+                for b in id {
+                    write!(f, "{b:02x}")?;
+                }
+                write!(f, " names another target port")
+            }
+            LoginRefusal::IuTooLarge { asked, max } => write!(
+                f,
+                "requested initiator-to-target IU length {asked} is above this target's {max}"
+            ),
+            LoginRefusal::IuTooSmall(n) => write!(
+                f,
+                "requested initiator-to-target IU length {n} cannot hold an SRP_CMD"
+            ),
+            LoginRefusal::UnsupportedFormats(fmt) => write!(
+                f,
+                "required buffer formats {fmt:#06x} include some this target lacks (it has {SUPPORTED_BUF_FMT:#06x})"
+            ),
+            LoginRefusal::ReservedMultiChannel(a) => {
+                write!(f, "MULTI-CHANNEL ACTION {a} is reserved")
+            }
+            LoginRefusal::PortDisabled => write!(f, "target port disabled"),
+            LoginRefusal::PortRemoved => write!(f, "target port removed"),
+            LoginRefusal::OtherHcaPort(p) => write!(
+                f,
+                "arrived on HCA port {p}, which this target port does not serve"
+            ),
+            LoginRefusal::Resources(what) => write!(f, "no resources for the channel: {what}"),
+            LoginRefusal::ChannelLimit(n) => {
+                write!(
+                    f,
+                    "the I_T nexus already has {n} channels, the most it may have"
+                )
+            }
+        }
+    }
+}
+
+/// The data buffer descriptor formats this target takes (SRP r16a §6.2).
+pub const SUPPORTED_BUF_FMT: u16 = iu::BUF_FORMAT_DIRECT | iu::BUF_FORMAT_INDIRECT;
+
 /// The outcome of a login request.
 #[derive(Debug)]
 pub enum Login {
     /// Accept: answer with `rsp` (the connection's accept private data)
-    /// after posting [`ChannelConfig::recv_count`] receives.
+    /// after posting [`ChannelConfig::recv_count`] receives of the
+    /// channel's (negotiated) `max_it_iu_len`. `req` is the request as
+    /// parsed and `layout` the form it came in.
     Accept {
         channel: Box<Channel>,
         rsp: iu::LoginRsp,
+        req: iu::LoginReq,
+        layout: iu::LoginLayout,
     },
-    /// Reject with `rej` (the reject's private data).
-    Reject(iu::LoginRej),
+    /// Reject with `rej` (the reject's private data) because of `why`.
+    Reject {
+        rej: iu::LoginRej,
+        why: LoginRefusal,
+    },
 }
 
 /// A driver-chosen handle for one transmit, echoed in its completion.
@@ -173,6 +309,9 @@ struct Task {
     lun: [u8; 8],
     data_out: DataBuf,
     data_in: DataBuf,
+    /// The SRP_CMD whose [`DataBuf::Immediate`] data-out this is, kept
+    /// until the task ends (the core may fetch the data in pieces).
+    imm: Option<Vec<u8>>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -218,54 +357,103 @@ pub struct Channel {
     tx: VecDeque<Transmit>,
     events: VecDeque<Event>,
     closed_reported: bool,
+    /// SRP-2 immediate data, granted at login: where it starts in an
+    /// SRP_CMD.
+    imm_data_offset: Option<u16>,
 }
 
-/// Answers a login request (SRP r16a §6.2-§6.4).
-pub fn login(cfg: ChannelConfig, req: &[u8]) -> Login {
-    let supported = iu::BUF_FORMAT_DIRECT | iu::BUF_FORMAT_INDIRECT;
-    let rej = |tag: u64, reason| {
-        Login::Reject(iu::LoginRej {
-            tag,
-            reason,
-            buf_fmt: supported,
-        })
+/// Answers a login request (SRP r16a §6.2-§6.4, SRP-2 immediate data),
+/// given as the connection request's private data in either layout
+/// ([`iu::LoginReq::parse_layout`]).
+pub fn login(cfg: ChannelConfig, private_data: &[u8]) -> Login {
+    let refuse = |tag: u64, why: LoginRefusal| Login::Reject {
+        rej: why.reject(tag),
+        why,
     };
-    let r = match iu::LoginReq::parse(req) {
+    let (r, layout) = match iu::LoginReq::parse_layout(private_data) {
         Ok(r) => r,
+        Err(IuError::WrongType(t)) => {
+            return refuse(request_tag(private_data), LoginRefusal::NotLoginReq(t));
+        }
         Err(_) => {
-            return rej(
-                iu::iu_tag(req).unwrap_or(0),
-                iu::LoginRejReason::UNABLE_TO_ESTABLISH,
+            return refuse(
+                0,
+                LoginRefusal::Short {
+                    got: private_data.len(),
+                },
             );
         }
     };
     // §6.2: a REQUESTED MAXIMUM INITIATOR TO TARGET IU LENGTH the target
     // cannot receive is rejected with reason 00010002h.
-    if r.req_it_iu_len > cfg.max_it_iu_len || (r.req_it_iu_len as usize) < iu::CMD_LEN {
-        return rej(r.tag, iu::LoginRejReason::IT_IU_LENGTH_TOO_LARGE);
+    if r.req_it_iu_len > cfg.max_it_iu_len {
+        let why = LoginRefusal::IuTooLarge {
+            asked: r.req_it_iu_len,
+            max: cfg.max_it_iu_len,
+        };
+        return refuse(r.tag, why);
     }
-    // §6.2: REQUIRED BUFFER FORMATS the target does not support.
-    if r.req_buf_fmt & !supported != 0 {
-        return rej(r.tag, iu::LoginRejReason::UNSUPPORTED_DESCRIPTOR_FORMAT);
+    if (r.req_it_iu_len as usize) < iu::CMD_LEN {
+        return refuse(r.tag, LoginRefusal::IuTooSmall(r.req_it_iu_len));
     }
+    // §6.2: REQUIRED BUFFER FORMATS the target does not support: 00010004h.
+    if r.req_buf_fmt & !SUPPORTED_BUF_FMT != 0 {
+        return refuse(r.tag, LoginRefusal::UnsupportedFormats(r.req_buf_fmt));
+    }
+    // §4.7, §6.4: a login for another target port cannot be associated
+    // with this one: 00010003h.
     if r.target_port_id != cfg.target_port_id {
-        return rej(r.tag, iu::LoginRejReason::UNABLE_TO_ASSOCIATE);
+        return refuse(r.tag, LoginRefusal::ForeignTargetPort(r.target_port_id));
     }
+    let action = r.multi_channel_action();
+    if action != iu::MULTICHAN_SINGLE && action != iu::MULTICHAN_MULTI {
+        return refuse(r.tag, LoginRefusal::ReservedMultiChannel(action));
+    }
+    // SRP-2: immediate data is granted when asked for with an offset that
+    // leaves room for the SRP_CMD and its immediate data descriptor, inside
+    // the IU length (ib_srpt grants it the same way).
+    let imm = (cfg.immediate_data
+        && r.immediate_requested()
+        && r.imm_data_offset as usize >= iu::CMD_LEN + iu::IMM_DESC_LEN
+        && u32::from(r.imm_data_offset) < r.req_it_iu_len)
+        .then_some(r.imm_data_offset);
     let rsp = iu::LoginRsp {
         tag: r.tag,
         req_lim_delta: cfg.credits,
         max_it_iu_len: r.req_it_iu_len,
         max_ti_iu_len: cfg.max_ti_iu_len,
-        buf_fmt: supported,
+        buf_fmt: SUPPORTED_BUF_FMT,
         // Other channels of the same initiator port are the driver's
-        // business (SRP r16a §6.2 MULTI-CHANNEL ACTION); it may set
-        // TERMINATED after closing them.
-        rsp_flags: iu::LOGIN_RSP_NO_CHANNEL,
+        // business (SRP r16a §6.2 MULTI-CHANNEL ACTION); it sets the
+        // MULTI-CHANNEL RESULT after closing or joining them.
+        rsp_flags: iu::LOGIN_RSP_NO_CHANNEL
+            | if imm.is_some() {
+                iu::LOGIN_RSP_IMMED_SUPP
+            } else {
+                0
+            },
     };
+    let cfg = ChannelConfig {
+        max_it_iu_len: r.req_it_iu_len,
+        ..cfg
+    };
+    let mut channel = Box::new(Channel::new(cfg));
+    channel.imm_data_offset = imm;
     Login::Accept {
-        channel: Box::new(Channel::new(cfg)),
+        channel,
         rsp,
+        req: r,
+        layout,
     }
+}
+
+/// The tag of a login request that did not parse, where its layout puts
+/// it (bytes 8..16 of the IU, 0..8 of the RDMA CM layout).
+fn request_tag(b: &[u8]) -> u64 {
+    let at = if b.len() >= iu::LOGIN_REQ_LEN { 8 } else { 0 };
+    b.get(at..at + 8)
+        .and_then(|t| <[u8; 8]>::try_from(t).ok())
+        .map_or(0, u64::from_be_bytes)
 }
 
 fn abort_cmd_logout(e: IuError) -> TLogoutReason {
@@ -322,12 +510,19 @@ impl Channel {
             tx: VecDeque::new(),
             events: VecDeque::new(),
             closed_reported: false,
+            imm_data_offset: None,
         }
     }
 
     /// The configuration the channel was accepted with.
     pub fn config(&self) -> &ChannelConfig {
         &self.cfg
+    }
+
+    /// Where immediate data starts in an SRP_CMD, when the login granted
+    /// SRP-2 immediate data.
+    pub fn immediate_data_offset(&self) -> Option<u16> {
+        self.imm_data_offset
     }
 
     /// The current state.
@@ -428,6 +623,18 @@ impl Channel {
     /// A receive completed with this IU. The driver reposts the buffer and
     /// then calls [`Channel::recv_reposted`].
     pub fn handle_recv(&mut self, iu_bytes: &[u8]) {
+        self.recv(Cow::Borrowed(iu_bytes));
+    }
+
+    /// [`Channel::handle_recv`] with the IU already copied out of the
+    /// receive buffer: an SRP_CMD carrying immediate data keeps it as the
+    /// task's data instead of copying it again.
+    pub fn handle_recv_owned(&mut self, iu_bytes: Vec<u8>) {
+        self.recv(Cow::Owned(iu_bytes));
+    }
+
+    fn recv(&mut self, iu: Cow<'_, [u8]>) {
+        let iu_bytes: &[u8] = &iu;
         let t = iu::iu_type(iu_bytes);
         let spends_credit = matches!(t, Some(IuType::CMD) | Some(IuType::TSK_MGMT));
         // Only a credit actually spent comes back when the buffer is reposted.
@@ -452,7 +659,7 @@ impl Channel {
             self.granted -= 1;
         }
         match t {
-            Some(IuType::CMD) => self.handle_cmd(iu_bytes),
+            Some(IuType::CMD) => self.handle_cmd(iu),
             Some(IuType::TSK_MGMT) => self.handle_tsk_mgmt(iu_bytes),
             Some(IuType::I_LOGOUT) => {
                 // §6.5: the initiator ends the channel.
@@ -480,8 +687,10 @@ impl Channel {
         self.next_target_req();
     }
 
-    fn handle_cmd(&mut self, b: &[u8]) {
-        let cmd = match iu::Cmd::parse(b) {
+    fn handle_cmd(&mut self, b: Cow<'_, [u8]>) {
+        // SRP-2: the immediate data descriptor format exists only on a
+        // channel whose login granted it; elsewhere it is unsupported.
+        let cmd = match iu::Cmd::parse_imm(&b, self.imm_data_offset) {
             Ok(c) => c,
             Err(e) => return self.logout(abort_cmd_logout(e)),
         };
@@ -570,6 +779,7 @@ impl Channel {
             Task {
                 state,
                 lun: cmd.lun,
+                imm: matches!(cmd.data_out, DataBuf::Immediate { .. }).then(|| b.into_owned()),
                 data_out: cmd.data_out,
                 data_in: cmd.data_in,
             },
@@ -617,6 +827,7 @@ impl Channel {
                 lun: t.lun,
                 data_out: DataBuf::None,
                 data_in: DataBuf::None,
+                imm: None,
             },
         );
         self.events.push_back(Event::TaskMgmt(TmfRequest {
@@ -673,11 +884,30 @@ impl Channel {
             });
             return;
         }
+        let fits = (offset as u64 + len as u64) <= buf.len() as u64;
+        if let DataBuf::Immediate { offset: at, len: n } = task.data_out {
+            // SRP-2: the data came inside the SRP_CMD; no RDMA READ.
+            let (start, end) = (offset as u64, offset as u64 + len as u64);
+            let src = task
+                .imm
+                .as_deref()
+                .filter(|_| fits && end <= n as u64)
+                .and_then(|iu| iu.get(at as usize + start as usize..at as usize + end as usize));
+            let result = match src {
+                Some(src) => {
+                    let mut buf = buf;
+                    buf.copy_in(offset as usize, src);
+                    Ok(buf)
+                }
+                None => Err(Abort::TransportError),
+            };
+            self.events.push_back(Event::DataOut { id, result });
+            return;
+        }
         let segs = match &task.data_out {
             DataBuf::Segs(s) => s.clone(),
             _ => SmallVec::new(),
         };
-        let fits = (offset as u64 + len as u64) <= buf.len() as u64;
         let Some(xfers) = map_range(&segs, offset as u64, len as u64).filter(|_| fits) else {
             // The core asked for bytes the initiator's buffer does not have.
             self.events.push_back(Event::DataOut {

@@ -1,7 +1,8 @@
-//! An SRP initiator over the `ferrite_rdma` surface: logs in, runs SCSI
-//! commands with direct, indirect and table-fetched data descriptors, sends
-//! task management functions, answers SRP_CRED_REQ and SRP_AER_REQ, logs
-//! out. It is the project's own initiator for end-to-end tests and tools
+//! An SRP initiator over the `ferrite_rdma` surface: logs in (with the
+//! 64-byte SRP_LOGIN_REQ IU or the 56-byte layout Linux sends over RDMA
+//! CM), runs SCSI commands with direct, indirect and table-fetched data
+//! descriptors or SRP-2 immediate write data, sends task management
+//! functions, answers SRP_CRED_REQ and SRP_AER_REQ, logs out. It is the project's own initiator for end-to-end tests and tools
 //! (what `ib_srp` is to a real target); it blocks on its completion queue
 //! and keeps to the request limit the target grants.
 
@@ -59,6 +60,17 @@ pub struct InitiatorConfig {
     /// so the channels of one nexus take disjoint ranges (ib_srp puts the
     /// channel index in the tag's upper bits).
     pub first_tag: u64,
+    /// How the SRP_LOGIN_REQ is laid out in the connect request's private
+    /// data. [`connect_verbs`] always sends [`iu::LoginLayout::RdmaCm`]:
+    /// RDMA CM on InfiniBand and RoCE carries 56 bytes, too few for the IU.
+    pub login_layout: iu::LoginLayout,
+    /// Ask for SRP-2 immediate data (IMMEDIATE DATA REQUESTED, with
+    /// `imm_data_offset`); when the target grants it, writes that fit in
+    /// `max_it_iu_len` after the offset carry their data in the SRP_CMD.
+    pub immediate_data: bool,
+    /// Where immediate data starts in an SRP_CMD (Linux: 68, room for a
+    /// 32-byte CDB).
+    pub imm_data_offset: u16,
 }
 
 impl Default for InitiatorConfig {
@@ -72,6 +84,9 @@ impl Default for InitiatorConfig {
             timeout: Duration::from_secs(10),
             multi_channel: false,
             first_tag: 0x1000,
+            login_layout: iu::LoginLayout::Iu,
+            immediate_data: false,
+            imm_data_offset: 68,
         }
     }
 }
@@ -87,10 +102,25 @@ impl InitiatorConfig {
                 iu::MULTICHAN_MULTI
             } else {
                 iu::MULTICHAN_SINGLE
+            } | if self.immediate_data {
+                iu::LOGIN_REQ_IMMED_REQUESTED
+            } else {
+                0
+            },
+            imm_data_offset: if self.immediate_data {
+                self.imm_data_offset
+            } else {
+                0
             },
             initiator_port_id: self.initiator_port_id,
             target_port_id: self.target_port_id,
         }
+    }
+
+    /// The private data of the connect request: the SRP_LOGIN_REQ in
+    /// [`InitiatorConfig::login_layout`].
+    pub fn login_private_data(&self) -> Vec<u8> {
+        self.login_req().encode_as(self.login_layout)
     }
 }
 
@@ -151,6 +181,11 @@ pub struct Initiator {
     pub cred_reqs: u32,
     closed: Option<Option<u32>>,
     pub login_rsp: iu::LoginRsp,
+    /// Immediate data as granted: its offset in an SRP_CMD and the most
+    /// one command carries.
+    imm: Option<(u16, usize)>,
+    /// Writes sent with immediate data.
+    pub immediate_writes: u64,
 }
 
 impl std::fmt::Debug for Initiator {
@@ -223,6 +258,15 @@ impl Initiator {
         // Never use more credits than receives for their responses (one is
         // kept for the target's own requests).
         let credits = rsp.req_lim_delta.min(cfg.recv_count.saturating_sub(1));
+        // SRP-2: immediate data only where asked for and granted, up to
+        // the IU length the target accepted.
+        let imm = (cfg.immediate_data && rsp.rsp_flags & iu::LOGIN_RSP_IMMED_SUPP != 0)
+            .then(|| {
+                let iu_len = cfg.max_it_iu_len.min(rsp.max_it_iu_len) as usize;
+                let off = cfg.imm_data_offset;
+                (off, iu_len.saturating_sub(off as usize))
+            })
+            .filter(|(_, max)| *max > 0);
         Ok(Initiator {
             qp,
             cq,
@@ -240,6 +284,8 @@ impl Initiator {
             cred_reqs: 0,
             closed: None,
             login_rsp: rsp,
+            imm,
+            immediate_writes: 0,
             cfg,
         })
     }
@@ -247,6 +293,12 @@ impl Initiator {
     /// Credits currently held.
     pub fn credits(&self) -> u32 {
         self.credits
+    }
+
+    /// The immediate data the target granted: its offset in an SRP_CMD
+    /// and the most bytes one command carries.
+    pub fn immediate_data(&self) -> Option<(u16, usize)> {
+        self.imm
     }
 
     /// Commands and TMFs awaiting a response.
@@ -356,6 +408,38 @@ impl Initiator {
         self.take_credit()?;
         let tag = self.next_tag;
         self.next_tag += 1;
+        // SRP-2: a write that fits goes inside the SRP_CMD (as ib_srp sends
+        // it: no memory registered, no RDMA READ by the target).
+        if let (Some((off, max)), Some(d), 0) = (self.imm, data_out, read_len)
+            && !d.is_empty()
+            && d.len() <= max
+        {
+            let built = iu::CmdBuilder {
+                tag,
+                lun: lun.encode(),
+                task_attr,
+                cdb,
+                data_out: &[],
+                data_in: &[],
+                out_table: None,
+                in_table: None,
+                inline_max: layout.inline_max,
+            }
+            .encode_immediate(off, d);
+            if let Some(bytes) = built {
+                self.outstanding.insert(
+                    tag,
+                    Outstanding {
+                        data_in: None,
+                        _data_out: None,
+                        _tables: Vec::new(),
+                    },
+                );
+                self.immediate_writes += 1;
+                self.send_iu(&bytes)?;
+                return Ok(tag);
+            }
+        }
         let out_mr = match data_out {
             Some(d) if !d.is_empty() => {
                 Some(self.register(d, d.len(), layout.segments, Access::REMOTE_READ)?)
@@ -620,7 +704,7 @@ pub fn connect_soft(
     for slot in 0..ring.len() {
         post_recv(&qp, &ring, slot)?;
     }
-    let rsp = match qp.connect(addr, &cfg.login_req().encode(), cfg.timeout) {
+    let rsp = match qp.connect(addr, &cfg.login_private_data(), cfg.timeout) {
         Ok(r) => r,
         Err(RdmaError::Rejected { private_data }) => {
             let reason = iu::LoginRej::parse(&private_data).map_or(0, |r| r.reason.0);
@@ -638,7 +722,8 @@ pub fn connect_soft(
     )
 }
 
-/// Connects over the `verbs` provider (RDMA CM): like [`connect_soft`]. `pd`
+/// Connects over the `verbs` provider (RDMA CM): like [`connect_soft`], with
+/// the RDMA CM login layout whatever `cfg.login_layout` says. `pd`
 /// and `cq` must come from the RDMA CM device context that routes to `addr`
 /// (`ferrite_rdma::verbs::Context::cm_devices`).
 #[cfg(feature = "verbs")]
@@ -662,7 +747,9 @@ pub fn connect_verbs(
         max_recv_wr: cfg.recv_count.max(1),
         ..VerbsQpAttrs::default()
     };
-    let login = cfg.login_req().encode();
+    // RDMA CM on InfiniBand and RoCE carries 56 bytes of private data: the
+    // layout Linux sends there.
+    let login = cfg.login_req().encode_rdma_cm();
     let (qp, rsp) = match VerbsQp::connect(addr, pd, cq, cq, attrs, &recvs, &login, cfg.timeout) {
         Ok(r) => r,
         Err(RdmaError::Rejected { private_data }) => {

@@ -118,20 +118,73 @@ pub fn iu_tag(b: &[u8]) -> Option<u64> {
 
 // ---------------------------------------------------------------- login
 
-/// SRP_LOGIN_REQ (SRP r16a §6.2).
+/// The length of Linux's RDMA CM login layout (`struct srp_login_req_rdma`,
+/// see [`LoginLayout::RdmaCm`]).
+pub const LOGIN_REQ_RDMA_LEN: usize = 56;
+
+/// REQ_FLAGS of SRP_LOGIN_REQ: MULTI-CHANNEL ACTION is bits 1:0 (SRP r16a
+/// §6.2); SRP-2 adds IMMEDIATE DATA REQUESTED in bit 7.
+pub const MULTICHAN_MASK: u8 = 0x03;
+pub const LOGIN_REQ_IMMED_REQUESTED: u8 = 0x80;
+/// RSP_FLAGS of SRP_LOGIN_RSP: SRP-2's IMMEDIATE DATA SUPPORTED, bit 7
+/// (the multi-channel result is bits 1:0).
+pub const LOGIN_RSP_IMMED_SUPP: u8 = 0x80;
+
+/// How an SRP_LOGIN_REQ lies in the connection request's private data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoginLayout {
+    /// The 64-byte information unit of SRP r16a §6.2 (type byte first), as
+    /// IB CM carries it and as the soft provider carries it.
+    Iu,
+    /// The 56-byte layout the Linux initiator sends over RDMA CM (`struct
+    /// srp_login_req_rdma` of `include/scsi/srp.h`): an IB CM REQ carries 92
+    /// bytes of private data and RDMA CM takes 36 of them for its own
+    /// header, so the IU's reserved bytes are dropped and the fields
+    /// reordered: tag (bytes 0..8), REQUIRED BUFFER FORMATS (8..10),
+    /// REQ_FLAGS (10), the IU type (11), REQUESTED MAXIMUM INITIATOR TO
+    /// TARGET IU LENGTH (12..16), the initiator port id (16..32), the target
+    /// port id (32..48), the immediate data offset (48..50), 6 reserved
+    /// bytes.
+    RdmaCm,
+}
+
+/// SRP_LOGIN_REQ (SRP r16a §6.2, with SRP-2's immediate data offset), in
+/// either layout.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LoginReq {
+    /// Opaque: echoed in the response or the reject as received.
     pub tag: u64,
     /// Largest initiator-to-target IU the initiator will send.
     pub req_it_iu_len: u32,
     pub req_buf_fmt: u16,
     pub req_flags: u8,
+    /// SRP-2: where immediate data starts in an SRP_CMD, when
+    /// [`LOGIN_REQ_IMMED_REQUESTED`] is set.
+    pub imm_data_offset: u16,
     pub initiator_port_id: [u8; 16],
     pub target_port_id: [u8; 16],
 }
 
 impl LoginReq {
+    /// Parses either layout; the length tells them apart: 64 bytes or more
+    /// is the IU, 56 to 63 the RDMA CM layout. (Over RDMA CM on InfiniBand
+    /// and RoCE the private data is always exactly 56 bytes, so the IU
+    /// cannot arrive there; over iWARP and the soft provider it arrives with
+    /// the length it was sent with.)
     pub fn parse(b: &[u8]) -> Result<LoginReq, IuError> {
+        Self::parse_layout(b).map(|(r, _)| r)
+    }
+
+    /// [`LoginReq::parse`], also telling which layout it was.
+    pub fn parse_layout(b: &[u8]) -> Result<(LoginReq, LoginLayout), IuError> {
+        if b.len() >= LOGIN_REQ_LEN {
+            return Self::parse_iu(b).map(|r| (r, LoginLayout::Iu));
+        }
+        Self::parse_rdma_cm(b).map(|r| (r, LoginLayout::RdmaCm))
+    }
+
+    /// The 64-byte IU.
+    pub fn parse_iu(b: &[u8]) -> Result<LoginReq, IuError> {
         need(b, LOGIN_REQ_LEN, IuType::LOGIN_REQ)?;
         let mut ini = [0u8; 16];
         ini.copy_from_slice(&b[32..48]);
@@ -142,11 +195,39 @@ impl LoginReq {
             req_it_iu_len: be32(b, 16),
             req_buf_fmt: be16(b, 24),
             req_flags: b[26],
+            imm_data_offset: be16(b, 28),
             initiator_port_id: ini,
             target_port_id: tgt,
         })
     }
 
+    /// The 56-byte RDMA CM layout ([`LoginLayout::RdmaCm`]).
+    pub fn parse_rdma_cm(b: &[u8]) -> Result<LoginReq, IuError> {
+        if b.len() < LOGIN_REQ_RDMA_LEN {
+            return Err(IuError::Short {
+                need: LOGIN_REQ_RDMA_LEN,
+                got: b.len(),
+            });
+        }
+        if b[11] != IuType::LOGIN_REQ.0 {
+            return Err(IuError::WrongType(b[11]));
+        }
+        let mut ini = [0u8; 16];
+        ini.copy_from_slice(&b[16..32]);
+        let mut tgt = [0u8; 16];
+        tgt.copy_from_slice(&b[32..48]);
+        Ok(LoginReq {
+            tag: be64(b, 0),
+            req_buf_fmt: be16(b, 8),
+            req_flags: b[10],
+            req_it_iu_len: be32(b, 12),
+            imm_data_offset: be16(b, 48),
+            initiator_port_id: ini,
+            target_port_id: tgt,
+        })
+    }
+
+    /// The 64-byte IU.
     pub fn encode(&self) -> [u8; LOGIN_REQ_LEN] {
         let mut b = [0u8; LOGIN_REQ_LEN];
         b[0] = IuType::LOGIN_REQ.0;
@@ -154,9 +235,43 @@ impl LoginReq {
         put32(&mut b, 16, self.req_it_iu_len);
         put16(&mut b, 24, self.req_buf_fmt);
         b[26] = self.req_flags;
+        put16(&mut b, 28, self.imm_data_offset);
         b[32..48].copy_from_slice(&self.initiator_port_id);
         b[48..64].copy_from_slice(&self.target_port_id);
         b
+    }
+
+    /// The 56-byte RDMA CM layout.
+    pub fn encode_rdma_cm(&self) -> [u8; LOGIN_REQ_RDMA_LEN] {
+        let mut b = [0u8; LOGIN_REQ_RDMA_LEN];
+        put64(&mut b, 0, self.tag);
+        put16(&mut b, 8, self.req_buf_fmt);
+        b[10] = self.req_flags;
+        b[11] = IuType::LOGIN_REQ.0;
+        put32(&mut b, 12, self.req_it_iu_len);
+        b[16..32].copy_from_slice(&self.initiator_port_id);
+        b[32..48].copy_from_slice(&self.target_port_id);
+        put16(&mut b, 48, self.imm_data_offset);
+        b
+    }
+
+    /// Encodes in `layout`.
+    pub fn encode_as(&self, layout: LoginLayout) -> Vec<u8> {
+        match layout {
+            LoginLayout::Iu => self.encode().to_vec(),
+            LoginLayout::RdmaCm => self.encode_rdma_cm().to_vec(),
+        }
+    }
+
+    /// MULTI-CHANNEL ACTION (§6.2): [`MULTICHAN_SINGLE`], [`MULTICHAN_MULTI`],
+    /// or a reserved value.
+    pub fn multi_channel_action(&self) -> u8 {
+        self.req_flags & MULTICHAN_MASK
+    }
+
+    /// SRP-2: the initiator asks to send write data inside its SRP_CMDs.
+    pub fn immediate_requested(&self) -> bool {
+        self.req_flags & LOGIN_REQ_IMMED_REQUESTED != 0
     }
 }
 
@@ -407,10 +522,14 @@ impl TskMgmt {
 
 // ---------------------------------------------------------------- SRP_CMD
 
-/// Data buffer descriptor formats of SRP_CMD (SRP r16a §6.8, table 24).
+/// Data buffer descriptor formats of SRP_CMD (SRP r16a §6.8, table 24;
+/// SRP-2 adds the immediate data descriptor, 3).
 pub const DESC_NONE: u8 = 0;
 pub const DESC_DIRECT: u8 = 1;
 pub const DESC_INDIRECT: u8 = 2;
+pub const DESC_IMMEDIATE: u8 = 3;
+/// An immediate data buffer descriptor (SRP-2): the data length, 4 bytes.
+pub const IMM_DESC_LEN: usize = 4;
 
 /// SRP_CMD task attribute codes (SRP r16a §6.8, TASK ATTRIBUTE, bits 2:0).
 pub const TASK_ATTR_SIMPLE: u8 = 0;
@@ -431,6 +550,9 @@ pub enum DataBuf {
     /// table must be fetched from `table` by RDMA READ (§5.2.3). `total` is
     /// the total data length from the indirect header.
     Table { table: RemoteSeg, total: u32 },
+    /// SRP-2 immediate data (data-out only): `len` bytes inside the SRP_CMD
+    /// itself, from byte `offset` (the login's immediate data offset).
+    Immediate { offset: u32, len: u32 },
 }
 
 impl DataBuf {
@@ -440,6 +562,7 @@ impl DataBuf {
             DataBuf::None => 0,
             DataBuf::Segs(s) => s.iter().map(|d| d.len as u64).sum(),
             DataBuf::Table { total, .. } => *total as u64,
+            DataBuf::Immediate { len, .. } => *len as u64,
         }
     }
 }
@@ -477,8 +600,18 @@ pub struct Cmd {
 }
 
 impl Cmd {
-    /// Parses an SRP_CMD, descriptors included.
+    /// Parses an SRP_CMD, descriptors included, on a channel without
+    /// immediate data (the immediate data format is then unsupported).
     pub fn parse(b: &[u8]) -> Result<Cmd, IuError> {
+        Self::parse_imm(b, None)
+    }
+
+    /// Parses an SRP_CMD on a channel whose login granted immediate data at
+    /// `imm_data_offset` (SRP-2): a data-out descriptor of format 3 is then
+    /// a 4-byte length, and the data lies in the IU from that offset. The
+    /// descriptors must end at or before it, and the IU must hold all of
+    /// the data.
+    pub fn parse_imm(b: &[u8], imm_data_offset: Option<u16>) -> Result<Cmd, IuError> {
         need(b, CMD_LEN, IuType::CMD)?;
         let fmt = b[5];
         let (out_fmt, in_fmt) = (fmt >> 4, fmt & 0x0f);
@@ -492,8 +625,35 @@ impl Cmd {
         })?;
         let mut lun = [0u8; 8];
         lun.copy_from_slice(&b[20..28]);
-        let data_out = Self::desc(b, &mut at, out_fmt, out_cnt, true)?;
+        let data_out = match (out_fmt, imm_data_offset) {
+            (DESC_IMMEDIATE, Some(off)) => {
+                let d = b.get(at..at + IMM_DESC_LEN).ok_or(IuError::Short {
+                    need: at + IMM_DESC_LEN,
+                    got: b.len(),
+                })?;
+                at += IMM_DESC_LEN;
+                let len = be32(d, 0);
+                let end = off as usize + len as usize;
+                if b.len() < end {
+                    return Err(IuError::Short {
+                        need: end,
+                        got: b.len(),
+                    });
+                }
+                DataBuf::Immediate {
+                    offset: off as u32,
+                    len,
+                }
+            }
+            _ => Self::desc(b, &mut at, out_fmt, out_cnt, true)?,
+        };
         let data_in = Self::desc(b, &mut at, in_fmt, in_cnt, false)?;
+        // SRP-2: immediate data follows every descriptor.
+        if let DataBuf::Immediate { offset, .. } = &data_out
+            && at > *offset as usize
+        {
+            return Err(IuError::DataOutCount);
+        }
         Ok(Cmd {
             tag: be64(b, 8),
             lun,
@@ -592,6 +752,33 @@ impl CmdBuilder<'_> {
         b[6] = out_cnt;
         b[7] = in_cnt;
         b
+    }
+
+    /// Encodes with the write data as SRP-2 immediate data: an immediate
+    /// data descriptor instead of `data_out`, and `data` from byte
+    /// `imm_data_offset` of the IU. `None` when the descriptors do not end
+    /// before that offset.
+    pub fn encode_immediate(&self, imm_data_offset: u16, data: &[u8]) -> Option<Vec<u8>> {
+        let mut b = CmdBuilder {
+            data_out: &[],
+            out_table: None,
+            ..self.clone()
+        }
+        .encode();
+        // The immediate descriptor comes first, before any data-in one.
+        let at = CMD_LEN + (b[31] >> 2) as usize * 4;
+        let mut len = [0u8; IMM_DESC_LEN];
+        put32(&mut len, 0, u32::try_from(data.len()).ok()?);
+        b.splice(at..at, len);
+        let off = imm_data_offset as usize;
+        if b.len() > off {
+            return None;
+        }
+        b.resize(off, 0);
+        b.extend_from_slice(data);
+        b[5] = (DESC_IMMEDIATE << 4) | (b[5] & 0x0f);
+        b[6] = 0;
+        Some(b)
     }
 
     fn put_desc(
@@ -758,6 +945,7 @@ mod tests {
             req_it_iu_len: 4096,
             req_buf_fmt: BUF_FORMAT_DIRECT | BUF_FORMAT_INDIRECT,
             req_flags: MULTICHAN_MULTI,
+            imm_data_offset: 0,
             initiator_port_id: [1; 16],
             target_port_id: [2; 16],
         };
@@ -767,7 +955,7 @@ mod tests {
         assert_eq!(&b[24..26], &[0, 6]);
         assert_eq!(LoginReq::parse(&b), Ok(r));
         assert!(matches!(
-            LoginReq::parse(&b[..63]),
+            LoginReq::parse_iu(&b[..63]),
             Err(IuError::Short { .. })
         ));
         let rsp = LoginRsp {
@@ -795,6 +983,143 @@ mod tests {
             LoginRej::parse(&rsp.encode()),
             Err(IuError::WrongType(0xc0))
         );
+    }
+
+    /// The bytes Linux's ib_srp puts in the RDMA CM private data
+    /// (`srp_send_req`, `struct srp_login_req_rdma`): tag 0, direct and
+    /// indirect formats, MULTI-CHANNEL ACTION 1 with immediate data asked
+    /// for at offset 68, an IU length of 8260.
+    fn linux_rdma_cm_login() -> [u8; 56] {
+        let mut b = [0u8; 56];
+        b[8..10].copy_from_slice(&[0x00, 0x06]);
+        b[10] = 0x81;
+        b[11] = 0x00;
+        b[12..16].copy_from_slice(&8260u32.to_be_bytes());
+        b[16..24].copy_from_slice(&[0; 8]); // initiator_ext
+        b[24..32].copy_from_slice(&[0xfe, 0x54, 0, 0xff, 0xfe, 0x12, 0x34, 0x56]);
+        b[32..48].copy_from_slice(b"ferrite srp p0t0");
+        b[48..50].copy_from_slice(&68u16.to_be_bytes());
+        b
+    }
+
+    #[test]
+    fn rdma_cm_login_layout_parses_into_the_same_request() {
+        let b = linux_rdma_cm_login();
+        let (r, layout) = LoginReq::parse_layout(&b).unwrap();
+        assert_eq!(layout, LoginLayout::RdmaCm);
+        assert_eq!(r.tag, 0);
+        assert_eq!(r.req_buf_fmt, BUF_FORMAT_DIRECT | BUF_FORMAT_INDIRECT);
+        assert_eq!(r.multi_channel_action(), MULTICHAN_MULTI);
+        assert!(r.immediate_requested());
+        assert_eq!(r.imm_data_offset, 68);
+        assert_eq!(r.req_it_iu_len, 8260);
+        assert_eq!(&r.target_port_id, b"ferrite srp p0t0");
+        assert_eq!(r.initiator_port_id[8], 0xfe);
+        // Both layouts of one request parse to it, each recognised.
+        assert_eq!(r.encode_rdma_cm(), b);
+        let (iu, layout) = LoginReq::parse_layout(&r.encode()).unwrap();
+        assert_eq!(layout, LoginLayout::Iu);
+        assert_eq!(iu, r);
+        assert_eq!(&r.encode()[28..30], &[0, 68], "SRP-2 offset of the IU");
+        assert_eq!(r.encode()[26], 0x81);
+        assert_eq!(
+            LoginReq::parse(&r.encode_as(LoginLayout::RdmaCm)),
+            Ok(r.clone())
+        );
+        // A tag is echoed as its bytes, whichever layout carried it.
+        let mut t = b;
+        t[0..8].copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
+        let r = LoginReq::parse(&t).unwrap();
+        assert_eq!(r.tag.to_be_bytes(), [1, 2, 3, 4, 5, 6, 7, 8]);
+    }
+
+    #[test]
+    fn login_layouts_are_told_apart_by_length_and_checked() {
+        let b = linux_rdma_cm_login();
+        assert_eq!(
+            LoginReq::parse(&b[..55]),
+            Err(IuError::Short { need: 56, got: 55 })
+        );
+        assert_eq!(
+            LoginReq::parse(&[]),
+            Err(IuError::Short { need: 56, got: 0 })
+        );
+        let mut bad = b;
+        bad[11] = IuType::CMD.0;
+        assert_eq!(LoginReq::parse(&bad), Err(IuError::WrongType(0x02)));
+        // 57..63 bytes: still the RDMA CM layout (trailing bytes ignored).
+        let mut long = b.to_vec();
+        long.extend_from_slice(&[0xee; 7]);
+        assert_eq!(
+            LoginReq::parse_layout(&long).map(|(_, l)| l),
+            Ok(LoginLayout::RdmaCm)
+        );
+        // 64 bytes and more: the IU, whose type byte comes first.
+        let mut iu = LoginReq::parse(&b).unwrap().encode().to_vec();
+        iu[0] = IuType::TSK_MGMT.0;
+        assert_eq!(LoginReq::parse(&iu), Err(IuError::WrongType(0x01)));
+        iu[0] = 0;
+        iu.extend_from_slice(&[0; 28]); // IB CM's 92 bytes of private data
+        assert!(LoginReq::parse(&iu).is_ok());
+    }
+
+    #[test]
+    fn immediate_data_commands() {
+        let data = pattern(4096);
+        let bld = CmdBuilder {
+            tag: 3,
+            lun: [0; 8],
+            task_attr: 0,
+            cdb: &[0x2a, 0, 0, 0, 0, 0, 0, 0, 8, 0],
+            data_out: &[],
+            data_in: &[],
+            out_table: None,
+            in_table: None,
+            inline_max: 4,
+        };
+        let b = bld.encode_immediate(68, &data).unwrap();
+        assert_eq!(b.len(), 68 + 4096);
+        assert_eq!(b[5], 0x30, "data-out format 3, no data-in");
+        assert_eq!(&b[48..52], &4096u32.to_be_bytes());
+        let c = Cmd::parse_imm(&b, Some(68)).unwrap();
+        assert_eq!(
+            c.data_out,
+            DataBuf::Immediate {
+                offset: 68,
+                len: 4096
+            }
+        );
+        assert_eq!(c.data_out.total(), 4096);
+        assert_eq!(&b[68..], &data[..]);
+        // Without immediate data granted the format is unsupported.
+        assert_eq!(Cmd::parse(&b), Err(IuError::DataOutFormat(3)));
+        // The IU must hold all of the data.
+        assert!(matches!(
+            Cmd::parse_imm(&b[..68 + 4095], Some(68)),
+            Err(IuError::Short { .. })
+        ));
+        // The data follows every descriptor: a 32-byte CDB puts the
+        // immediate descriptor at 64..68, which an offset of 64 overlaps.
+        let long_cdb = [0x7fu8; 32];
+        let b = CmdBuilder {
+            cdb: &long_cdb,
+            ..bld.clone()
+        };
+        assert!(b.encode_immediate(64, &data).is_none());
+        let ok = b.encode_immediate(68, &data).unwrap();
+        assert!(Cmd::parse_imm(&ok, Some(68)).is_ok());
+        assert_eq!(Cmd::parse_imm(&ok, Some(64)), Err(IuError::DataOutCount));
+        // Immediate data is a data-out format only.
+        let mut din = bld.encode_immediate(68, &data).unwrap();
+        din[5] = 0x03;
+        assert_eq!(
+            Cmd::parse_imm(&din, Some(68)),
+            Err(IuError::DataInFormat(3))
+        );
+    }
+
+    fn pattern(n: usize) -> Vec<u8> {
+        (0..n).map(|i| (i * 7 + 3) as u8).collect()
     }
 
     #[test]

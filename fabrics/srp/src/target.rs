@@ -3,10 +3,14 @@
 //! sees only the `ferrite_rdma` traits) and thread-agnostic: the reactor
 //! that owns the connection calls it from its poller.
 //!
-//! Buffers: the receive ring (one registered buffer of `max_it_iu_len` per
-//! receive) and a ring of send buffers are registered once; data buffers
-//! (`SgList`s from the core) are registered for the time of one transfer
-//! and handed back to the channel, which hands them back to the core.
+//! Buffers: the receive ring (a slot of `max_it_iu_len` per receive) and
+//! the ring of send buffers are each one allocation registered once, one
+//! memory region per ring; data buffers (`SgList`s from the core's pools)
+//! are mapped with [`ProtectionDomain::map_sg`], which on the verbs
+//! provider registers a pool buffer's memory once for its life and only
+//! reads its keys on later transfers, and are handed back to the channel,
+//! which hands them back to the core. Write data a channel received as
+//! SRP-2 immediate data needs no transfer at all.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -31,29 +35,90 @@ pub enum DriverError {
     Post(#[source] PostError),
 }
 
+/// Equal slots of one registered allocation: a ring's buffers, one memory
+/// region for all of them.
+struct Slots {
+    mr: Box<dyn MemoryRegion>,
+    count: usize,
+    /// Slot size, and the distance between slots (64-byte aligned).
+    len: u32,
+    stride: u64,
+}
+
+impl Slots {
+    fn new(pd: &dyn ProtectionDomain, count: usize, len: u32) -> Result<Slots, DriverError> {
+        let stride = (len as u64).max(1).next_multiple_of(64);
+        let bytes = usize::try_from(stride * count.max(1) as u64)
+            .map_err(|_| DriverError::Reg(ferrite_rdma::RdmaError::TooLarge))?;
+        let mr = pd
+            .reg_sg(SgList::from(IoBuf::new(bytes)), Access::LOCAL_WRITE)
+            .map_err(DriverError::Reg)?;
+        Ok(Slots {
+            mr,
+            count,
+            len,
+            stride,
+        })
+    }
+
+    fn at(&self, slot: usize) -> u64 {
+        slot as u64 * self.stride
+    }
+
+    /// The sges of `n` bytes of `slot`.
+    fn sges(&self, slot: usize, n: u64) -> ferrite_rdma::SgeList {
+        if slot >= self.count {
+            return ferrite_rdma::SgeList::new();
+        }
+        self.mr
+            .sges(self.at(slot), n.min(self.len as u64))
+            .unwrap_or_default()
+    }
+
+    fn read(&self, slot: usize, dst: &mut [u8]) {
+        if slot < self.count {
+            let n = dst.len().min(self.len as usize);
+            self.mr.read_at(self.at(slot), &mut dst[..n]);
+        }
+    }
+
+    fn write(&mut self, slot: usize, src: &[u8]) -> usize {
+        if slot >= self.count {
+            return 0;
+        }
+        let n = src.len().min(self.len as usize);
+        self.mr.write_at(self.at(slot), &src[..n])
+    }
+}
+
 /// Registered receive buffers, posted before the connection is accepted.
 pub struct RecvRing {
-    slots: Vec<Box<dyn MemoryRegion>>,
-    len: u32,
+    slots: Slots,
 }
 
 impl std::fmt::Debug for RecvRing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "RecvRing({} x {})", self.slots.len(), self.len)
+        write!(f, "RecvRing({} x {})", self.slots.count, self.slots.len)
     }
 }
 
 impl RecvRing {
-    /// Registers `count` receive buffers of `len` bytes.
+    /// Registers `count` receive buffers of `len` bytes: one allocation,
+    /// one memory region.
     pub fn new(pd: &dyn ProtectionDomain, count: u32, len: u32) -> Result<RecvRing, DriverError> {
-        let mut slots = Vec::with_capacity(count as usize);
-        for _ in 0..count {
-            let mr = pd
-                .reg_sg(SgList::from(IoBuf::new(len as usize)), Access::LOCAL_WRITE)
-                .map_err(DriverError::Reg)?;
-            slots.push(mr);
-        }
-        Ok(RecvRing { slots, len })
+        Ok(RecvRing {
+            slots: Slots::new(pd, count as usize, len)?,
+        })
+    }
+
+    /// Receive buffers posted.
+    pub fn count(&self) -> usize {
+        self.slots.count
+    }
+
+    /// Bytes each receive buffer holds.
+    pub fn buf_len(&self) -> u32 {
+        self.slots.len
     }
 
     /// A ring sized for `cfg` ([`ChannelConfig::recv_count`] buffers of
@@ -66,10 +131,10 @@ impl RecvRing {
     }
 
     fn post(&self, qp: &dyn QueuePair, slot: usize) -> Result<(), DriverError> {
-        let Some(mr) = self.slots.get(slot) else {
+        if slot >= self.slots.count {
             return Ok(());
-        };
-        let sges = mr.sges(0, self.len as u64).unwrap_or_default();
+        }
+        let sges = self.slots.sges(slot, self.slots.len as u64);
         qp.post_recv(&RecvWr {
             wr_id: RECV_BIT | slot as u64,
             sges,
@@ -79,7 +144,7 @@ impl RecvRing {
 
     /// Posts every buffer (call before accepting the connection).
     pub fn post_all(&self, qp: &dyn QueuePair) -> Result<(), DriverError> {
-        (0..self.slots.len()).try_for_each(|s| self.post(qp, s))
+        (0..self.slots.count).try_for_each(|s| self.post(qp, s))
     }
 }
 
@@ -102,7 +167,7 @@ pub struct TargetConn {
     qp: Box<dyn QueuePair>,
     pd: Box<dyn ProtectionDomain>,
     recv: RecvRing,
-    send_slots: Vec<Box<dyn MemoryRegion>>,
+    send_slots: Slots,
     free_send: Vec<usize>,
     max_sge: usize,
     next_wr: u64,
@@ -138,16 +203,7 @@ impl TargetConn {
         let cfg = channel.config();
         // One SRP_RSP per credit, plus target requests and a logout.
         let n = (cfg.credits + cfg.reserve + 2) as usize;
-        let mut send_slots = Vec::with_capacity(n);
-        for _ in 0..n {
-            let mr = pd
-                .reg_sg(
-                    SgList::from(IoBuf::new(cfg.max_ti_iu_len as usize)),
-                    Access::LOCAL_WRITE,
-                )
-                .map_err(DriverError::Reg)?;
-            send_slots.push(mr);
-        }
+        let send_slots = Slots::new(&*pd, n, cfg.max_ti_iu_len)?;
         Ok(TargetConn {
             channel,
             qp,
@@ -207,12 +263,11 @@ impl TargetConn {
                 self.channel.connection_lost();
                 return;
             }
-            let n = (wc.byte_len as usize).min(self.recv.len as usize);
+            let n = (wc.byte_len as usize).min(self.recv.slots.len as usize);
             let mut iu = vec![0u8; n];
-            if let Some(mr) = self.recv.slots.get(slot) {
-                mr.read_at(0, &mut iu);
-            }
-            self.channel.handle_recv(&iu);
+            self.recv.slots.read(slot, &mut iu);
+            // The IU moves in: immediate write data stays in it.
+            self.channel.handle_recv_owned(iu);
             // The IU is copied out: the buffer goes straight back.
             match self.recv.post(&*self.qp, slot) {
                 Ok(()) => self.channel.recv_reposted(),
@@ -317,9 +372,8 @@ impl TargetConn {
                 let Some(slot) = self.free_send.pop() else {
                     return Err(Box::new(Transmit::Send { op, iu }));
                 };
-                let mr = &mut self.send_slots[slot];
-                let n = mr.write_at(0, &iu);
-                let sges = mr.sges(0, n as u64).unwrap_or_default();
+                let n = self.send_slots.write(slot, &iu);
+                let sges = self.send_slots.sges(slot, n as u64);
                 let wr_id = self.wr_id();
                 self.pending.insert(wr_id, Pending::Send { op, slot });
                 let wr = SendWr {
@@ -349,12 +403,10 @@ impl TargetConn {
 
     /// Posts one RDMA work request per (xfer, max_sge local sges).
     fn rdma(&mut self, op: OpId, buf: SgList, xfers: &[Xfer], write: bool) {
-        let access = if write {
-            Access::default()
-        } else {
-            Access::LOCAL_WRITE
-        };
-        let mr = match self.pd.reg_sg(buf, access) {
+        // Local rights only (the initiator never addresses target memory),
+        // and the same for both directions so that a pool buffer's one
+        // registration serves every later transfer.
+        let mr = match self.pd.map_sg(buf, Access::LOCAL_WRITE) {
             Ok(mr) => mr,
             Err(e) => {
                 // The list is gone with the failed registration; the channel
@@ -483,6 +535,7 @@ mod tests {
             req_it_iu_len: 1024,
             req_buf_fmt: iu::BUF_FORMAT_DIRECT,
             req_flags: 0,
+            imm_data_offset: 0,
             initiator_port_id: [1; 16],
             target_port_id: cfg.target_port_id,
         };
@@ -546,8 +599,7 @@ mod tests {
             inline_max: 4,
         }
         .encode();
-        let mr = &mut c.recv.slots[0];
-        mr.write_at(0, &cmd);
+        c.recv.slots.write(0, &cmd);
         let mut w = wc(RECV_BIT, WcOpcode::Recv);
         w.byte_len = cmd.len() as u32;
         c.handle_completion(&w);

@@ -200,13 +200,13 @@ fn serve(listener: SoftListener, cfg: ChannelConfig, ctl: mpsc::Receiver<Ctl>) -
             .wait_request(Duration::from_secs(10))
             .expect("no login");
         match channel::login(cfg.clone(), req.private_data()) {
-            Login::Reject(rej) => {
+            Login::Reject { rej, .. } => {
                 logins_rejected += 1;
                 req.reject(&rej.encode()).unwrap();
             }
-            Login::Accept { channel, rsp } => {
+            Login::Accept { channel, rsp, .. } => {
                 let qp = SoftQp::create(&pd, &cq, &cq, None, attrs);
-                let ring = RecvRing::for_config(&pd, &cfg).unwrap();
+                let ring = RecvRing::for_config(&pd, channel.config()).unwrap();
                 ring.post_all(&qp).unwrap();
                 qp.accept(req, &rsp.encode()).unwrap();
                 break TargetConn::new(

@@ -3,7 +3,7 @@
 //! credits never exceed the login grant.
 #![no_main]
 
-use ferrite_core::{Action, CmdId, Response};
+use ferrite_core::{Action, CmdId, DataDir, Response};
 use ferrite_reactor::buf::SgList;
 use ferrite_srp::channel::{self, ChannelConfig, Event, Login, Transmit};
 use ferrite_srp::iu;
@@ -15,7 +15,9 @@ fuzz_target!(|data: &[u8]| {
         tag: 1,
         req_it_iu_len: 1024,
         req_buf_fmt: iu::BUF_FORMAT_DIRECT | iu::BUF_FORMAT_INDIRECT,
-        req_flags: 0,
+        // Immediate data granted, so SRP_CMDs carrying it are taken too.
+        req_flags: iu::LOGIN_REQ_IMMED_REQUESTED,
+        imm_data_offset: 68,
         initiator_port_id: [0; 16],
         target_port_id: cfg.target_port_id,
     };
@@ -23,7 +25,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     for chunk in data.split(|&b| b == 0xa5) {
-        channel.handle_recv(chunk);
+        channel.handle_recv_owned(chunk.to_vec());
         channel.recv_reposted();
         while let Some(t) = channel.poll_transmit() {
             match t {
@@ -36,6 +38,17 @@ fuzz_target!(|data: &[u8]| {
         }
         while let Some(ev) = channel.poll_event() {
             if let Event::Submit(r) = ev {
+                // Write data first (immediate data comes from the IU).
+                if r.dir == DataDir::Write {
+                    let len = r.expected_len.min(1 << 16);
+                    channel.handle_action(Action::FetchData {
+                        id: CmdId(1),
+                        tag: r.tag,
+                        buf: SgList::zeroed(len as usize),
+                        offset: 0,
+                        len,
+                    });
+                }
                 channel.handle_action(Action::Respond {
                     id: CmdId(1),
                     tag: r.tag,

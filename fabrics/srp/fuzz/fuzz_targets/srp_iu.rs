@@ -6,8 +6,14 @@ use ferrite_srp::iu;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(r) = iu::LoginReq::parse(data) {
-        assert_eq!(iu::LoginReq::parse(&r.encode()), Ok(r));
+    if let Ok((r, layout)) = iu::LoginReq::parse_layout(data) {
+        // Either layout parses to one request, which both layouts carry.
+        assert_eq!(iu::LoginReq::parse(&r.encode()), Ok(r.clone()));
+        assert_eq!(iu::LoginReq::parse(&r.encode_rdma_cm()), Ok(r.clone()));
+        assert_eq!(
+            iu::LoginReq::parse_layout(&r.encode_as(layout)),
+            Ok((r, layout))
+        );
     }
     if let Ok(r) = iu::LoginRsp::parse(data) {
         assert_eq!(iu::LoginRsp::parse(&r.encode()), Ok(r));
@@ -32,6 +38,13 @@ fuzz_target!(|data: &[u8]| {
         // Descriptors describe no more than the IU can carry.
         assert!(c.cdb.len() >= 16);
         let _ = (c.data_out.total(), c.data_in.total());
+    }
+    // With SRP-2 immediate data at Linux's offset: the data lies inside
+    // the IU, after the descriptors.
+    if let Ok(c) = iu::Cmd::parse_imm(data, Some(68)) {
+        if let iu::DataBuf::Immediate { offset, len } = c.data_out {
+            assert!(offset as usize + len as usize <= data.len());
+        }
     }
     let _ = iu::CredReq::parse(data);
     let _ = iu::t_logout_reason(data);

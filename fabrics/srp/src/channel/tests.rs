@@ -20,6 +20,7 @@ fn login_req() -> LoginReq {
         req_it_iu_len: 1024,
         req_buf_fmt: iu::BUF_FORMAT_DIRECT | iu::BUF_FORMAT_INDIRECT,
         req_flags: 0,
+        imm_data_offset: 0,
         initiator_port_id: [1; 16],
         target_port_id: PORT,
     }
@@ -27,12 +28,12 @@ fn login_req() -> LoginReq {
 
 fn channel() -> Channel {
     match login(cfg(), &login_req().encode()) {
-        Login::Accept { channel, rsp } => {
+        Login::Accept { channel, rsp, .. } => {
             assert_eq!(rsp.req_lim_delta, 4);
             assert_eq!(rsp.max_it_iu_len, 1024);
             *channel
         }
-        Login::Reject(r) => panic!("rejected: {r:?}"),
+        Login::Reject { rej, why } => panic!("rejected: {rej:?} ({why})"),
     }
 }
 
@@ -91,7 +92,7 @@ fn sent_iu(t: &Transmit) -> (OpId, &[u8]) {
 #[test]
 fn login_rejections() {
     let rej = |r: LoginReq| match login(cfg(), &r.encode()) {
-        Login::Reject(j) => j.reason,
+        Login::Reject { rej, .. } => rej.reason,
         Login::Accept { .. } => panic!("accepted"),
     };
     let mut r = login_req();
@@ -104,9 +105,327 @@ fn login_rejections() {
     r.target_port_id = [0; 16];
     assert_eq!(rej(r), iu::LoginRejReason::UNABLE_TO_ASSOCIATE);
     match login(cfg(), &[0u8; 10]) {
-        Login::Reject(j) => assert_eq!(j.reason, iu::LoginRejReason::UNABLE_TO_ESTABLISH),
+        Login::Reject { rej, .. } => {
+            assert_eq!(rej.reason, iu::LoginRejReason::UNABLE_TO_ESTABLISH)
+        }
         Login::Accept { .. } => panic!("accepted garbage"),
     }
+}
+
+/// What the channel answers `private_data` with: the reason and why, or
+/// the accepted response, request and layout.
+fn answer(
+    c: ChannelConfig,
+    private_data: &[u8],
+) -> Result<(iu::LoginRsp, Channel), (iu::LoginRej, LoginRefusal)> {
+    match login(c, private_data) {
+        Login::Accept { channel, rsp, .. } => Ok((rsp, *channel)),
+        Login::Reject { rej, why } => Err((rej, why)),
+    }
+}
+
+/// A login as Linux's ib_srp sends it over RDMA CM: 56 bytes, immediate
+/// data asked for at offset 68, an IU of 8260 bytes.
+fn linux_login(flags: u8) -> LoginReq {
+    LoginReq {
+        tag: 0,
+        req_it_iu_len: 8260,
+        req_buf_fmt: iu::BUF_FORMAT_DIRECT | iu::BUF_FORMAT_INDIRECT,
+        req_flags: flags | iu::LOGIN_REQ_IMMED_REQUESTED,
+        imm_data_offset: 68,
+        initiator_port_id: [2; 16],
+        target_port_id: PORT,
+    }
+}
+
+#[test]
+fn login_in_either_layout_is_one_request() {
+    for layout in [iu::LoginLayout::RdmaCm, iu::LoginLayout::Iu] {
+        let req = linux_login(iu::MULTICHAN_SINGLE);
+        let b = req.encode_as(layout);
+        let Login::Accept {
+            channel,
+            rsp,
+            req: got,
+            layout: seen,
+        } = login(cfg(), &b)
+        else {
+            panic!("{layout:?} rejected")
+        };
+        assert_eq!((got, seen), (req.clone(), layout));
+        // The response: the tag echoed, the credits, the IU length asked
+        // for (the channel's receive buffers are that size), the formats,
+        // and SRP-2 immediate data supported.
+        assert_eq!(rsp.tag, 0);
+        assert_eq!(rsp.req_lim_delta, 4);
+        assert_eq!(rsp.max_it_iu_len, 8260);
+        assert_eq!(rsp.buf_fmt, iu::BUF_FORMAT_DIRECT | iu::BUF_FORMAT_INDIRECT);
+        assert_eq!(rsp.rsp_flags, iu::LOGIN_RSP_IMMED_SUPP);
+        assert_eq!(channel.config().max_it_iu_len, 8260);
+        assert_eq!(channel.immediate_data_offset(), Some(68));
+        // The response parses as the initiator reads it (52 bytes).
+        assert_eq!(iu::LoginRsp::parse(&rsp.encode()), Ok(rsp));
+    }
+}
+
+#[test]
+fn immediate_data_is_granted_only_when_asked_for_and_usable() {
+    let granted = |c: ChannelConfig, r: LoginReq| {
+        let (rsp, ch) = answer(c, &r.encode_rdma_cm()).unwrap();
+        assert_eq!(
+            rsp.rsp_flags & iu::LOGIN_RSP_IMMED_SUPP != 0,
+            ch.immediate_data_offset().is_some()
+        );
+        ch.immediate_data_offset()
+    };
+    assert_eq!(granted(cfg(), linux_login(0)), Some(68));
+    let mut r = linux_login(0);
+    r.req_flags &= !iu::LOGIN_REQ_IMMED_REQUESTED;
+    assert_eq!(granted(cfg(), r), None, "not asked for");
+    let mut r = linux_login(0);
+    r.imm_data_offset = 50;
+    assert_eq!(granted(cfg(), r), None, "no room for the descriptor");
+    let mut r = linux_login(0);
+    r.imm_data_offset = 52;
+    assert_eq!(granted(cfg(), r), Some(52), "the smallest usable offset");
+    let mut r = linux_login(0);
+    r.req_it_iu_len = 68;
+    assert_eq!(granted(cfg(), r), None, "no room for data in the IU");
+    let off = ChannelConfig {
+        immediate_data: false,
+        ..cfg()
+    };
+    assert_eq!(granted(off, linux_login(0)), None, "target policy");
+}
+
+#[test]
+fn every_refusal_has_its_srp_reason() {
+    use iu::LoginRejReason as R;
+    let refused = |b: &[u8]| answer(cfg(), b).map(|_| ()).unwrap_err();
+    let mut r = linux_login(0);
+    r.tag = 0x0102_0304_0506_0708;
+    // Short private data: no reason of its own, no tag to echo.
+    let (rej, why) = refused(&r.encode_rdma_cm()[..40]);
+    assert_eq!(
+        (rej.reason, rej.tag, why),
+        (R::UNABLE_TO_ESTABLISH, 0, LoginRefusal::Short { got: 40 })
+    );
+    // Another IU type, in either layout; the tag is echoed from where the
+    // layout keeps it.
+    let mut b = r.encode_rdma_cm();
+    b[11] = iu::IuType::CMD.0;
+    let (rej, why) = refused(&b);
+    assert_eq!(
+        (rej.reason, rej.tag, why),
+        (R::UNABLE_TO_ESTABLISH, r.tag, LoginRefusal::NotLoginReq(2))
+    );
+    let mut b = r.encode();
+    b[0] = 0x41;
+    let (rej, why) = refused(&b);
+    assert_eq!(
+        (rej.reason, rej.tag, why),
+        (
+            R::UNABLE_TO_ESTABLISH,
+            r.tag,
+            LoginRefusal::NotLoginReq(0x41)
+        )
+    );
+    // A target port id naming another port.
+    let mut x = r.clone();
+    x.target_port_id = [0x11; 16];
+    let (rej, why) = refused(&x.encode_rdma_cm());
+    assert_eq!((rej.reason, rej.tag), (R::UNABLE_TO_ASSOCIATE, r.tag));
+    assert_eq!(why, LoginRefusal::ForeignTargetPort([0x11; 16]));
+    assert!(
+        why.to_string()
+            .contains("0x11111111111111111111111111111111"),
+        "{why}"
+    );
+    // IU length too large, and too small to hold an SRP_CMD.
+    let mut x = r.clone();
+    x.req_it_iu_len = DEFAULT_MAX_IT_IU_LEN + 1;
+    let (rej, why) = refused(&x.encode_rdma_cm());
+    assert_eq!(rej.reason, R::IT_IU_LENGTH_TOO_LARGE);
+    assert_eq!(
+        why,
+        LoginRefusal::IuTooLarge {
+            asked: DEFAULT_MAX_IT_IU_LEN + 1,
+            max: DEFAULT_MAX_IT_IU_LEN
+        }
+    );
+    x.req_it_iu_len = 47;
+    let (rej, why) = refused(&x.encode_rdma_cm());
+    assert_eq!(
+        (rej.reason, why),
+        (R::UNABLE_TO_ESTABLISH, LoginRefusal::IuTooSmall(47))
+    );
+    // Required buffer formats the target lacks.
+    let mut x = r.clone();
+    x.req_buf_fmt |= 1 << 3;
+    let (rej, why) = refused(&x.encode_rdma_cm());
+    assert_eq!(
+        (rej.reason, why),
+        (
+            R::UNSUPPORTED_DESCRIPTOR_FORMAT,
+            LoginRefusal::UnsupportedFormats(0x000e)
+        )
+    );
+    // Reserved MULTI-CHANNEL ACTION.
+    let mut x = r.clone();
+    x.req_flags |= 0x02;
+    let (rej, why) = refused(&x.encode_rdma_cm());
+    assert_eq!(
+        (rej.reason, why),
+        (
+            R::UNABLE_TO_ESTABLISH,
+            LoginRefusal::ReservedMultiChannel(2)
+        )
+    );
+    // Every reject names the formats the target has, and is 32 bytes with
+    // SRP_LOGIN_REJ's type first (what the Linux initiator checks before it
+    // reads the reason).
+    let b = rej.encode();
+    assert_eq!((b.len(), b[0]), (32, iu::IuType::LOGIN_REJ.0));
+    assert_eq!(rej.buf_fmt, SUPPORTED_BUF_FMT);
+    // The driver's refusals.
+    assert_eq!(LoginRefusal::PortDisabled.reason(), R::UNABLE_TO_ESTABLISH);
+    assert_eq!(LoginRefusal::PortRemoved.reason(), R::UNABLE_TO_ESTABLISH);
+    assert_eq!(
+        LoginRefusal::Resources("qp").reason(),
+        R::INSUFFICIENT_RESOURCES
+    );
+    assert_eq!(
+        LoginRefusal::ChannelLimit(64).reason(),
+        R::CHANNEL_LIMIT_REACHED
+    );
+    assert_eq!(LoginRefusal::ChannelLimit(64).reject(9).tag, 9);
+}
+
+/// A channel logged in with immediate data at offset 68.
+fn imm_channel() -> Channel {
+    let (_, ch) = answer(cfg(), &linux_login(0).encode_rdma_cm()).unwrap();
+    ch
+}
+
+fn imm_cmd(tag: u64, data: &[u8]) -> Vec<u8> {
+    CmdBuilder {
+        tag,
+        lun: Lun(0).encode(),
+        task_attr: 0,
+        cdb: &[0x2a, 0, 0, 0, 0, 0, 0, 0, 8, 0],
+        data_out: &[],
+        data_in: &[],
+        out_table: None,
+        in_table: None,
+        inline_max: 16,
+    }
+    .encode_immediate(68, data)
+    .unwrap()
+}
+
+#[test]
+fn immediate_write_data_comes_from_the_iu_without_rdma() {
+    let mut ch = imm_channel();
+    let data: Vec<u8> = (0..4096u32).map(|i| (i * 13) as u8).collect();
+    ch.handle_recv_owned(imm_cmd(5, &data));
+    ch.recv_reposted();
+    let ev = events(&mut ch);
+    let Event::Submit(req) = &ev[0] else {
+        panic!("{ev:?}")
+    };
+    assert_eq!((req.dir, req.expected_len), (DataDir::Write, 4096));
+    // The core asks for the data in two pieces; both come from the IU.
+    ch.handle_action(Action::FetchData {
+        id: CmdId(1),
+        tag: TaskTag(5),
+        buf: SgList::zeroed(4096),
+        offset: 0,
+        len: 1000,
+    });
+    let buf = match &mut events(&mut ch)[..] {
+        [
+            Event::DataOut {
+                id: CmdId(1),
+                result,
+            },
+        ] => std::mem::replace(result, Err(Abort::Aborted)).unwrap(),
+        other => panic!("{other:?}"),
+    };
+    ch.handle_action(Action::FetchData {
+        id: CmdId(1),
+        tag: TaskTag(5),
+        buf,
+        offset: 1000,
+        len: 3096,
+    });
+    let ev = events(&mut ch);
+    let [
+        Event::DataOut {
+            result: Ok(buf), ..
+        },
+    ] = &ev[..]
+    else {
+        panic!("{ev:?}")
+    };
+    assert_eq!(buf.to_vec(), data);
+    assert!(
+        !transmits(&mut ch)
+            .iter()
+            .any(|t| matches!(t, Transmit::RdmaRead { .. })),
+        "no RDMA READ for immediate data"
+    );
+    // Bytes beyond what the command carried are a transport error.
+    ch.handle_action(Action::FetchData {
+        id: CmdId(1),
+        tag: TaskTag(5),
+        buf: SgList::zeroed(8192),
+        offset: 4096,
+        len: 4096,
+    });
+    assert!(matches!(
+        events(&mut ch)[..],
+        [Event::DataOut {
+            result: Err(Abort::TransportError),
+            ..
+        }]
+    ));
+    // The response goes out as for any write; the task ends.
+    ch.handle_action(Action::Respond {
+        id: CmdId(1),
+        tag: TaskTag(5),
+        rsp: Response::good(),
+    });
+    let tx = transmits(&mut ch);
+    let (op, b) = sent_iu(&tx[0]);
+    assert_eq!(Rsp::parse(b).unwrap().status, 0);
+    ch.send_done(op, true);
+    assert!(matches!(
+        events(&mut ch)[..],
+        [Event::ResponseSent(CmdId(1))]
+    ));
+    assert_eq!(ch.tasks(), 0);
+    // A borrowed IU works the same (it is copied once).
+    recv(&mut ch, &imm_cmd(6, &data[..512]));
+    let ev = events(&mut ch);
+    assert!(
+        matches!(&ev[..], [Event::Submit(r)] if r.expected_len == 512),
+        "{ev:?}"
+    );
+}
+
+#[test]
+fn immediate_data_on_a_channel_without_it_logs_out() {
+    let mut ch = channel();
+    assert_eq!(ch.immediate_data_offset(), None);
+    recv(&mut ch, &imm_cmd(5, &[1; 64]));
+    let tx = transmits(&mut ch);
+    let (_, b) = sent_iu(&tx[0]);
+    // SRP r16a §6.6: UNSUPPORTED DATA-OUT BUFFER DESCRIPTOR FORMAT.
+    assert_eq!(
+        iu::t_logout_reason(b),
+        Ok(TLogoutReason::UNSUPPORTED_DATA_OUT_FORMAT)
+    );
+    assert!(matches!(tx[1], Transmit::Disconnect));
 }
 
 #[test]
