@@ -593,6 +593,12 @@ impl Initiator {
         Ok(self.wait(tag)?.rsp)
     }
 
+    /// Whether the response to `tag` is among those already taken from
+    /// the completion queue (nothing more is read).
+    pub fn answered(&self, tag: u64) -> bool {
+        self.done.contains_key(&tag)
+    }
+
     /// Whether a response for `tag` has arrived (without waiting).
     pub fn has_response(&mut self, tag: u64) -> bool {
         let _ = self.progress(Instant::now());

@@ -1,0 +1,614 @@
+//! What the Linux SRP initiator (`ib_srp`) negotiates, end to end against a
+//! real ferrited over the soft RDMA provider, with the project's initiator
+//! speaking as ib_srp does: the 56-byte RDMA CM login layout beside the
+//! 64-byte IU, SRP-2 immediate data, two channels on one I_T nexus, every
+//! refused login answered with its SRP_LOGIN_REJ reason and a log line, and
+//! a channel lost mid-transfer while the nexus's other channel goes on.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use ferrite_rdma::RdmaError;
+use ferrite_rdma::soft::{QpAttrs, SoftAddr, SoftCq, SoftDevice, SoftQp};
+use ferrite_scsi::Lun;
+use ferrite_srp::initiator::{self, InitError, Initiator, InitiatorConfig, Layout};
+use ferrite_srp::iu::{self, LoginLayout, LoginRejReason};
+use ferrite_tests::{Ferrited, Options, free_port, run_with_timeout};
+
+const PORT_ID: &str = "0x66657272697465207372702070307430";
+const BS: usize = 512;
+/// What ib_srp asks for by default: an 8 KiB immediate data payload behind
+/// a 68-byte SRP_CMD.
+const LINUX_IT_IU_LEN: u32 = 68 + 8192;
+
+fn port_id() -> [u8; 16] {
+    let h = PORT_ID.trim_start_matches("0x");
+    let mut out = [0u8; 16];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&h[2 * i..2 * i + 2], 16).unwrap();
+    }
+    out
+}
+
+struct Rig {
+    f: Ferrited,
+    sock: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// ferrited with a file-backed disk behind one SRP soft port (and an
+/// iSCSI portal, which is what the test harness waits for).
+fn rig() -> Rig {
+    let dir = tempfile::Builder::new()
+        .prefix("fsrpl")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let img = dir.path().join("disk0.img");
+    let sock = dir.path().join("srp.sock");
+    let port = free_port();
+    let cfg = format!(
+        r#"{{
+  "devices": [{{"name": "disk0", "handler": "vdisk_fileio", "filename": "{img}", "size": {size}}}],
+  "targets": {{
+    "iscsi": [{{"name": "iqn.2026-12.org.ferrite:srp-linux", "portals": ["127.0.0.1:{port}"], "luns": []}}],
+    "srp": [{{"name": "srp0", "port_id": "{PORT_ID}", "provider": {{"kind": "soft", "listen": "{sock}"}},
+              "luns": [{{"lun": 0, "device": "disk0"}}]}}]
+  }}
+}}"#,
+        img = img.display(),
+        sock = sock.display(),
+        size = 64 << 20,
+    );
+    let cfg_path = dir.path().join("ferrite.json");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let f = Ferrited::start(
+        dir.path(),
+        port,
+        Options {
+            config: Some(cfg_path),
+            args: vec!["--cores".into(), "2".into()],
+        },
+    );
+    Rig { f, sock, _dir: dir }
+}
+
+struct Srp {
+    ini: Initiator,
+    _dev: SoftDevice,
+}
+
+/// The initiator configured as ib_srp logs in over RDMA CM: the 56-byte
+/// layout, immediate data asked for at offset 68, an IU of 8260 bytes.
+fn linux_cfg(ini_id: u8) -> InitiatorConfig {
+    InitiatorConfig {
+        initiator_port_id: [ini_id; 16],
+        target_port_id: port_id(),
+        recv_count: 160,
+        max_it_iu_len: LINUX_IT_IU_LEN,
+        login_layout: LoginLayout::RdmaCm,
+        immediate_data: true,
+        imm_data_offset: 68,
+        ..InitiatorConfig::default()
+    }
+}
+
+fn try_login(sock: &Path, cfg: InitiatorConfig) -> Result<Srp, InitError> {
+    let dev = SoftDevice::new("ini");
+    let pd = dev.alloc_pd();
+    let cq = SoftCq::new().unwrap();
+    initiator::connect_soft(&pd, &cq, &SoftAddr::Unix(sock.into()), cfg)
+        .map(|ini| Srp { ini, _dev: dev })
+}
+
+/// Logs in, retrying while ferrited starts.
+fn login(sock: &Path, cfg: InitiatorConfig) -> Srp {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match try_login(sock, cfg.clone()) {
+            Ok(s) => return s,
+            Err(InitError::LoginRejected(r)) => panic!("login rejected: {r:#x}"),
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+            Err(e) => panic!("SRP login to {}: {e}", sock.display()),
+        }
+    }
+}
+
+/// Sends `private_data` as a connect request and returns the target's
+/// SRP_LOGIN_REJ, or `None` if it accepted (the connection is dropped).
+fn answer(sock: &Path, private_data: &[u8]) -> Option<iu::LoginRej> {
+    let dev = SoftDevice::new("raw");
+    let pd = dev.alloc_pd();
+    let cq = SoftCq::new().unwrap();
+    let qp = SoftQp::create(&pd, &cq, &cq, None, QpAttrs::default());
+    match qp.connect(
+        &SoftAddr::Unix(sock.into()),
+        private_data,
+        Duration::from_secs(10),
+    ) {
+        Err(RdmaError::Rejected { private_data }) => {
+            assert_eq!(private_data.len(), iu::LOGIN_REJ_LEN);
+            Some(iu::LoginRej::parse(&private_data).expect("an SRP_LOGIN_REJ"))
+        }
+        Ok(_) => None,
+        Err(e) => panic!("connect: {e}"),
+    }
+}
+
+/// [`answer`], which must be a refusal.
+fn refused(sock: &Path, private_data: &[u8]) -> iu::LoginRej {
+    answer(sock, private_data).expect("login accepted")
+}
+
+/// Checks refusal number `n` (counting from 1 in ferrited's log): its
+/// reason, tag and formats, and its log line, which says `why`.
+/// `rej` is `None` where the refusal was seen by the initiator library.
+fn check(
+    f: &Ferrited,
+    n: usize,
+    rej: Option<iu::LoginRej>,
+    reason: LoginRejReason,
+    tag: u64,
+    why: &str,
+) {
+    if let Some(rej) = rej {
+        assert_eq!((rej.reason, rej.tag), (reason, tag), "{why}");
+        assert_eq!(
+            rej.buf_fmt,
+            iu::BUF_FORMAT_DIRECT | iu::BUF_FORMAT_INDIRECT,
+            "the target's formats"
+        );
+    }
+    let log = log_count(f, "SRP login rejected", n);
+    let line = log
+        .lines()
+        .filter(|l| l.contains("SRP login rejected"))
+        .nth(n - 1)
+        .unwrap_or_else(|| panic!("no log line for {why}:\n{log}"));
+    assert!(line.contains(why), "{why}: {line}");
+    assert!(
+        line.contains(&format!("reason={:#010x}", reason.0)),
+        "{line}"
+    );
+}
+
+fn clear_ua(s: &mut Srp) {
+    for _ in 0..8 {
+        let c = s
+            .ini
+            .command(Lun(0), &[0u8; 6], None, 0, Layout::default())
+            .unwrap();
+        if c.rsp.status == 0 {
+            return;
+        }
+    }
+    panic!("unit attentions never cleared");
+}
+
+fn rw(op: u8, lba: u64, blocks: u32) -> Vec<u8> {
+    let mut c = vec![0u8; 16];
+    c[0] = op;
+    c[2..10].copy_from_slice(&lba.to_be_bytes());
+    c[10..14].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+fn pattern(seed: u32, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 13) as u8)
+        .collect()
+}
+
+fn write(s: &mut Srp, lba: u64, data: &[u8]) {
+    let c = s
+        .ini
+        .command(
+            Lun(0),
+            &rw(0x8a, lba, (data.len() / BS) as u32),
+            Some(data),
+            0,
+            Layout::default(),
+        )
+        .unwrap();
+    assert_eq!(c.rsp.status, 0, "WRITE(16) at {lba}: {:?}", c.rsp);
+}
+
+fn read(s: &mut Srp, lba: u64, len: usize) -> Vec<u8> {
+    let c = s
+        .ini
+        .command(
+            Lun(0),
+            &rw(0x88, lba, (len / BS) as u32),
+            None,
+            len as u32,
+            Layout::default(),
+        )
+        .unwrap();
+    assert_eq!(c.rsp.status, 0, "READ(16) at {lba}: {:?}", c.rsp);
+    c.data
+}
+
+fn ctl(f: &Ferrited, args: &[&str]) -> String {
+    let exe = ferrite_tests::ferrited_path().with_file_name("ferritectl");
+    let out = run_with_timeout(
+        Command::new(exe)
+            .arg("--socket")
+            .arg(f.control())
+            .args(args),
+        Duration::from_secs(30),
+    );
+    assert!(
+        out.status.success(),
+        "ferritectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Waits until ferrited's log holds `n` lines containing `what`.
+fn log_count(f: &Ferrited, what: &str, n: usize) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = f.log_text();
+        if log.matches(what).count() >= n || Instant::now() > deadline {
+            return log;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn rdma_cm_login_with_immediate_data_and_two_channels() {
+    let r = rig();
+    // The first channel, as ib_srp sends it over RDMA CM: single-channel
+    // action, immediate data asked for.
+    let mut a = login(&r.sock, linux_cfg(0xa1));
+    let rsp = a.ini.login_rsp.clone();
+    assert_eq!(rsp.rsp_flags & iu::MULTICHAN_MASK, iu::LOGIN_RSP_NO_CHANNEL);
+    assert_ne!(
+        rsp.rsp_flags & iu::LOGIN_RSP_IMMED_SUPP,
+        0,
+        "immediate data supported"
+    );
+    assert_eq!(rsp.max_it_iu_len, LINUX_IT_IU_LEN, "the IU length echoed");
+    assert_eq!(rsp.req_lim_delta, 128);
+    assert_eq!(a.ini.immediate_data(), Some((68, 8192)));
+    clear_ua(&mut a);
+    // Writes that fit in the SRP_CMD carry their data in it; larger ones
+    // go by RDMA READ; both read back.
+    let mut lba = 0u64;
+    for size in [512usize, 4096, 8192, 8704, 65536] {
+        let data = pattern(size as u32, size);
+        let before = a.ini.immediate_writes;
+        write(&mut a, lba, &data);
+        assert_eq!(
+            a.ini.immediate_writes - before,
+            u64::from(size <= 8192),
+            "{size}-byte write: immediate data only where it fits"
+        );
+        assert_eq!(read(&mut a, lba, size), data, "{size} bytes");
+        lba += (size / BS) as u64 + 64;
+    }
+    // Many immediate writes in flight at once, within the credits.
+    let mut tags = Vec::new();
+    for k in 0..96u64 {
+        let data = pattern(k as u32, 4096);
+        tags.push(
+            a.ini
+                .submit(
+                    Lun(0),
+                    &rw(0x8a, 4096 + k * 8, 8),
+                    Some(&data),
+                    0,
+                    Layout::default(),
+                    iu::TASK_ATTR_SIMPLE,
+                )
+                .unwrap(),
+        );
+    }
+    for t in tags {
+        assert_eq!(a.ini.wait(t).unwrap().rsp.status, 0);
+    }
+    for k in (0..96u64).step_by(7) {
+        assert_eq!(read(&mut a, 4096 + k * 8, 4096), pattern(k as u32, 4096));
+    }
+
+    // The second channel joins the nexus (MULTI-CHANNEL ACTION 1, as
+    // ib_srp logs in its channels after the first), also with immediate
+    // data: the result says the first was maintained.
+    let mut b = login(
+        &r.sock,
+        InitiatorConfig {
+            multi_channel: true,
+            first_tag: 0x10_0000,
+            ..linux_cfg(0xa1)
+        },
+    );
+    let rsp = &b.ini.login_rsp;
+    assert_eq!(
+        rsp.rsp_flags,
+        iu::LOGIN_RSP_MAINTAINED | iu::LOGIN_RSP_IMMED_SUPP
+    );
+    // One nexus: no new unit attention, and each channel sees the other's
+    // writes.
+    let c = b
+        .ini
+        .command(Lun(0), &[0u8; 6], None, 0, Layout::default())
+        .unwrap();
+    assert_eq!(c.rsp.status, 0, "the joined channel is the same nexus");
+    let data = pattern(77, 8192);
+    write(&mut b, 20_000, &data);
+    assert_eq!(read(&mut a, 20_000, 8192), data);
+    assert!(b.ini.immediate_writes > 0);
+    let s = ctl(&r.f, &["sessions"]);
+    let line = s.lines().find(|l| l.starts_with("srp ")).unwrap_or("");
+    assert!(line.contains("channels=2"), "{s}");
+
+    // The 64-byte IU without immediate data: granted nothing of SRP-2, and
+    // the writes go by RDMA READ.
+    let mut c = login(
+        &r.sock,
+        InitiatorConfig {
+            login_layout: LoginLayout::Iu,
+            immediate_data: false,
+            ..linux_cfg(0xb2)
+        },
+    );
+    assert_eq!(c.ini.login_rsp.rsp_flags, iu::LOGIN_RSP_NO_CHANNEL);
+    assert_eq!(c.ini.immediate_data(), None);
+    clear_ua(&mut c);
+    write(&mut c, 30_000, &data);
+    assert_eq!(c.ini.immediate_writes, 0);
+    assert_eq!(read(&mut b, 30_000, 8192), data);
+
+    let log = r.f.log_text();
+    assert_eq!(
+        log.matches("layout=RdmaCm it_iu_len=8260 immediate_data_offset=Some(68)")
+            .count(),
+        2,
+        "{log}"
+    );
+    assert!(
+        log.contains("layout=Iu it_iu_len=8260 immediate_data_offset=None"),
+        "{log}"
+    );
+}
+
+#[test]
+fn every_refused_login_gets_its_srp_reason_and_a_log_line() {
+    let r = rig();
+    let sock = &r.sock;
+    // A good login first: the port is up.
+    let mut good = login(sock, linux_cfg(0x01));
+    clear_ua(&mut good);
+    let mut req = linux_cfg(0x02).login_req();
+    req.tag = 0x5152_5354_5556_5758;
+    // Refusals so far, which is also their number in ferrited's log.
+    let mut n = 0;
+    let mut expect = |rej: Option<iu::LoginRej>, reason: LoginRejReason, tag: u64, why: &str| {
+        n += 1;
+        check(&r.f, n, rej, reason, tag, why);
+        n
+    };
+    // Private data too short for either layout.
+    expect(
+        Some(refused(sock, &req.encode_rdma_cm()[..30])),
+        LoginRejReason::UNABLE_TO_ESTABLISH,
+        0,
+        "private data of 30 bytes is shorter",
+    );
+    // Another IU type where SRP_LOGIN_REQ belongs, in each layout.
+    let mut b = req.encode_rdma_cm();
+    b[11] = iu::IuType::CMD.0;
+    expect(
+        Some(refused(sock, &b)),
+        LoginRejReason::UNABLE_TO_ESTABLISH,
+        req.tag,
+        "IU type 0x02 is not SRP_LOGIN_REQ",
+    );
+    let mut b = req.encode();
+    b[0] = iu::IuType::I_LOGOUT.0;
+    expect(
+        Some(refused(sock, &b)),
+        LoginRejReason::UNABLE_TO_ESTABLISH,
+        req.tag,
+        "IU type 0x03 is not SRP_LOGIN_REQ",
+    );
+    // A target port id naming another target port.
+    let mut x = req.clone();
+    x.target_port_id[15] ^= 1;
+    expect(
+        Some(refused(sock, &x.encode_rdma_cm())),
+        LoginRejReason::UNABLE_TO_ASSOCIATE,
+        req.tag,
+        "names another target port",
+    );
+    // The project's initiator reports the reason it was refused with.
+    let wrong = InitiatorConfig {
+        target_port_id: [0x42; 16],
+        ..linux_cfg(0x03)
+    };
+    assert!(matches!(
+        try_login(sock, wrong).map(|_| ()),
+        Err(InitError::LoginRejected(0x0001_0003))
+    ));
+    expect(
+        None,
+        LoginRejReason::UNABLE_TO_ASSOCIATE,
+        0,
+        "names another target port",
+    );
+    // An IU length above what the target receives (ib_srp with
+    // max_imm_data=1048576).
+    let mut x = req.clone();
+    x.req_it_iu_len = 68 + (1 << 20);
+    expect(
+        Some(refused(sock, &x.encode_rdma_cm())),
+        LoginRejReason::IT_IU_LENGTH_TOO_LARGE,
+        req.tag,
+        "requested initiator-to-target IU length 1048644 is above",
+    );
+    // Required buffer formats the target lacks.
+    let mut x = req.clone();
+    x.req_buf_fmt |= 1 << 8;
+    expect(
+        Some(refused(sock, &x.encode())),
+        LoginRejReason::UNSUPPORTED_DESCRIPTOR_FORMAT,
+        req.tag,
+        "required buffer formats 0x0106",
+    );
+    // A reserved MULTI-CHANNEL ACTION.
+    let mut x = req.clone();
+    x.req_flags |= 0x03;
+    expect(
+        Some(refused(sock, &x.encode_rdma_cm())),
+        LoginRejReason::UNABLE_TO_ESTABLISH,
+        req.tag,
+        "MULTI-CHANNEL ACTION 3 is reserved",
+    );
+    // A disabled port takes no login; enabled again, it does.
+    ctl(&r.f, &["set", "/targets/srp/srp0/enabled", "0"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let rej = loop {
+        // Until the cores have the new snapshot, logins are still taken.
+        if let Some(rej) = answer(sock, &req.encode_rdma_cm()) {
+            break rej;
+        }
+        assert!(Instant::now() < deadline, "the port stayed enabled");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let n = expect(
+        Some(rej),
+        LoginRejReason::UNABLE_TO_ESTABLISH,
+        req.tag,
+        "target port disabled",
+    );
+    assert_eq!(n, 9);
+    ctl(&r.f, &["set", "/targets/srp/srp0/enabled", "1"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut again = loop {
+        match try_login(sock, linux_cfg(0x02)) {
+            Ok(s) => break s,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    clear_ua(&mut again);
+    let data = pattern(5, 8192);
+    write(&mut again, 0, &data);
+    assert_eq!(read(&mut again, 0, 8192), data);
+}
+
+#[test]
+fn a_channel_lost_mid_transfer_leaves_acknowledged_writes_and_the_other_channel_going() {
+    let r = rig();
+    let mut a = login(&r.sock, linux_cfg(0xc7));
+    clear_ua(&mut a);
+    let mut b = login(
+        &r.sock,
+        InitiatorConfig {
+            multi_channel: true,
+            first_tag: 0x10_0000,
+            ..linux_cfg(0xc7)
+        },
+    );
+    // Channel A: 1 MiB writes (RDMA READ) and 8 KiB ones (immediate data)
+    // in flight, one region each, at LBAs 0..; channel B writes at 65536..
+    // concurrently. Then A's initiator vanishes (its queue pair dropped:
+    // no logout).
+    let big = Layout {
+        segments: 8,
+        inline_max: 2,
+    };
+    let a_len = |k: u64| if k.is_multiple_of(2) { 1usize << 20 } else { 8192 };
+    let a_write = |a: &mut Srp, k: u64| {
+        let data = pattern(k as u32 + 1000, a_len(k));
+        a.ini
+            .submit(
+                Lun(0),
+                &rw(0x8a, k * 2048, (a_len(k) / BS) as u32),
+                Some(&data),
+                0,
+                big,
+                iu::TASK_ATTR_SIMPLE,
+            )
+            .unwrap()
+    };
+    let mut a_tags: Vec<u64> = (0..12u64).map(|k| a_write(&mut a, k)).collect();
+    let mut b_tags = Vec::new();
+    for k in 0..32u64 {
+        let data = pattern(k as u32 + 2000, 8192);
+        b_tags.push(
+            b.ini
+                .submit(
+                    Lun(0),
+                    &rw(0x8a, 65536 + k * 16, 16),
+                    Some(&data),
+                    0,
+                    Layout::default(),
+                    iu::TASK_ATTR_SIMPLE,
+                )
+                .unwrap(),
+        );
+    }
+    // Transfers are under way once A's first write is answered; eight more
+    // sent just then are certainly in flight when A goes.
+    let first = a_tags[0];
+    assert_eq!(a.ini.wait(first).unwrap().rsp.status, 0);
+    a_tags.extend((12..20u64).map(|k| a_write(&mut a, k)));
+    // What A's initiator has seen answered, without reading any more.
+    let mut acked = vec![a_tags[0]];
+    acked.extend(a_tags[1..].iter().copied().filter(|t| a.ini.answered(*t)));
+    assert!(acked.len() < a_tags.len(), "A finished before the drop");
+    eprintln!(
+        "channel A lost with {} of its {} writes acknowledged",
+        acked.len(),
+        a_tags.len()
+    );
+    drop(a);
+    // B goes on: its writes in flight complete, and new ones too, while
+    // the target closes A.
+    for t in b_tags {
+        assert_eq!(b.ini.wait(t).unwrap().rsp.status, 0, "B's write failed");
+    }
+    let log = log_count(&r.f, "SRP channel closed", 1);
+    assert!(log.contains("SRP channel closed"), "{log}");
+    for k in 32..64u64 {
+        write(&mut b, 65536 + k * 16, &pattern(k as u32 + 2000, 8192));
+    }
+    assert!(b.ini.closed().is_none(), "B was closed with A");
+    let s = ctl(&r.f, &["sessions"]);
+    let line = s.lines().find(|l| l.starts_with("srp ")).unwrap_or("");
+    assert!(
+        line.contains("channels=1"),
+        "the nexus lives on with B: {s}"
+    );
+    // Every write B sent is there; every write A had acknowledged is there
+    // whole; A's others hold, block by block, their old data (zeros) or
+    // their new.
+    for k in 0..64u64 {
+        assert_eq!(
+            read(&mut b, 65536 + k * 16, 8192),
+            pattern(k as u32 + 2000, 8192),
+            "B's write {k}"
+        );
+    }
+    for (k, tag) in a_tags.iter().enumerate() {
+        let k = k as u64;
+        let new = pattern(k as u32 + 1000, a_len(k));
+        let got = read(&mut b, k * 2048, a_len(k));
+        if acked.contains(tag) {
+            assert!(got == new, "acknowledged write {k} of A lost");
+            continue;
+        }
+        for (blk, chunk) in got.chunks(BS).enumerate() {
+            let want = &new[blk * BS..(blk + 1) * BS];
+            assert!(
+                chunk == want || chunk.iter().all(|x| *x == 0),
+                "block {blk} of A's write {k} is neither old nor new"
+            );
+        }
+    }
+}
