@@ -252,6 +252,7 @@ impl Portal for CorePortal<'_> {
         if !target.enabled {
             return Err(LoginStatus::SERVICE_UNAVAILABLE);
         }
+        self.check_portal(name, req)?;
         if !initiator_allowed(target, req.initiator) {
             tracing::warn!(initiator = req.initiator, peer = %req.peer, target = name,
                 "initiator outside the target's ACL");
@@ -331,6 +332,28 @@ impl Portal for CorePortal<'_> {
 }
 
 impl CorePortal<'_> {
+    /// A target is reached only through its own portals
+    /// ([`ferrite_iscsi::conn::IscsiTarget::reachable_at`]). Through any
+    /// other, and through one just taken away from it, the login gets 0301
+    /// (service unavailable), as LIO answers a portal outside the target's
+    /// portal group: RFC 7143 §11.13.5 makes it a target error the
+    /// initiator may retry, so a path comes back when the portal does.
+    fn check_portal(&self, name: &str, req: &SessionRequest<'_>) -> Result<(), LoginStatus> {
+        let reachable = self
+            .snapshot
+            .iscsi
+            .targets
+            .iter()
+            .find(|t| t.name == name)
+            .is_none_or(|t| t.reachable_at(req.local));
+        if reachable {
+            return Ok(());
+        }
+        tracing::warn!(initiator = req.initiator, peer = %req.peer, portal = %req.local,
+            target = name, "login through a portal that is not the target's");
+        Err(LoginStatus::SERVICE_UNAVAILABLE)
+    }
+
     /// A login with the TSIH of an existing session: a further connection
     /// of it (MC/S). The target must still admit the initiator.
     fn join_request(&self, req: &SessionRequest<'_>) -> Result<Grant, LoginStatus> {
@@ -346,6 +369,7 @@ impl CorePortal<'_> {
         if !target.enabled {
             return Err(LoginStatus::SERVICE_UNAVAILABLE);
         }
+        self.check_portal(name, req)?;
         if !initiator_allowed(target, req.initiator) {
             return Err(LoginStatus::AUTHORIZATION_FAILURE);
         }

@@ -396,7 +396,26 @@ impl CoreWorker {
             let Some((target, initiator, luns)) = c.nexus() else {
                 continue;
             };
+            let portal_gone = || {
+                self.snapshot
+                    .iscsi
+                    .targets
+                    .iter()
+                    .find(|t| t.name == *target)
+                    .is_some_and(|t| !t.reachable_at(c.local()))
+            };
             match self.snapshot.iscsi_targets.get(target) {
+                Some(t) if t.enabled && portal_gone() => {
+                    // The portal the connection came in on was taken from
+                    // the target: its sessions there end, as they do when
+                    // the target goes (AsyncEvent 3, then the close); the
+                    // initiator's logins there now get 0301 until the
+                    // portal is back.
+                    tracing::info!(target, peer = %c.peer(), portal = %c.local(),
+                        "portal removed from the target: closing its session there");
+                    c.close_with_notice(now, &mut self.shard, &portal);
+                    touched.push(key);
+                }
                 Some(t) if t.enabled => {
                     let new = t.map_for(initiator);
                     if !Arc::ptr_eq(&new, luns) {

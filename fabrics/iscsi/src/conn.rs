@@ -117,6 +117,25 @@ impl Default for IscsiConfig {
     }
 }
 
+impl IscsiTarget {
+    /// Whether a connection that came in on `local` (the portal's address
+    /// as the socket reports it) may reach this target: `local` is one of
+    /// its portals, a wildcard portal (`0.0.0.0`, `[::]`) matching any
+    /// address on its port. A target without portals is reachable on every
+    /// portal, as SCST's target without `allowed_portal` is. The portals
+    /// of the target's portal group are the ones it can be reached through
+    /// (RFC 7143's portal groups); a dual-stack wildcard listener reports an
+    /// IPv4 peer's local address as IPv4-mapped, so addresses are compared
+    /// in canonical form.
+    pub fn reachable_at(&self, local: SocketAddr) -> bool {
+        let ip = local.ip().to_canonical();
+        self.portals.is_empty()
+            || self.portals.iter().any(|p| {
+                p.port() == local.port() && (p.ip().is_unspecified() || p.ip().to_canonical() == ip)
+            })
+    }
+}
+
 impl IscsiConfig {
     /// The CHAP credentials a login from `initiator` to `target` must
     /// satisfy: the target's, with the incoming users of the first of its
@@ -2354,6 +2373,35 @@ fn later(now: Instant, d: Duration) -> Instant {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_target_is_reachable_only_through_its_portals() {
+        let at = |portals: &[&str]| IscsiTarget {
+            name: "iqn.2026-12.test:t".into(),
+            alias: None,
+            tpgt: 1,
+            portals: portals.iter().map(|p| p.parse().unwrap()).collect(),
+            auth: ChapAuth::default(),
+        };
+        let local = |a: &str| a.parse::<SocketAddr>().unwrap();
+        let two = at(&["127.0.0.1:3260", "[::1]:3261"]);
+        assert!(two.reachable_at(local("127.0.0.1:3260")));
+        assert!(two.reachable_at(local("[::1]:3261")));
+        // Another port of the same address, another address on the port.
+        assert!(!two.reachable_at(local("127.0.0.1:3261")));
+        assert!(!two.reachable_at(local("127.0.0.2:3260")));
+        assert!(!two.reachable_at(local("[::1]:3260")));
+        // An IPv4 peer of a dual-stack listener: the local address is
+        // IPv4-mapped.
+        assert!(two.reachable_at(local("[::ffff:127.0.0.1]:3260")));
+        // Wildcards match every address on their port.
+        let any = at(&["0.0.0.0:3260", "[::]:3262"]);
+        assert!(any.reachable_at(local("10.1.2.3:3260")));
+        assert!(any.reachable_at(local("[fe80::1]:3262")));
+        assert!(!any.reachable_at(local("10.1.2.3:3261")));
+        // No portals: every portal of the daemon.
+        assert!(at(&[]).reachable_at(local("192.0.2.7:4000")));
+    }
 
     #[test]
     fn window_math() {

@@ -58,6 +58,8 @@ pub struct SessionRequest<'a> {
     pub target: Option<&'a str>,
     pub discovery: bool,
     pub peer: SocketAddr,
+    /// The portal the connection came in on (its local address).
+    pub local: SocketAddr,
 }
 
 /// What the portal grants a login.
@@ -383,6 +385,11 @@ impl TcpConn {
     /// The peer's address.
     pub fn peer(&self) -> SocketAddr {
         self.peer
+    }
+
+    /// The portal this connection came in on (the socket's local address).
+    pub fn local(&self) -> SocketAddr {
+        self.conn.local_addr()
     }
 
     /// The core session of this connection, once logged in.
@@ -796,6 +803,7 @@ impl TcpConn {
                     target: target.as_deref(),
                     discovery,
                     peer: self.peer,
+                    local: self.conn.local_addr(),
                 };
                 if tsih != 0 {
                     match self.join(&req, portal) {
