@@ -136,6 +136,14 @@ fn abort_task_set_with_64_writes_in_flight() {
     };
     let waited = sent.elapsed();
     assert_eq!(tmf_response, 0, "ABORT TASK SET: Function complete");
+    // The request and its answer are in the log, for whoever looks into
+    // an initiator's error recovery.
+    let answer = "task management response to ABORT TASK SET: function complete";
+    let log = f.wait_log(answer, 1);
+    assert!(
+        log.contains("task management request: ABORT TASK SET") && log.contains(answer),
+        "ABORT TASK SET and its answer not logged:\n{log}"
+    );
     if done.len() < N as usize {
         // Writes sat in the backend for DELAY_MS: the response waited for
         // them to drain.

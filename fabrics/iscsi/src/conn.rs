@@ -2189,6 +2189,10 @@ impl Conn {
         let lun = Lun::decode(lun_raw).unwrap_or(Lun(u16::MAX));
         let rtt = bhs.word20();
         let code = bhs.function();
+        // TMFs are rare and mark error recovery on the initiator's side:
+        // a line each, and one for the answer (`send_tmf_rsp`).
+        tracing::info!(peer = %self.peer, itt, lun = lun.0, ref_itt = rtt,
+            "task management request: {}", tmf_fn::name(code));
         let func = match code {
             tmf_fn::ABORT_TASK => TmfFunction::AbortTask {
                 tag: TaskTag(rtt as u64),
@@ -2206,11 +2210,11 @@ impl Conn {
             tmf_fn::QUERY_ASYNC_EVENT => TmfFunction::QueryAsyncEvent,
             tmf_fn::TASK_REASSIGN => {
                 // RFC 7143 §11.5.1: TASK REASSIGN needs ERL 2.
-                self.send_tmf_rsp(itt, tmf_rsp::REASSIGN_NOT_SUPPORTED);
+                self.send_tmf_rsp(itt, Some(code), tmf_rsp::REASSIGN_NOT_SUPPORTED);
                 return;
             }
             _ => {
-                self.send_tmf_rsp(itt, tmf_rsp::REJECTED);
+                self.send_tmf_rsp(itt, Some(code), tmf_rsp::REJECTED);
                 return;
             }
         };
@@ -2268,7 +2272,10 @@ impl Conn {
         }
     }
 
-    fn send_tmf_rsp(&mut self, itt: u32, code: u8) {
+    /// Answers TMF `itt` (function `func`) with response `code`.
+    fn send_tmf_rsp(&mut self, itt: u32, func: Option<u8>, code: u8) {
+        tracing::info!(peer = %self.peer, itt, response = code, "task management response to {}: {}",
+            func.map_or("a TMF", tmf_fn::name), tmf_rsp::name(code));
         let sns = self.take_sns();
         let b = pdu::tmf_response(itt, code, sns);
         self.send(&b, &[]);
@@ -2288,7 +2295,7 @@ impl Conn {
             TmfResponse::IncorrectLun => tmf_rsp::LUN_DOES_NOT_EXIST,
             TmfResponse::Rejected | TmfResponse::Failed => tmf_rsp::REJECTED,
         };
-        self.send_tmf_rsp(itt, code);
+        self.send_tmf_rsp(itt, func, code);
         if func == Some(tmf_fn::TARGET_COLD_RESET) {
             // RFC 7143 §11.5.1: after a cold reset the target drops all
             // connections once the response is sent.

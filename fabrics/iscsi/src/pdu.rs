@@ -808,6 +808,22 @@ pub mod tmf_rsp {
     /// RFC 7144 §4.2: the queried task or event exists.
     pub const SUCCEEDED: u8 = 7;
     pub const REJECTED: u8 = 255;
+
+    /// The response's meaning in RFC 7143 §11.6.1, for logs.
+    pub fn name(code: u8) -> &'static str {
+        match code {
+            COMPLETE => "function complete",
+            TASK_DOES_NOT_EXIST => "task does not exist",
+            LUN_DOES_NOT_EXIST => "LUN does not exist",
+            TASK_STILL_ALLEGIANT => "task still allegiant",
+            REASSIGN_NOT_SUPPORTED => "task allegiance reassignment not supported",
+            NOT_SUPPORTED => "task management function not supported",
+            AUTHORIZATION_FAILED => "function authorization failed",
+            SUCCEEDED => "function succeeded",
+            REJECTED => "function rejected",
+            _ => "unknown response",
+        }
+    }
 }
 
 /// RFC 7143 §11.5.1 TMF function codes (and RFC 7144 §4 additions).
@@ -824,6 +840,25 @@ pub mod tmf_fn {
     pub const QUERY_TASK_SET: u8 = 10;
     pub const I_T_NEXUS_RESET: u8 = 11;
     pub const QUERY_ASYNC_EVENT: u8 = 12;
+
+    /// The function's name in RFC 7143 §11.5.1 (RFC 7144 §4), for logs.
+    pub fn name(code: u8) -> &'static str {
+        match code {
+            ABORT_TASK => "ABORT TASK",
+            ABORT_TASK_SET => "ABORT TASK SET",
+            CLEAR_ACA => "CLEAR ACA",
+            CLEAR_TASK_SET => "CLEAR TASK SET",
+            LUN_RESET => "LOGICAL UNIT RESET",
+            TARGET_WARM_RESET => "TARGET WARM RESET",
+            TARGET_COLD_RESET => "TARGET COLD RESET",
+            TASK_REASSIGN => "TASK REASSIGN",
+            QUERY_TASK => "QUERY TASK",
+            QUERY_TASK_SET => "QUERY TASK SET",
+            I_T_NEXUS_RESET => "I_T NEXUS RESET",
+            QUERY_ASYNC_EVENT => "QUERY ASYNCHRONOUS EVENT",
+            _ => "unknown function",
+        }
+    }
 }
 
 #[cfg(test)]
