@@ -34,7 +34,7 @@ use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::ptr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ferrite_reactor::buf::SgList;
@@ -45,6 +45,17 @@ use crate::{
     Access, CompletionQueue, ConnEvent, MemoryRegion, MrSeg, PostError, ProtectionDomain, QpState,
     QueuePair, RdmaError, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
+
+/// `ibv_reg_mr` calls this process has made (every registration, data
+/// path and rings alike).
+static REGISTRATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// How many memory registrations (`ibv_reg_mr`) this process has made: the
+/// data path's stays flat once its pool buffers have been seen
+/// ([`VerbsPd::map_sg`]).
+pub fn memory_registrations() -> u64 {
+    REGISTRATIONS.load(Ordering::Relaxed)
+}
 
 fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
@@ -366,6 +377,7 @@ impl VerbsPd {
             // which the returned VerbsMr keeps until it deregisters.
             let mr =
                 unsafe { sys::ibv_reg_mr(self.inner.pd, addr.cast(), len, access_flags(access)) };
+            REGISTRATIONS.fetch_add(1, Ordering::Relaxed);
             if mr.is_null() {
                 let e = verr("ibv_reg_mr");
                 for m in mrs {
@@ -425,6 +437,7 @@ impl VerbsPd {
                     let mr = unsafe {
                         sys::ibv_reg_mr(self.inner.pd, addr.cast(), cap, access_flags(want))
                     };
+                    REGISTRATIONS.fetch_add(1, Ordering::Relaxed);
                     if mr.is_null() {
                         return Err(verr("ibv_reg_mr"));
                     }
@@ -1534,6 +1547,52 @@ mod tests {
             assert!(!d.name.is_empty());
             assert!(d.ports >= 1, "{d:?}");
         }
+    }
+
+    /// Needs an RDMA device (rxe in the kernel lab); skips without one.
+    #[test]
+    fn a_pool_buffer_is_registered_once_for_its_life() {
+        use ferrite_reactor::buf::BufPool;
+        let Some(ctx) = Context::cm_devices().unwrap_or_default().into_iter().next() else {
+            eprintln!("no RDMA device: skipping the registration check");
+            return;
+        };
+        let pd = ctx.alloc_pd().expect("a protection domain");
+        let pool = BufPool::new(256 * 1024, 8);
+        let first = pd.map_sg(pool.sg(300 * 1024), Access::LOCAL_WRITE).unwrap();
+        let keys: Vec<u32> = first.segs().iter().map(|s| s.lkey).collect();
+        assert_eq!(keys.len(), 2);
+        let n = memory_registrations();
+        let sg = MemoryRegion::into_sg(Box::new(first));
+        drop(sg);
+        // The same memory back from the pool: its keys, no registration.
+        for _ in 0..100 {
+            let again = pd.map_sg(pool.sg(300 * 1024), Access::LOCAL_WRITE).unwrap();
+            let k: Vec<u32> = again.segs().iter().map(|s| s.lkey).collect();
+            assert_eq!(k, keys);
+            assert_eq!(again.segs()[1].len, 44 * 1024, "the visible length");
+        }
+        assert_eq!(memory_registrations(), n, "registered again");
+        // More rights than the registration has: registered again, once.
+        let wider = pd
+            .map_sg(pool.sg(4096), Access::LOCAL_WRITE | Access::REMOTE_READ)
+            .unwrap();
+        drop(wider);
+        let again = pd
+            .map_sg(pool.sg(4096), Access::LOCAL_WRITE | Access::REMOTE_READ)
+            .unwrap();
+        drop(again);
+        assert!(memory_registrations() <= n + 1);
+        // Another protection domain has registrations of its own.
+        let pd2 = ctx.alloc_pd().expect("a second protection domain");
+        let other = pd2
+            .map_sg(pool.sg(256 * 1024), Access::LOCAL_WRITE)
+            .unwrap();
+        assert_ne!(other.segs()[0].lkey, keys[0]);
+        drop(other);
+        // The pool and its registrations go; the PDs after them.
+        drop(pool);
+        drop((pd, pd2));
     }
 
     #[test]
