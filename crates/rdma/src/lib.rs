@@ -4,7 +4,9 @@
 //! Owns: the provider-neutral vocabulary ([`Sge`], [`SendWr`], [`RecvWr`],
 //! [`WorkCompletion`], [`WcStatus`], [`Access`], [`MrSeg`], [`QpState`],
 //! [`ConnEvent`]), the traits a fabric driver uses ([`QueuePair`],
-//! [`CompletionQueue`], [`MemoryRegion`]) and the providers:
+//! [`CompletionQueue`], [`MemoryRegion`], [`ProtectionDomain`], whose
+//! `map_sg` is the data path's registration: once per pool buffer where the
+//! provider can, not once per transfer) and the providers:
 //!
 //! - [`verbs`] (cargo feature `verbs`, on by default; the workspace's
 //!   dependency entry turns defaults off, so a crate that wants it says
@@ -13,6 +15,8 @@
 //!   librdmacm-dev, libclang-dev, clang and pkg-config). On a machine without an HCA,
 //!   [`verbs::devices`] returns an empty list and the caller logs one line,
 //!   `RDMA fabrics idle: no RDMA device found` (see [`log_idle_if_empty`]).
+//!   Run against soft-RoCE (`rdma_rxe`) in the kernel lab, with the Linux
+//!   SRP initiator and the project's own.
 //! - [`soft`]: **a test and development provider.** The same semantics over
 //!   a Unix or TCP socket per queue pair (rkey and bounds checks, ordering,
 //!   RNR, completion errors, flush on disconnect, private data on

@@ -11,9 +11,10 @@
 //! On a machine without an RDMA device (or without the kernel's RDMA
 //! modules) [`devices`] returns an empty list; the daemon then logs
 //! `RDMA fabrics idle: no RDMA device found` ([`crate::log_idle_if_empty`]).
-//! Only that path runs on this project's machines and in CI; everything
-//! past it needs an HCA or a software RDMA device (rxe, siw) and has not
-//! been run yet.
+//! Only that path runs on this project's build machines and in CI;
+//! everything past it has run on soft-RoCE (`rdma_rxe`) in the kernel lab,
+//! where the tests that need a device (they skip without one) pass and the
+//! Linux SRP initiator logs in to ferrited through it.
 //!
 //! Queue pairs are made through RDMA CM, whose device contexts are its own:
 //! allocate PDs and CQs on [`Context::cm_devices`] (or

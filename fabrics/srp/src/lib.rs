@@ -1,10 +1,13 @@
 //! ferrite-srp: the SCSI RDMA Protocol target (T10 SRP r16a, the layouts of
 //! Linux `include/scsi/srp.h`), what SCST's `ib_srpt` is.
 //!
-//! Owns: the SRP information units ([`iu`]: views and builders), the
-//! sans-IO channel state machine ([`channel`]: login, credits, SRP_CMD with
-//! direct, indirect and fetched descriptor tables, SRP_TSK_MGMT, SRP_RSP with
-//! sense and residuals, SRP_CRED_REQ, SRP_AER_REQ, logouts), a
+//! Owns: the SRP information units ([`iu`]: views and builders; the login
+//! request in both layouts, the 64-byte IU and the 56 bytes Linux sends
+//! over RDMA CM), the sans-IO channel state machine ([`channel`]: login
+//! with every refusal's SRP_LOGIN_REJ reason, credits, SRP_CMD with direct,
+//! indirect and fetched descriptor tables and SRP-2 immediate data,
+//! SRP_TSK_MGMT, SRP_RSP with sense and residuals, SRP_CRED_REQ,
+//! SRP_AER_REQ, logouts), a
 //! provider-neutral driver that runs a channel on a queue pair ([`target`]),
 //! and an initiator library over the same RDMA surface ([`initiator`]) used
 //! by the end-to-end tests and tools.
@@ -21,18 +24,22 @@
 //! owns the port. Per connection request:
 //!
 //! 1. `let login = channel::login(cfg, req.private_data())` — the private
-//!    data is the SRP_LOGIN_REQ. [`channel::ChannelConfig`] carries the
-//!    target port id, the request limit (`credits`), IU sizes and the
-//!    receive reserve.
-//! 2. `Login::Reject(rej)`: `req.reject(&rej.encode())`. Multi-channel
-//!    policy (MULTI-CHANNEL ACTION: terminate the initiator port's other
-//!    channels) is the driver's: it knows the other channels.
-//! 3. `Login::Accept { channel, rsp }`: create the QP for the request, build
-//!    a [`target::RecvRing::for_config`] and `post_all` it, accept with
-//!    `rsp.encode()` as private data, and wrap everything in
+//!    data is the SRP_LOGIN_REQ in either layout. [`channel::ChannelConfig`]
+//!    carries the target port id, the request limit (`credits`), IU sizes,
+//!    the receive reserve and whether immediate data may be granted.
+//! 2. `Login::Reject { rej, why }`: `req.reject(&rej.encode())` and log
+//!    `why` (a [`channel::LoginRefusal`], whose `reason()` is the wire
+//!    code). The driver's own refusals (port disabled, no resources, too
+//!    many channels) are `LoginRefusal`s too. Multi-channel policy
+//!    (MULTI-CHANNEL ACTION: terminate the initiator port's other channels,
+//!    or join them) is the driver's: it knows the other channels; it sets
+//!    bits 1:0 of `rsp.rsp_flags` and keeps the others.
+//! 3. `Login::Accept { channel, rsp, req, layout }`: create the QP for the
+//!    request, build a [`target::RecvRing::for_config`] of
+//!    `channel.config()` (the negotiated IU length) and `post_all` it,
+//!    accept with `rsp.encode()` as private data, and wrap everything in
 //!    [`target::TargetConn::new`]. Open the core session (the I_T nexus:
-//!    initiator port id from the login request, this target port) on the
-//!    same reactor.
+//!    `req.initiator_port_id`, this target port) on the same reactor.
 //!
 //! Then, from the reactor's poller, for each connection, until
 //! [`target::TargetConn::finished`]:
