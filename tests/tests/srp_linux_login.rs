@@ -522,7 +522,13 @@ fn a_channel_lost_mid_transfer_leaves_acknowledged_writes_and_the_other_channel_
         segments: 8,
         inline_max: 2,
     };
-    let a_len = |k: u64| if k.is_multiple_of(2) { 1usize << 20 } else { 8192 };
+    let a_len = |k: u64| {
+        if k.is_multiple_of(2) {
+            1usize << 20
+        } else {
+            8192
+        }
+    };
     let a_write = |a: &mut Srp, k: u64| {
         let data = pattern(k as u32 + 1000, a_len(k));
         a.ini
