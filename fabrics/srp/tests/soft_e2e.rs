@@ -283,6 +283,15 @@ struct Rig {
 }
 
 fn rig(name: &str, cfg: ChannelConfig) -> Rig {
+    let icfg = InitiatorConfig {
+        initiator_port_id: [7; 16],
+        target_port_id: PORT,
+        ..InitiatorConfig::default()
+    };
+    rig_with(name, cfg, icfg)
+}
+
+fn rig_with(name: &str, cfg: ChannelConfig, icfg: InitiatorConfig) -> Rig {
     let listener = SoftListener::bind(&addr(name)).unwrap();
     let a = listener.addr().clone();
     let (ctl, rx) = mpsc::channel();
@@ -290,11 +299,6 @@ fn rig(name: &str, cfg: ChannelConfig) -> Rig {
     let dev = SoftDevice::new("soft-i");
     let pd = dev.alloc_pd();
     let cq = SoftCq::new().unwrap();
-    let icfg = InitiatorConfig {
-        initiator_port_id: [7; 16],
-        target_port_id: PORT,
-        ..InitiatorConfig::default()
-    };
     let ini = initiator::connect_soft(&pd, &cq, &a, icfg).unwrap();
     Rig {
         ini,
@@ -365,6 +369,57 @@ fn write_then_read_back_with_every_descriptor_layout() {
     let rep = r.target.join().unwrap();
     assert_eq!(rep.cmds_left, 0, "commands left in the core");
     assert_eq!(rep.submitted, 8);
+}
+
+#[test]
+fn rdma_cm_login_layout_and_immediate_data_through_the_driver() {
+    // The login as Linux sends it over RDMA CM: 56 bytes, immediate data at
+    // offset 68, an IU of 8260 bytes.
+    let icfg = InitiatorConfig {
+        initiator_port_id: [7; 16],
+        target_port_id: PORT,
+        max_it_iu_len: 68 + 8192,
+        login_layout: iu::LoginLayout::RdmaCm,
+        immediate_data: true,
+        ..InitiatorConfig::default()
+    };
+    assert_eq!(icfg.login_private_data().len(), iu::LOGIN_REQ_RDMA_LEN);
+    let mut r = rig_with("imm", target_cfg(), icfg);
+    assert_eq!(r.ini.login_rsp.max_it_iu_len, 68 + 8192);
+    assert_eq!(r.ini.immediate_data(), Some((68, 8192)));
+    for (k, blocks) in [1u16, 8, 16, 17, 32].into_iter().enumerate() {
+        let lba = (k * 40) as u32;
+        let data = pattern(k as u8 + 40, blocks as usize * BS);
+        let before = r.ini.immediate_writes;
+        let done = r
+            .ini
+            .command(
+                Lun(0),
+                &rw10(0x2a, lba, blocks),
+                Some(&data),
+                0,
+                Layout::default(),
+            )
+            .unwrap();
+        assert_eq!(done.rsp.status, 0, "{blocks} blocks at {lba}");
+        // Up to 8 KiB in the SRP_CMD; beyond, by RDMA READ.
+        assert_eq!(r.ini.immediate_writes - before, u64::from(blocks <= 16));
+        let back = r
+            .ini
+            .command(
+                Lun(0),
+                &rw10(0x28, lba, blocks),
+                None,
+                data.len() as u32,
+                Layout::default(),
+            )
+            .unwrap();
+        assert_eq!(back.data, data, "{blocks} blocks");
+    }
+    r.ini.logout().unwrap();
+    let rep = r.target.join().unwrap();
+    assert_eq!(rep.cmds_left, 0);
+    assert_eq!(rep.submitted, 10);
 }
 
 #[test]
