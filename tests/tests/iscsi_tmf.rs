@@ -195,3 +195,133 @@ fn abort_task_set_with_64_writes_in_flight() {
         }
     }
 }
+
+/// An aborted command's ITT and CmdSN window slot are free once the ABORT
+/// TASK is answered: the next command may carry the same ITT, as Linux's
+/// does (it reuses a task slot's ITT at once), and aborts do not shrink the
+/// window. More aborts than the queue depth, each reusing the ITT, then a
+/// command with it that runs; nothing of an aborted read arrives after its
+/// TMF response.
+#[test]
+fn an_aborted_commands_itt_and_window_slot_are_reused() {
+    const QUEUE_DEPTH: u32 = 8;
+    const ROUNDS: u32 = 12;
+    const ITT: u32 = 0x4900;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let json = format!(
+        r#"{{
+  "devices": [ {{ "name": "m0", "handler": "vdisk_nullio", "mem": true, "size": 16777216,
+                 "fault": {{ "rules": [ {{ "op": "read", "delay_ms": {DELAY_MS} }} ] }} }} ],
+  "targets": {{ "iscsi": [
+    {{ "name": "{IQN}", "enabled": true, "portals": ["127.0.0.1:{port}"],
+       "luns": [ {{ "lun": 0, "device": "m0" }} ] }}
+  ] }},
+  "iscsi": {{ "queue_depth": {QUEUE_DEPTH} }}
+}}
+"#
+    );
+    let cfg = dir.path().join("tmf.json");
+    std::fs::write(&cfg, json).unwrap();
+    let f = Ferrited::start(
+        dir.path(),
+        port,
+        Options {
+            config: Some(cfg),
+            args: Vec::new(),
+        },
+    );
+    let mut i = connect(
+        f.addr,
+        InitiatorConfig {
+            initiator_name: "iqn.2026-11.org.ferrite.test:tmf-reuse".into(),
+            target_name: Some(IQN.into()),
+            ..InitiatorConfig::default()
+        },
+    )
+    .expect("login");
+    i.t.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    // The nexus's POWER ON unit attention goes to a first command.
+    let tur = [0u8; 6];
+    let _ = i.command(&Command {
+        cdb: &tur,
+        attr: 1,
+        ..Command::default()
+    });
+
+    let read = rw10(0x28, 0, BLOCKS);
+    let mut aborted = 0;
+    for round in 0..ROUNDS {
+        let (p, _) = i.command_pdu(
+            ITT,
+            &Command {
+                cdb: &read,
+                read_len: u32::from(BLOCKS) * 512,
+                attr: 1,
+                ..Command::default()
+            },
+        );
+        i.send_pdu(&p).unwrap();
+        let tmf_itt = i.new_itt();
+        let mut b = BhsBuf::new(Opcode::TMF_REQ, flags::F | 1);
+        b.set_immediate()
+            .set_lun(0u64.to_be_bytes())
+            .set_itt(tmf_itt)
+            .set_word20(ITT)
+            .set_u32(24, i.cmd_sn.0)
+            .set_u32(28, i.exp_stat_sn.0);
+        i.send_pdu(&Pdu::new(b)).unwrap();
+        let mut answered = false;
+        let code = loop {
+            let p = i.recv_pdu().expect("ABORT TASK response");
+            let b = p.bhs();
+            match b.opcode() {
+                Opcode::REJECT => panic!(
+                    "round {round}: the command reusing ITT {ITT:#x} was rejected (reason {:#04x})",
+                    b.0[2]
+                ),
+                Opcode::DATA_IN | Opcode::SCSI_RSP if b.itt() == ITT => answered = true,
+                Opcode::TMF_RSP if b.itt() == tmf_itt => break b.0[2],
+                _ => {}
+            }
+        };
+        if !answered {
+            assert_eq!(code, 0, "round {round}: ABORT TASK of a read in flight");
+            aborted += 1;
+        }
+    }
+    assert!(
+        aborted > QUEUE_DEPTH,
+        "only {aborted} of {ROUNDS} reads were caught in flight"
+    );
+    // The ITT runs a command again, and the window is whole.
+    let (p, _) = i.command_pdu(
+        ITT,
+        &Command {
+            cdb: &tur,
+            attr: 1,
+            ..Command::default()
+        },
+    );
+    i.send_pdu(&p).unwrap();
+    loop {
+        let p = i.recv_pdu().expect("TEST UNIT READY response");
+        let b = p.bhs();
+        match b.opcode() {
+            Opcode::REJECT => panic!("TEST UNIT READY with ITT {ITT:#x} rejected"),
+            Opcode::DATA_IN if b.itt() == ITT => {
+                panic!("Data-In of an aborted read after its ABORT TASK response")
+            }
+            Opcode::SCSI_RSP if b.itt() == ITT => {
+                assert_eq!(b.0[3], 0, "TEST UNIT READY status");
+                break;
+            }
+            _ => {}
+        }
+    }
+    let window = i.max_cmd_sn.0.wrapping_sub(i.cmd_sn.0).wrapping_add(1);
+    assert_eq!(
+        window, QUEUE_DEPTH,
+        "the CmdSN window after {aborted} aborts"
+    );
+}

@@ -509,6 +509,7 @@ impl CoreWorker {
             let kicked = link.borrow_mut().take_kicked();
             let logouts = link.borrow_mut().take_logouts();
             let aborts = link.borrow_mut().take_aborts();
+            let finished = link.borrow_mut().take_finished();
             for &k in &keys {
                 let Some(c) = self.conns.get_mut(k) else {
                     continue;
@@ -528,6 +529,9 @@ impl CoreWorker {
                 } else {
                     for (origin, scope) in &aborts {
                         c.abort_data(*origin, *scope);
+                    }
+                    for (origin, scope) in &finished {
+                        c.forget_aborted(*origin, *scope);
                     }
                     c.pump(ctx, k as u64, &mut self.shard, &portal);
                 }

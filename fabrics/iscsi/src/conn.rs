@@ -342,6 +342,9 @@ struct SeqState {
     /// TMFs received on one connection whose tasks on the others stop
     /// receiving data: (member that got the TMF, scope).
     aborts: Vec<(u32, TaskScope)>,
+    /// TMFs answered on one connection whose aborted tasks the others
+    /// forget: (member that answered, scope).
+    finished: Vec<(u32, TaskScope)>,
 }
 
 /// The tasks a TMF affects, as a connection sees them.
@@ -370,6 +373,7 @@ impl SessionSeq {
             conns: Vec::new(),
             logouts: Vec::new(),
             aborts: Vec::new(),
+            finished: Vec::new(),
         })))
     }
 
@@ -384,6 +388,19 @@ impl SessionSeq {
         // Only a session with several connections has anyone to tell.
         if st.conns.len() > 1 && st.aborts.len() < MAX_SHARED_ABORTS {
             st.aborts.push((member, scope));
+        }
+    }
+
+    /// TMFs one connection answered (the member id) whose aborted tasks
+    /// the session's other connections forget ([`Conn::forget_aborted`]).
+    pub fn take_finished(&self) -> Vec<(u32, TaskScope)> {
+        std::mem::take(&mut self.0.borrow_mut().finished)
+    }
+
+    fn share_finished(&self, member: u32, scope: TaskScope) {
+        let mut st = self.0.borrow_mut();
+        if st.conns.len() > 1 && st.finished.len() < MAX_SHARED_ABORTS {
+            st.finished.push((member, scope));
         }
     }
 
@@ -539,6 +556,12 @@ struct Task {
     unsol_done: bool,
     /// Write data went bad (digest or sequence error): the fetch fails.
     failed: bool,
+    /// Handed to the core (in CmdSN order, or at once if immediate).
+    submitted: bool,
+    /// Submitted and then caught by a TMF (ABORT TASK, ..., a reset): the
+    /// core ends it without a response, so the connection forgets it when
+    /// the TMF is answered ([`Conn::forget_aborted`]).
+    aborted: bool,
     fetch: Option<Fetch>,
     r2ts: Vec<R2tState>,
     next_r2t_offset: u32,
@@ -624,8 +647,8 @@ pub struct Conn {
     rx: Rx,
     tasks: FxHashMap<u32, Task>,
     held: BTreeMap<u32, Held>,
-    /// TMFs sent to the core: ITT -> function code.
-    tmfs: FxHashMap<u32, u8>,
+    /// TMFs sent to the core: ITT -> function code and the tasks it aborts.
+    tmfs: FxHashMap<u32, (u8, Option<TaskScope>)>,
     events: VecDeque<ConnEvent>,
     out: VecDeque<TxSeg>,
     next_ttt: u32,
@@ -1448,6 +1471,7 @@ impl Conn {
                         t.counted = true;
                         self.seq.add_in_flight(1);
                     }
+                    t.submitted = true;
                     self.events.push_back(ConnEvent::Command(req));
                 }
             }
@@ -1597,6 +1621,8 @@ impl Conn {
             unsol_next_data_sn: DataSn(0),
             unsol_done: unsol_expected == imm,
             failed: data_bad,
+            submitted: false,
+            aborted: false,
             fetch: None,
             r2ts: Vec::new(),
             next_r2t_offset: 0,
@@ -2234,7 +2260,7 @@ impl Conn {
             self.abort_data(scope);
             self.seq.share_abort(self.member, scope);
         }
-        self.tmfs.insert(itt, code);
+        self.tmfs.insert(itt, (code, scope));
         self.seq.claim_tmf(itt, self.member);
         self.events.push_back(ConnEvent::TaskMgmt(TmfRequest {
             func,
@@ -2261,6 +2287,10 @@ impl Conn {
         for a in affected {
             if let Some(t) = self.tasks.get_mut(&a) {
                 t.failed = true;
+                // A task still held for its CmdSN never reached the core,
+                // which runs it later as usual (RFC 7143 §11.5.1: a TMF
+                // acts on the tasks before it in CmdSN order).
+                t.aborted = t.submitted;
                 t.r2ts.clear();
                 if let Some(f) = t.fetch.take() {
                     self.events.push_back(ConnEvent::DataOutDone {
@@ -2273,6 +2303,34 @@ impl Conn {
     }
 
     /// Answers TMF `itt` (function `func`) with response `code`.
+    /// The tasks in `scope` that a TMF aborted are gone in the core: their
+    /// ITTs, window slots and transfer state are released. For a TMF
+    /// answered on another connection of the session too
+    /// ([`SessionSeq::take_finished`]).
+    pub fn forget_aborted(&mut self, scope: TaskScope) {
+        let gone: Vec<u32> = self
+            .tasks
+            .iter()
+            .filter(|(itt, t)| {
+                t.aborted
+                    && match scope {
+                        TaskScope::Task(rtt) => **itt == rtt,
+                        TaskScope::Lun(lun) => t.lun_raw == lun,
+                        TaskScope::All => true,
+                    }
+            })
+            .map(|(i, _)| *i)
+            .collect();
+        for itt in gone {
+            if let Some(t) = self.tasks.remove(&itt) {
+                self.seq.release_task(itt, self.member);
+                if t.counted {
+                    self.seq.add_in_flight(-1);
+                }
+            }
+        }
+    }
+
     fn send_tmf_rsp(&mut self, itt: u32, func: Option<u8>, code: u8) {
         tracing::info!(peer = %self.peer, itt, response = code, "task management response to {}: {}",
             func.map_or("a TMF", tmf_fn::name), tmf_rsp::name(code));
@@ -2286,8 +2344,20 @@ impl Conn {
             return;
         }
         let itt = tag.0 as u32;
-        let func = self.tmfs.remove(&itt);
+        let (func, scope) = self.tmfs.remove(&itt).unzip();
         self.seq.release_tmf(itt, self.member);
+        if rsp == TmfResponse::Complete
+            && let Some(scope) = scope.flatten()
+        {
+            // The core answers a TMF once the tasks it aborted are gone,
+            // and says nothing more about them: their ITTs and window slots
+            // are free from here, on every connection of the session. RFC
+            // 7143 §11.2.1.8 keeps an ITT unique among the tasks still
+            // outstanding, which an aborted task is not once the TMF is
+            // answered; Linux reuses the ITT at once.
+            self.forget_aborted(scope);
+            self.seq.share_finished(self.member, scope);
+        }
         let code = match rsp {
             TmfResponse::Complete => tmf_rsp::COMPLETE,
             TmfResponse::Succeeded => tmf_rsp::SUCCEEDED,
@@ -2494,6 +2564,142 @@ mod tests {
             }
         }
         v
+    }
+
+    /// Sends TMF `function` (immediate) with `itt` for `ref_itt` on LUN 0;
+    /// returns what it asks of the core.
+    fn tmf(c: &mut Conn, now: Instant, function: u8, itt: u32, ref_itt: u32) -> TmfRequest {
+        let mut t = BhsBuf::new(Opcode::TMF_REQ, flags::F | function);
+        t.set_immediate().set_itt(itt).set_word20(ref_itt);
+        c.handle_input(now, &pdu::Pdu::new(t).encode(false, false));
+        match c.poll_event() {
+            Some(ConnEvent::TaskMgmt(r)) => r,
+            other => panic!("no TMF for the core: {other:?}"),
+        }
+    }
+
+    /// The opcodes and the response/reason byte (BHS byte 2) of what `c`
+    /// sends next.
+    fn sent(c: &mut Conn) -> Vec<(u8, u8)> {
+        let mut tx = TxQueue::new();
+        c.poll_transmit(&mut tx);
+        let out = tx.drain_to_vec();
+        let mut v = Vec::new();
+        let mut at = 0;
+        while at + BHS_LEN <= out.len() {
+            let h = &out[at..at + BHS_LEN];
+            v.push((h[0] & 0x3f, h[2]));
+            let len = u32::from_be_bytes([0, h[5], h[6], h[7]]) as usize;
+            at += BHS_LEN + usize::from(h[4]) * 4 + len + pad_len(len);
+        }
+        v
+    }
+
+    /// A task the core aborted is never answered; once the TMF is answered
+    /// its ITT and its window slot are free again. Linux reuses an aborted
+    /// command's ITT right after the TMF response: refusing it (Reject,
+    /// ITT in use) left the new command hanging until the kernel's own
+    /// timeout, and each abort shrank the window for good.
+    #[test]
+    fn an_aborted_tasks_itt_and_window_slot_are_free_once_the_tmf_is_answered() {
+        let now = Instant::now();
+        let mut c = logged_in(now, 0, 1, None);
+        let max = c.session_seq().max_cmd_sn();
+        c.handle_input(now, &tur(0x31, 10));
+        assert_eq!(commands(&mut c), vec![0x31]);
+        assert_eq!(c.session_seq().in_flight(), 1);
+        let req = tmf(&mut c, now, tmf_fn::ABORT_TASK, 0x40, 0x31);
+        assert_eq!(req.func, TmfFunction::AbortTask { tag: TaskTag(0x31) });
+        // While the abort drains, the task is still outstanding: its ITT
+        // is refused.
+        c.handle_input(now, &tur(0x31, 11));
+        assert!(commands(&mut c).is_empty());
+        assert_eq!(sent(&mut c), vec![(Opcode::REJECT.0, 0x09)]);
+        // The core reports the abort done (the task sends nothing).
+        c.handle_action(
+            now,
+            Action::TmfDone {
+                id: ferrite_core::TmfId(1),
+                tag: req.tag,
+                rsp: TmfResponse::Complete,
+            },
+        );
+        assert_eq!(sent(&mut c), vec![(Opcode::TMF_RSP.0, tmf_rsp::COMPLETE)]);
+        assert_eq!(c.session_seq().in_flight(), 0);
+        assert_eq!(c.session_seq().task_owner(0x31), None);
+        assert_eq!(
+            c.session_seq().max_cmd_sn().diff(max),
+            2,
+            "the window slides on"
+        );
+        c.handle_input(now, &tur(0x31, 12));
+        assert_eq!(commands(&mut c), vec![0x31], "the ITT is taken again");
+        assert!(sent(&mut c).is_empty());
+
+        // A LUN reset frees every task of the LUN it aborted; one the core
+        // did not abort (answered "task does not exist" to an ABORT TASK)
+        // keeps its ITT until it is answered.
+        c.handle_input(now, &tur(0x32, 13));
+        assert_eq!(commands(&mut c), vec![0x32]);
+        let req = tmf(&mut c, now, tmf_fn::LUN_RESET, 0x41, RESERVED_TAG);
+        c.handle_action(
+            now,
+            Action::TmfDone {
+                id: ferrite_core::TmfId(2),
+                tag: req.tag,
+                rsp: TmfResponse::Complete,
+            },
+        );
+        assert_eq!(sent(&mut c), vec![(Opcode::TMF_RSP.0, tmf_rsp::COMPLETE)]);
+        assert_eq!(c.session_seq().in_flight(), 0);
+        c.handle_input(now, &tur(0x33, 14));
+        assert_eq!(commands(&mut c), vec![0x33]);
+        let req = tmf(&mut c, now, tmf_fn::ABORT_TASK, 0x42, 0x33);
+        c.handle_action(
+            now,
+            Action::TmfDone {
+                id: ferrite_core::TmfId(3),
+                tag: req.tag,
+                rsp: TmfResponse::TaskNotFound,
+            },
+        );
+        assert_eq!(
+            sent(&mut c),
+            vec![(Opcode::TMF_RSP.0, tmf_rsp::TASK_DOES_NOT_EXIST)]
+        );
+        assert_eq!(c.session_seq().task_owner(0x33), Some(c.member()));
+        assert_eq!(c.session_seq().in_flight(), 1);
+    }
+
+    /// MC/S: a TMF answered on one connection frees the ITTs and window
+    /// slots of the tasks it aborted on the others.
+    #[test]
+    fn a_tmf_answered_on_one_connection_frees_the_aborted_tasks_of_the_others() {
+        let now = Instant::now();
+        let mut a = logged_in(now, 0, 1, None);
+        let mut b = logged_in(now, 0x55, 2, Some(&a));
+        b.handle_input(now, &tur(0x51, 10));
+        assert_eq!(commands(&mut b), vec![0x51]);
+        let req = tmf(&mut a, now, tmf_fn::ABORT_TASK_SET, 0x60, RESERVED_TAG);
+        for (_, scope) in a.session_seq().take_aborts() {
+            b.abort_data(scope);
+        }
+        a.handle_action(
+            now,
+            Action::TmfDone {
+                id: ferrite_core::TmfId(1),
+                tag: req.tag,
+                rsp: TmfResponse::Complete,
+            },
+        );
+        let finished = a.session_seq().take_finished();
+        assert_eq!(finished, vec![(a.member(), TaskScope::Lun([0; 8]))]);
+        assert_eq!(a.session_seq().task_owner(0x51), Some(b.member()));
+        b.forget_aborted(finished[0].1);
+        assert_eq!(a.session_seq().task_owner(0x51), None);
+        assert_eq!(a.session_seq().in_flight(), 0);
+        a.handle_input(now, &tur(0x51, 11));
+        assert_eq!(commands(&mut a), vec![0x51]);
     }
 
     /// MC/S: commands reach the core in CmdSN order across the session's

@@ -131,6 +131,11 @@ impl SessionGroup {
     pub fn take_aborts(&mut self) -> Vec<(u32, TaskScope)> {
         self.seq.take_aborts()
     }
+    /// TMFs one member answered whose aborted tasks the others forget:
+    /// (that member, scope).
+    pub fn take_finished(&mut self) -> Vec<(u32, TaskScope)> {
+        self.seq.take_finished()
+    }
 }
 
 /// Where a core action goes.
@@ -346,6 +351,15 @@ impl TcpConn {
     pub fn abort_data(&mut self, origin: u32, scope: TaskScope) {
         if origin != self.conn.member() {
             self.conn.abort_data(scope);
+        }
+    }
+
+    /// A TMF another connection of the session (member `origin`) answered:
+    /// this connection's tasks it aborted are gone (their ITTs and window
+    /// slots free).
+    pub fn forget_aborted(&mut self, origin: u32, scope: TaskScope) {
+        if origin != self.conn.member() {
+            self.conn.forget_aborted(scope);
         }
     }
 
