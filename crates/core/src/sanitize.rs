@@ -938,6 +938,40 @@ mod tests {
         }
 
         #[test]
+        fn another_nexus_reservation_refuses_the_sanitize_and_starts_nothing() {
+            let (mut t, a, b) = T::new();
+            let conflict = |r: &Option<Response>| {
+                r.as_ref()
+                    .is_some_and(|r| r.status == ferrite_scsi::Status::RESERVATION_CONFLICT)
+            };
+            // SPC-2 §5.5.1: while b holds a RESERVE(6), every command of
+            // another nexus but a few (INQUIRY, REPORT LUNS, REQUEST SENSE
+            // and RELEASE among them) meets RESERVATION CONFLICT; SANITIZE
+            // is not exempt, so no sanitize operation starts, and TEST UNIT
+            // READY conflicts too rather than reporting one in progress.
+            assert!(good(&t.cmd(b, &[0x16, 0, 0, 0, 0, 0], &[])));
+            let (cdb, p) = overwrite(0);
+            assert!(conflict(&t.cmd(a, &cdb, &p)));
+            assert_eq!(t.dev.sanitize_status(), Status::Idle);
+            assert!(conflict(&t.cmd(a, &[0; 6], &[])));
+            assert!(t.medium.lock().unwrap().data.iter().all(|&x| x == 0x77));
+            // The holder's RELEASE(6) lets the same SANITIZE run.
+            assert!(good(&t.cmd(b, &[0x17, 0, 0, 0, 0, 0], &[])));
+            assert!(t.cmd(a, &cdb, &p).is_none());
+            assert!(matches!(t.dev.sanitize_status(), Status::Running(_)));
+            assert_eq!(sense(&t.cmd(b, &[0; 6], &[])), (0x02, 0x04, 0x1b));
+            assert!(good(&t.run_out(a)));
+            assert!(
+                t.medium
+                    .lock()
+                    .unwrap()
+                    .data
+                    .chunks(2)
+                    .all(|c| c == [0x12, 0x34])
+            );
+        }
+
+        #[test]
         fn block_erase_with_immed_and_a_failed_overwrite() {
             let (mut t, a, b) = T::new();
             // IMMED: GOOD at once; the blocks are deallocated after.
