@@ -42,6 +42,14 @@ struct Rig {
 /// ferrited with a file-backed disk behind one SRP soft port (and an
 /// iSCSI portal, which is what the test harness waits for).
 fn rig() -> Rig {
+    rig_with(None)
+}
+
+/// [`rig`] with a fault section for the disk.
+fn rig_with(fault: Option<&str>) -> Rig {
+    let fault = fault
+        .map(|f| format!(", \"fault\": {f}"))
+        .unwrap_or_default();
     let dir = tempfile::Builder::new()
         .prefix("fsrpl")
         .tempdir_in("/tmp")
@@ -51,7 +59,7 @@ fn rig() -> Rig {
     let port = free_port();
     let cfg = format!(
         r#"{{
-  "devices": [{{"name": "disk0", "handler": "vdisk_fileio", "filename": "{img}", "size": {size}}}],
+  "devices": [{{"name": "disk0", "handler": "vdisk_fileio", "filename": "{img}", "size": {size}{fault}}}],
   "targets": {{
     "iscsi": [{{"name": "iqn.2026-12.org.ferrite:srp-linux", "portals": ["127.0.0.1:{port}"], "luns": []}}],
     "srp": [{{"name": "srp0", "port_id": "{PORT_ID}", "provider": {{"kind": "soft", "listen": "{sock}"}},
@@ -616,5 +624,84 @@ fn a_channel_lost_mid_transfer_leaves_acknowledged_writes_and_the_other_channel_
                 "block {blk} of A's write {k} is neither old nor new"
             );
         }
+    }
+}
+
+/// Writes to LBAs 8192.. are held 1.5 s by the disk's fault rule, so they
+/// are in flight when task management arrives.
+const SLOW: &str = r#"{"rules": [{"op": "write", "lba": 8192, "blocks": 1024, "delay_ms": 1500}]}"#;
+
+#[test]
+fn a_lun_reset_on_one_channel_ends_the_other_channels_tasks_and_returns_their_credits() {
+    let r = rig_with(Some(SLOW));
+    let mut a = login(&r.sock, linux_cfg(0xd1));
+    clear_ua(&mut a);
+    let mut b = login(
+        &r.sock,
+        InitiatorConfig {
+            multi_channel: true,
+            first_tag: 0x10_0000,
+            ..linux_cfg(0xd1)
+        },
+    );
+    let full = b.ini.credits();
+    // Slow writes on channel B (immediate data and RDMA READ alike).
+    let mut slow = Vec::new();
+    for k in 0..6u64 {
+        let len = if k % 2 == 0 { 4096 } else { 65536 };
+        slow.push(
+            b.ini
+                .submit(
+                    Lun(0),
+                    &rw(0x8a, 8192 + k * 128, (len / BS) as u32),
+                    Some(&pattern(k as u32, len)),
+                    0,
+                    Layout::default(),
+                    iu::TASK_ATTR_SIMPLE,
+                )
+                .unwrap(),
+        );
+    }
+    assert_eq!(b.ini.credits(), full - 6);
+    std::thread::sleep(Duration::from_millis(300));
+    // LOGICAL UNIT RESET on channel A, as ib_srp sends it (on its first
+    // channel): it ends B's commands too.
+    let rsp = a
+        .ini
+        .task_mgmt(Lun(0), iu::TskFunc::LUN_RESET, u64::from(u32::MAX))
+        .unwrap();
+    assert_eq!(rsp.rsp_code(), Some(iu::RspCode::COMPLETE), "{rsp:?}");
+    // SAM-5 §7: B's aborted commands get no response, and B gets their
+    // credits back (SRP_CRED_REQ: no response is coming to carry them).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while b.ini.credits() < full && Instant::now() < deadline {
+        let _ = b.ini.progress(Instant::now() + Duration::from_millis(50));
+    }
+    assert_eq!(b.ini.credits(), full, "channel B's credits came back");
+    assert!(b.ini.cred_reqs >= 1);
+    for t in &slow {
+        assert!(!b.ini.answered(*t), "an aborted command was answered");
+    }
+    assert!(b.ini.closed().is_none());
+    // B goes on with its whole request limit.
+    let mut tags = Vec::new();
+    for k in 0..u64::from(full) {
+        tags.push(
+            b.ini
+                .submit(
+                    Lun(0),
+                    &rw(0x88, k * 8, 8),
+                    None,
+                    4096,
+                    Layout::default(),
+                    iu::TASK_ATTR_SIMPLE,
+                )
+                .unwrap(),
+        );
+    }
+    for t in tags {
+        let c = b.ini.wait(t).unwrap();
+        // The reset's unit attention comes first, on one of them.
+        assert!(c.rsp.status == 0 || c.rsp.status == 2, "{:?}", c.rsp);
     }
 }

@@ -34,10 +34,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use ferrite_core::Action;
 use ferrite_core::cmd::Abort;
 use ferrite_core::device::{LunMap, Target};
 use ferrite_core::shard::{Nexus, SessionId, Shard};
+use ferrite_core::{Action, TmfResponse};
 use ferrite_mgmt::config::{SrpProviderConfig, SrpTargetConfig};
 use ferrite_mgmt::runtime::{Fabric, SessionInfo};
 use ferrite_rdma::soft::{
@@ -1186,6 +1186,21 @@ fn drive(now: Instant, conns: &mut slab::Slab<SrpConn>, shard: &mut Shard) -> bo
                         .map(|(_, k)| *k)
                         .find(|k| conns.get(*k).is_some_and(|c| !c.closed)),
                 };
+                // A completed TMF ended the tasks it covers on every channel
+                // of the nexus (SAM-5 §7; SRP r16a §6.2): the others forget
+                // theirs too and return those credits.
+                if let (Action::TmfDone { tag, rsp, .. }, Some(k), [_, _, ..]) = (&a, target, run)
+                    && *rsp == TmfResponse::Complete
+                    && let Some((func, lun)) = conns
+                        .get(k)
+                        .and_then(|c| c.conn.channel().tmf_in_core(tag.0))
+                {
+                    for &(_, other) in run.iter().filter(|(_, o)| *o != k) {
+                        if let Some(c) = conns.get_mut(other) {
+                            c.conn.tmf_done_elsewhere(func, lun);
+                        }
+                    }
+                }
                 match target.and_then(|k| conns.get_mut(k)) {
                     Some(c) => c.conn.handle_action(a),
                     None => orphans.push(a),

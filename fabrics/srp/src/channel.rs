@@ -1040,6 +1040,38 @@ impl Channel {
         self.send(OpKind::Rsp { tag }, out.encode());
     }
 
+    /// The function and LUN of the task management function `tag` while it
+    /// is in the core: what its completion ends on the nexus's other
+    /// channels too ([`Channel::tmf_done_elsewhere`]).
+    pub fn tmf_in_core(&self, tag: u64) -> Option<(TmfFunction, [u8; 8])> {
+        match self.tasks.get(&tag) {
+            Some(Task {
+                state: TaskState::Tmf { func },
+                lun,
+                ..
+            }) => Some((*func, *lun)),
+            _ => None,
+        }
+    }
+
+    /// A task management function another channel of this channel's I_T
+    /// nexus received has completed (SRP r16a §6.2: the channels of a
+    /// nexus share its task sets; the Linux initiator sends LOGICAL UNIT
+    /// RESET on its first channel whichever channel the commands are on).
+    /// The tasks it ended here get no response either (SAM-5 §7): forget
+    /// them, and return their credits (SRP_CRED_REQ when no response is
+    /// coming to carry them).
+    pub fn tmf_done_elsewhere(&mut self, func: TmfFunction, lun: [u8; 8]) {
+        if self.state != ChannelState::Live {
+            return;
+        }
+        let n = self.forget_aborted(func, lun);
+        if n > 0 {
+            self.finished += n;
+            self.next_target_req();
+        }
+    }
+
     /// SAM-5 §7.2-§7.5: tasks aborted on this nexus end without a
     /// response, so the channel forgets them once the TMF completes (their
     /// credits were already returned when their buffers were reposted).

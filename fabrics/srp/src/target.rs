@@ -240,6 +240,13 @@ impl TargetConn {
         self.channel.handle_action(a);
     }
 
+    /// A task management function of another channel of this nexus
+    /// completed ([`Channel::tmf_done_elsewhere`]; then call
+    /// [`TargetConn::pump`]).
+    pub fn tmf_done_elsewhere(&mut self, func: ferrite_core::TmfFunction, lun: [u8; 8]) {
+        self.channel.tmf_done_elsewhere(func, lun);
+    }
+
     /// Ends the channel with an SRP_T_LOGOUT carrying `reason` (then call
     /// [`TargetConn::pump`]).
     pub fn terminate(&mut self, reason: crate::iu::TLogoutReason) {

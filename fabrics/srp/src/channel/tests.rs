@@ -843,6 +843,60 @@ fn task_management() {
 use ferrite_core::TmfId;
 
 #[test]
+fn a_lun_reset_on_one_channel_ends_the_tasks_of_the_others() {
+    // Two channels of one nexus (ib_srp sends LUN RESET on its first
+    // channel, whichever channel the commands are on).
+    let mut a = channel();
+    let mut b = channel();
+    recv(
+        &mut b,
+        &cmd(0x1_0001, &read10(0, 2), &[], &[seg(0x1000, 1024)]),
+    );
+    recv(
+        &mut b,
+        &cmd(0x1_0002, &read10(8, 2), &[], &[seg(0x2000, 1024)]),
+    );
+    assert_eq!(events(&mut b).len(), 2);
+    assert_eq!(b.credits_granted(), 2);
+    let lr = iu::TskMgmt {
+        tag: 0x8000_0001,
+        lun: Lun(0).encode(),
+        func: iu::TskFunc::LUN_RESET,
+        task_tag: u64::from(u32::MAX),
+    };
+    recv(&mut a, &lr.encode());
+    events(&mut a);
+    let (func, lun) = a.tmf_in_core(0x8000_0001).expect("the TMF is in the core");
+    assert_eq!(
+        (func, lun),
+        (TmfFunction::LogicalUnitReset, Lun(0).encode())
+    );
+    assert_eq!(a.tmf_in_core(0x1_0001), None, "not a TMF of this channel");
+    // The core completes it; the other channel forgets the two commands
+    // (they get no response) and gives their credits back at once.
+    a.handle_action(Action::TmfDone {
+        id: TmfId(1),
+        tag: TaskTag(0x8000_0001),
+        rsp: TmfResponse::Complete,
+    });
+    b.tmf_done_elsewhere(func, lun);
+    assert_eq!(b.tasks(), 0);
+    let tx = transmits(&mut b);
+    let (_, iu_b) = sent_iu(&tx[0]);
+    let cred = iu::CredReq::parse(iu_b).expect("an SRP_CRED_REQ");
+    assert_eq!(cred.req_lim_delta, 2);
+    assert_eq!(b.credits_granted(), 4);
+    // Another LUN's tasks, or a TMF that is not a task-set one, stay.
+    recv(
+        &mut b,
+        &cmd(0x1_0003, &read10(0, 1), &[], &[seg(0x1000, 512)]),
+    );
+    b.tmf_done_elsewhere(TmfFunction::LogicalUnitReset, Lun(1).encode());
+    b.tmf_done_elsewhere(TmfFunction::ClearAca, Lun(0).encode());
+    assert_eq!(b.tasks(), 1);
+}
+
+#[test]
 fn aen_goes_out_as_aer_req_one_at_a_time() {
     let mut ch = channel();
     let s = Sense::new(ferrite_scsi::SenseKey::UNIT_ATTENTION, 0x2a, 0x09);
