@@ -1017,9 +1017,16 @@ impl Channel {
                 return;
             }
         };
-        // The TMF's own credit, and those of the tasks it ended.
+        // The TMF's own credit, and those of the tasks it ended. An ABORT
+        // TASK the core answers "no such task" for a task this channel
+        // still waits on ends it too: the core dropped it without a
+        // response (a reset or PREEMPT AND ABORT from another nexus, SAM-5
+        // §5.6), so nothing will ever answer it, and the initiator has
+        // just given up on it.
         self.finished += 1;
-        if rsp == TmfResponse::Complete {
+        let not_found =
+            rsp == TmfResponse::TaskNotFound && matches!(func, TmfFunction::AbortTask { .. });
+        if rsp == TmfResponse::Complete || not_found {
             self.finished += self.forget_aborted(func, lun);
         }
         let code = match rsp {

@@ -843,6 +843,36 @@ fn task_management() {
 use ferrite_core::TmfId;
 
 #[test]
+fn abort_of_a_task_the_core_no_longer_has_ends_it_here() {
+    // A command the core dropped without a response (another nexus reset
+    // the LU): the initiator times out and aborts it; the core does not
+    // know it; the channel forgets it and its credit comes back.
+    let mut ch = channel();
+    recv(&mut ch, &cmd(9, &read10(0, 1), &[], &[seg(0x1000, 512)]));
+    events(&mut ch);
+    assert_eq!(ch.credits_granted(), 3);
+    let t = iu::TskMgmt {
+        tag: 60,
+        lun: Lun(0).encode(),
+        func: iu::TskFunc::ABORT_TASK,
+        task_tag: 9,
+    };
+    recv(&mut ch, &t.encode());
+    events(&mut ch);
+    ch.handle_action(Action::TmfDone {
+        id: TmfId(1),
+        tag: TaskTag(60),
+        rsp: TmfResponse::TaskNotFound,
+    });
+    let tx = transmits(&mut ch);
+    let r = Rsp::parse(sent_iu(&tx[0]).1).unwrap();
+    assert_eq!(r.rsp_code(), Some(iu::RspCode::COMPLETE));
+    assert_eq!(r.req_lim_delta, 2, "the TMF's credit and the task's");
+    assert_eq!(ch.tasks(), 1, "only the TMF's response is left");
+    assert!(!ch.has_task(9));
+}
+
+#[test]
 fn a_lun_reset_on_one_channel_ends_the_tasks_of_the_others() {
     // Two channels of one nexus (ib_srp sends LUN RESET on its first
     // channel, whichever channel the commands are on).
