@@ -8,9 +8,11 @@
 //! message naming the package.
 //!
 //! [`lab`] runs scenarios inside a Linux guest under qemu, where the kernel's
-//! own initiators and targets are.
+//! own initiators and targets are; [`compare`] reads what its side-by-side
+//! scenarios (ferrited beside LIO and tgtd in one guest) saved.
 #![forbid(unsafe_code)]
 
+pub mod compare;
 pub mod lab;
 
 use std::io::{BufRead, BufReader, Write};

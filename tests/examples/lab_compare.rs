@@ -1,0 +1,171 @@
+//! ferrited beside the kernel's own target LIO and tgtd, in one guest of the
+//! kernel lab on one kernel: libiscsi's whole suite against each, and the
+//! same fio jobs over open-iscsi against ferrited and LIO, printed as
+//! markdown tables with the ratio ferrited / LIO.
+//!
+//! ```sh
+//! cargo build --release --bins
+//! cargo run --release -p ferrite-tests --example lab_compare
+//! cargo run --release -p ferrite-tests --example lab_compare -- --from target/release/lab/compare-iscsi
+//! ```
+//!
+//! The first form boots the guest (`tests/lab/guest/compare-iscsi.sh`; about
+//! 40 minutes on a 2-core machine, most of it libiscsi under TCG); the second
+//! prints the tables of a run already made. The scenario's knobs pass through
+//! from the environment: `CU_SUITES`, `CU_SUITE_TIMEOUT_S`, `CU_TARGETS`,
+//! `FIO_RUNTIME_S`, `FIO_SIZE_MB`, `FIO_REPS`, `SKIP_FIO`, `SKIP_CU`.
+//!
+//! qemu runs TCG here: absolute figures mean nothing; the ratios between
+//! targets measured in one run do.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a report driver: a failed step ends the run
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ferrite_tests::compare::{self, FIO_JOBS};
+use ferrite_tests::lab::{self, LabOptions};
+
+const PASS_THROUGH: [&str; 8] = [
+    "CU_SUITES",
+    "CU_SUITE_TIMEOUT_S",
+    "CU_TARGETS",
+    "FIO_RUNTIME_S",
+    "FIO_SIZE_MB",
+    "FIO_REPS",
+    "SKIP_FIO",
+    "SKIP_CU",
+];
+
+fn git(repo: &Path, args: &[&str]) -> String {
+    Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args(args)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The commit of the tree the ferrited under test was built in (the git
+/// checkout around its `target/` folder), and whether that tree had
+/// uncommitted changes to tracked files.
+fn ferrited_commit() -> String {
+    let bin = ferrite_tests::ferrited_path();
+    let Some(repo) = bin.ancestors().find(|d| d.join(".git").exists()) else {
+        return format!("{} (not in a git checkout)", bin.display());
+    };
+    let head = git(repo, &["rev-parse", "--short", "HEAD"]);
+    if git(repo, &["status", "--porcelain", "--untracked-files=no"]).is_empty() {
+        head
+    } else {
+        format!("{head} with uncommitted changes")
+    }
+}
+
+/// The host's load averages (1, 5, 15 minutes).
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (out, seconds) = match args.iter().position(|a| a == "--from") {
+        Some(i) => {
+            let dir = PathBuf::from(args.get(i + 1).expect("--from DIR"));
+            assert!(
+                dir.join("console.log").is_file(),
+                "{}: no lab run there",
+                dir.display()
+            );
+            (dir, None)
+        }
+        None => {
+            let env = PASS_THROUGH
+                .iter()
+                .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
+                .collect();
+            let load_before = loadavg();
+            let run = lab::run(
+                "compare-iscsi",
+                &LabOptions {
+                    mem_mb: 4096,
+                    timeout_s: 5400,
+                    env,
+                },
+            );
+            run.assert_passed();
+            std::fs::write(run.out.join("commit.txt"), ferrited_commit() + "\n")
+                .expect("write commit.txt");
+            std::fs::write(run.out.join("seconds.txt"), format!("{:.0}\n", run.seconds))
+                .expect("write seconds.txt");
+            std::fs::write(
+                run.out.join("loadavg.txt"),
+                format!("{load_before} -> {}\n", loadavg()),
+            )
+            .expect("write loadavg.txt");
+            (run.out.clone(), Some(run.seconds))
+        }
+    };
+
+    let kernel = std::fs::read_to_string(out.join("kernel.txt")).unwrap_or_default();
+    let versions = std::fs::read_to_string(out.join("versions.txt")).unwrap_or_default();
+    let read = |f: &str| std::fs::read_to_string(out.join(f)).ok();
+    let commit = read("commit.txt")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|| "an unrecorded commit".to_string());
+    let seconds = seconds.or_else(|| read("seconds.txt").and_then(|s| s.trim().parse().ok()));
+    let date = Command::new("date")
+        .args(["-u", "-r"])
+        .arg(out.join("console.log"))
+        .arg("+%F %H:%M UTC")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+
+    println!("# ferrited, LIO and tgtd in one lab guest\n");
+    println!(
+        "Run of {date}: kernel {} under qemu TCG (2 vCPUs), ferrited from {commit}.",
+        kernel.trim()
+    );
+    if let Some(s) = seconds {
+        println!("The scenario took {s:.0} s, boot included.");
+    }
+    if let Some(l) = read("loadavg.txt") {
+        println!(
+            "The host's 1/5/15-minute load averages, before and after: {} (the guest's 2 vCPUs share the host's cores with whatever else runs).",
+            l.trim()
+        );
+    }
+    println!(
+        "qemu runs TCG: absolute figures in this guest mean nothing; the ratios between targets measured in this one run do.\n"
+    );
+    println!("```\n{}```\n", versions);
+
+    let targets: Vec<compare::CuTarget> = ["ferrited", "lio", "tgtd"]
+        .iter()
+        .map(|t| compare::read_cu(&out.join("cu").join(t), t))
+        .filter(compare::CuTarget::ran)
+        .collect();
+    if !targets.is_empty() {
+        println!("## libiscsi (iscsi-test-cu -d -S, one process per suite)\n");
+        println!("{}", compare::cu_table(&targets));
+        println!("Per suite (passed / failed / skipped):\n");
+        println!("{}", compare::cu_suite_table(&targets));
+    }
+
+    let fio = compare::read_fio(&out.join("fio"), &["ferrited", "lio"]);
+    if !fio.is_empty() {
+        println!(
+            "## fio over open-iscsi (direct I/O, libaio; medians over the rounds, the ratio of each round's pair)\n"
+        );
+        println!("{}", compare::fio_table(&fio, &FIO_JOBS, "ferrited", "lio"));
+        let problems = compare::fio_problems(&fio, &FIO_JOBS, &["ferrited", "lio"]);
+        for p in &problems {
+            println!("- fio problem: {p}");
+        }
+    }
+}
