@@ -111,8 +111,8 @@ fio_verify() {
     fio --name="$name" --filename="$dev" --direct=1 --ioengine=libaio --verify=crc32c \
         --verify_fatal=1 --output-format=terse --terse-version=3 "$@" >"/out/fio-$name.log" 2>&1 ||
         { cat "/out/fio-$name.log"; fail "fio $name"; }
-    # terse v3: field 5 is the error code, 7 read KiB, 48 write KiB, 8 read IOPS, 49 write IOPS
-    awk -F';' -v n="$name" '$1=="3" { printf "lab: fio %s: err=%s read=%sKiB (%s IOPS) write=%sKiB (%s IOPS)\n", n, $5, $7, $8, $48, $49; if ($5 != 0) exit 1 }' \
+    # terse v3: field 5 is the error code; 6, 7, 8 read KiB moved, KiB/s and IOPS; 47, 48, 49 the same for writes
+    awk -F';' -v n="$name" '$1=="3" { printf "lab: fio %s: err=%s read %s KiB at %s KiB/s (%s IOPS), write %s KiB at %s KiB/s (%s IOPS)\n", n, $5, $6, $7, $8, $47, $48, $49; if ($5 != 0) exit 1 }' \
         "/out/fio-$name.log" || fail "fio $name reported an error"
 }
 
