@@ -846,8 +846,9 @@ impl SrpCore {
         {
             Ok(r) => r,
             Err(e) => {
-                // Dropping an unaccepted QP disconnects its id.
-                tracing::warn!(error = %e, "SRP login refused: receive ring");
+                tracing::warn!(error = %e, "SRP channel: no receive ring");
+                qp.refuse(&who.rej("receive ring").encode());
+                who.log("receive ring");
                 return None;
             }
         };

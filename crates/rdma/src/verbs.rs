@@ -1286,6 +1286,15 @@ impl VerbsQp {
         Ok(qp)
     }
 
+    /// Refuses the connection of a QP made by [`VerbsQp::for_request`] and
+    /// not accepted (say its receives could not be posted), with
+    /// `private_data` as the reject's; the QP and its id go with it.
+    pub fn refuse(self, private_data: &[u8]) {
+        if self.state.load(Ordering::Relaxed) == ST_INIT && self.peer_rd.is_some() {
+            reject_id(self.id, private_data);
+        }
+    }
+
     /// Accepts the connection with `private_data` (call after posting
     /// receives). The QP is ready once [`QueuePair::state`] says `Rts`.
     pub fn accept(&self, private_data: &[u8]) -> Result<(), RdmaError> {
