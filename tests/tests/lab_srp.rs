@@ -58,3 +58,8 @@ fn the_verbs_tests_pass_on_soft_roce() {
         },
     );
 }
+
+#[test]
+fn refused_logins_carry_their_srp_reason_to_the_linux_initiator() {
+    lab::run_passing("srp-reject", &LabOptions::default());
+}

@@ -148,6 +148,14 @@ srp_config() {
 JSON
 }
 
+# wait_srp_listening: until ferrited's SRP port listens on RDMA/CM (a login
+# sent before gets a plain CM reject, without an SRP reason).
+wait_srp_listening() {
+    local i
+    for i in $(seq 1 100); do grep -q "SRP target port listening" /out/ferrited.log && return 0; sleep 0.2; done
+    fail "ferrited's SRP port never listened"
+}
+
 # srp_login [EXTRA]: ib_srp logs in to the lab's SRP port over RDMA/CM
 # (EXTRA: more add_target options, e.g. ch_count=2).
 srp_login() {

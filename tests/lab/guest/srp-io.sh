@@ -8,7 +8,7 @@ modprobe_all ib_srp sd_mod ext4
 srp_config /tmp/srp.json '{ "name": "f0", "handler": "vdisk_fileio", "filename": "/tmp/srp0.img", "size": 268435456 }' \
     '{ "lun": 0, "device": "f0" }'
 start_ferrited --config /tmp/srp.json
-for i in $(seq 1 50); do grep -q "listen" /out/ferrited.log && break; sleep 0.2; done
+wait_srp_listening
 srp_login "ch_count=2,queue_size=128"
 D=$(srp_disks 1) || fail "no SCSI disk appeared after the SRP login"
 step "disk /dev/$D, queue depth $(cat /sys/block/$D/device/queue_depth)"

@@ -9,7 +9,7 @@ modprobe_all ib_srp sd_mod
 srp_config /tmp/srp.json '{ "name": "mem0", "handler": "vdisk_nullio", "mem": true, "size": 268435456 }' \
     '{ "lun": 0, "device": "mem0" }'
 start_ferrited --config /tmp/srp.json
-for i in $(seq 1 50); do grep -q "listen" /out/ferrited.log && break; sleep 0.2; done
+wait_srp_listening
 step "login over RDMA/CM with ch_count=2"
 srp_login "ch_count=2"
 D=$(srp_disks 1) || fail "no SCSI disk appeared after the SRP login: $(dmesg | grep -i srp | tail -5)"

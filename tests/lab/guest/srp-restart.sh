@@ -8,7 +8,7 @@ modprobe_all ib_srp sd_mod
 srp_config /tmp/srp.json '{ "name": "f0", "handler": "vdisk_fileio", "filename": "/tmp/srp0.img", "size": 134217728, "write_through": true }' \
     '{ "lun": 0, "device": "f0" }'
 start_ferrited --config /tmp/srp.json
-for i in $(seq 1 50); do grep -q "listen" /out/ferrited.log && break; sleep 0.2; done
+wait_srp_listening
 srp_login
 D=$(srp_disks 1) || fail "no SCSI disk appeared after the SRP login"
 P=$(ls -d /sys/class/srp_remote_ports/port-* | head -1)
