@@ -28,8 +28,9 @@
 //! UNIT RESET has released the reservation TEST UNIT READY is GOOD. (With
 //! the URL given once the second session is a login of its own, logged out
 //! at the end of the test, and I_T nexus loss releases the reservation.)
-//! The second test here runs Sanitize.Reset alone in multipath mode, where
-//! no reservation is left behind: it passes. See docs/conformance.md,
+//! Sanitize.Reset alone in multipath mode, where no reservation is left
+//! behind, passes (`iscsi-test-cu -t SCSI.Sanitize.Reset URL URL`; not run
+//! here, it takes four minutes more of CI). See docs/conformance.md,
 //! SANITIZE.
 //!
 //! Most of the time is libiscsi waiting: three paced overwrites of the
@@ -165,16 +166,5 @@ fn sanitize_family_passes_on_the_embedded_default() {
             problems.push(format!("{t} did not run"));
         }
     }
-    report(&problems, &r, &f);
-}
-
-#[test]
-fn sanitize_reset_passes_with_a_second_session() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut f = Ferrited::start_default(dir.path());
-    let url = f.url(TARGET, 0);
-    let r = run_cu("SCSI.Sanitize.Reset", &[&url, &url]);
-    let mut problems = Vec::new();
-    check_reset(&r, &mut f, &mut problems);
     report(&problems, &r, &f);
 }
