@@ -3,17 +3,27 @@
 //! same fio jobs over open-iscsi against ferrited and LIO, printed as
 //! markdown tables with the ratio ferrited / LIO.
 //!
+//! With `srp`, ferrited's SRP port and LIO's ib_srpt instead, on the same
+//! soft-RoCE device with the Linux SRP initiator logged in to both, each job
+//! run on one and right after on the other: the same fio jobs, and the
+//! latency model (QD 1 reads and writes of 512 B to 32 KiB,
+//! with the least-squares fit time = setup + bytes / bandwidth per target).
+//!
 //! ```sh
 //! cargo build --release --bins
 //! cargo run --release -p ferrite-tests --example lab_compare
+//! cargo run --release -p ferrite-tests --example lab_compare -- srp
 //! cargo run --release -p ferrite-tests --example lab_compare -- --from target/release/lab/compare-iscsi
+//! cargo run --release -p ferrite-tests --example lab_compare -- srp --from target/release/lab/compare-srp
 //! ```
 //!
-//! The first form boots the guest (`tests/lab/guest/compare-iscsi.sh`; about
-//! 40 minutes on a 2-core machine, most of it libiscsi under TCG); the second
-//! prints the tables of a run already made. The scenario's knobs pass through
-//! from the environment: `CU_SUITES`, `CU_SUITE_TIMEOUT_S`, `CU_TARGETS`,
-//! `FIO_RUNTIME_S`, `FIO_SIZE_MB`, `FIO_REPS`, `SKIP_FIO`, `SKIP_CU`.
+//! Without `--from` it boots the guest (`tests/lab/guest/compare-iscsi.sh`,
+//! about 25 minutes on a 2-core machine, most of it libiscsi under TCG;
+//! `compare-srp.sh`, about 15); with it, it prints the tables of a run
+//! already made. The scenarios' knobs pass through from the environment:
+//! `CU_SUITES`, `CU_SUITE_TIMEOUT_S`, `CU_TARGETS`, `FIO_RUNTIME_S`,
+//! `FIO_LAT_RUNTIME_S`, `FIO_SIZE_MB`, `FIO_REPS`, `SKIP_FIO`, `SKIP_CU`,
+//! `SRP_OPTS`.
 //!
 //! qemu runs TCG here: absolute figures mean nothing; the ratios between
 //! targets measured in one run do.
@@ -25,15 +35,17 @@ use std::process::Command;
 use ferrite_tests::compare::{self, FIO_JOBS};
 use ferrite_tests::lab::{self, LabOptions};
 
-const PASS_THROUGH: [&str; 8] = [
+const PASS_THROUGH: [&str; 10] = [
     "CU_SUITES",
     "CU_SUITE_TIMEOUT_S",
     "CU_TARGETS",
     "FIO_RUNTIME_S",
+    "FIO_LAT_RUNTIME_S",
     "FIO_SIZE_MB",
     "FIO_REPS",
     "SKIP_FIO",
     "SKIP_CU",
+    "SRP_OPTS",
 ];
 
 fn git(repo: &Path, args: &[&str]) -> String {
@@ -73,6 +85,8 @@ fn loadavg() -> String {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let srp = args.iter().any(|a| a == "srp");
+    let scenario = if srp { "compare-srp" } else { "compare-iscsi" };
     let (out, seconds) = match args.iter().position(|a| a == "--from") {
         Some(i) => {
             let dir = PathBuf::from(args.get(i + 1).expect("--from DIR"));
@@ -90,7 +104,7 @@ fn main() {
                 .collect();
             let load_before = loadavg();
             let run = lab::run(
-                "compare-iscsi",
+                scenario,
                 &LabOptions {
                     mem_mb: 4096,
                     timeout_s: 5400,
@@ -126,7 +140,11 @@ fn main() {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
 
-    println!("# ferrited, LIO and tgtd in one lab guest\n");
+    if srp {
+        println!("# ferrited and LIO over SRP in one lab guest\n");
+    } else {
+        println!("# ferrited, LIO and tgtd in one lab guest\n");
+    }
     println!(
         "Run of {date}: kernel {} under qemu TCG (2 vCPUs), ferrited from {commit}.",
         kernel.trim()
@@ -158,7 +176,29 @@ fn main() {
     }
 
     let fio = compare::read_fio(&out.join("fio"), &["ferrited", "lio"]);
-    if !fio.is_empty() {
+    if srp {
+        if let Some(h) = read("srp-hosts.txt") {
+            println!("What ib_srp negotiated with each:\n\n```\n{}```\n", h);
+        }
+        println!(
+            "## fio over ib_srp on rxe0 (direct I/O, libaio; medians over the rounds, the ratio of each round's pair)\n"
+        );
+        println!("{}", compare::fio_table(&fio, &FIO_JOBS, "ferrited", "lio"));
+        println!("## The latency model: QD 1 random I/O (mean latency, median over the rounds)\n");
+        println!("{}", compare::latency_table(&fio, "ferrited", "lio"));
+        let lat: Vec<String> = compare::latency_jobs(&fio)
+            .into_iter()
+            .map(|j| j.2)
+            .collect();
+        let jobs: Vec<&str> = FIO_JOBS
+            .iter()
+            .copied()
+            .chain(lat.iter().map(String::as_str))
+            .collect();
+        for p in compare::fio_problems(&fio, &jobs, &["ferrited", "lio"]) {
+            println!("- fio problem: {p}");
+        }
+    } else if !fio.is_empty() {
         println!(
             "## fio over open-iscsi (direct I/O, libaio; medians over the rounds, the ratio of each round's pair)\n"
         );

@@ -125,6 +125,8 @@ pub struct FioDir {
     pub iops: f64,
     /// Mean completion latency, µs.
     pub clat_mean_us: f64,
+    /// Mean total latency (submission and completion), µs.
+    pub lat_mean_us: f64,
 }
 
 /// One fio job's terse v3 line.
@@ -139,8 +141,8 @@ pub struct FioTerse {
 
 /// Parses the first terse v3 line of `text` (fields separated by `;`,
 /// the first being `3`): field 5 is the error, 6-8 read KiB, KiB/s and
-/// IOPS, 16 the read completion latency's mean (µs); the write side starts
-/// 41 fields later (47-49, 57).
+/// IOPS, 16 the read completion latency's mean and 40 the total latency's
+/// (µs); the write side starts 41 fields later (47-49, 57, 81).
 pub fn parse_terse(text: &str) -> Option<FioTerse> {
     let line = text.lines().find(|l| l.starts_with("3;"))?;
     let f: Vec<&str> = line.split(';').collect();
@@ -154,6 +156,7 @@ pub fn parse_terse(text: &str) -> Option<FioTerse> {
             bw_kib_s: num(base + 1)?,
             iops: num(base + 2)?,
             clat_mean_us: num(base + 10)?,
+            lat_mean_us: num(base + 34)?,
         })
     };
     Some(FioTerse {
@@ -175,7 +178,7 @@ pub struct FioRuns {
 
 impl FioRuns {
     /// The direction a job measures: reads for `*-read-*`, else writes.
-    fn side(job: &str, t: &FioTerse) -> FioDir {
+    pub fn side(job: &str, t: &FioTerse) -> FioDir {
         if job.contains("read") {
             t.read
         } else {
@@ -200,6 +203,14 @@ impl FioRuns {
             self.rounds
                 .iter()
                 .map(|(_, t)| Self::side(job, t).clat_mean_us),
+        )
+    }
+    /// Median of the mean total latencies, µs.
+    pub fn lat_us(&self, job: &str) -> f64 {
+        median(
+            self.rounds
+                .iter()
+                .map(|(_, t)| Self::side(job, t).lat_mean_us),
         )
     }
     /// IOPS of round `r`, if it produced a result.
@@ -391,6 +402,113 @@ pub fn fio_table(
     s
 }
 
+/// The latency model's jobs (`lat-<read|write>-<bytes>`) found in `fio`:
+/// `(direction, bytes, job)`, in size order.
+pub fn latency_jobs(
+    fio: &BTreeMap<String, BTreeMap<String, FioRuns>>,
+) -> Vec<(String, u64, String)> {
+    let mut v: Vec<(String, u64, String)> = fio
+        .keys()
+        .filter_map(|job| {
+            let rest = job.strip_prefix("lat-")?;
+            let (dir, bytes) = rest.split_once('-')?;
+            Some((dir.to_string(), bytes.parse().ok()?, job.clone()))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// The latency model: per size, the median mean latency of QD 1 reads and
+/// writes on `a` and `b` and their ratio; then per target and direction the
+/// least-squares fit `time = setup + bytes / bandwidth` through every
+/// round's point.
+pub fn latency_table(
+    fio: &BTreeMap<String, BTreeMap<String, FioRuns>>,
+    a: &str,
+    b: &str,
+) -> String {
+    let jobs = latency_jobs(fio);
+    let mut s = format!(
+        "| size | {a} read µs | {b} read µs | {a} / {b} | {a} write µs | {b} write µs | {a} / {b} |\n|---:|---:|---:|---:|---:|---:|---:|\n"
+    );
+    let mut sizes: Vec<u64> = jobs.iter().map(|j| j.1).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let lat = |t: &str, dir: &str, bytes: u64| -> Option<f64> {
+        let job = format!("lat-{dir}-{bytes}");
+        let r = fio.get(&job)?.get(t)?;
+        (!r.rounds.is_empty()).then(|| r.lat_us(&job))
+    };
+    let cell = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.0}"));
+    let ratio = |x: Option<f64>, y: Option<f64>| match (x, y) {
+        (Some(x), Some(y)) if y > 0.0 => format!("{:.2}", x / y),
+        _ => "-".to_string(),
+    };
+    for bytes in &sizes {
+        let size = if *bytes < 1024 {
+            format!("{bytes} B")
+        } else {
+            format!("{} KiB", bytes / 1024)
+        };
+        let (ar, br) = (lat(a, "read", *bytes), lat(b, "read", *bytes));
+        let (aw, bw) = (lat(a, "write", *bytes), lat(b, "write", *bytes));
+        let _ = writeln!(
+            s,
+            "| {size} | {} | {} | {} | {} | {} | {} |",
+            cell(ar),
+            cell(br),
+            ratio(ar, br),
+            cell(aw),
+            cell(bw),
+            ratio(aw, bw)
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nLeast-squares fit time = setup + bytes / bandwidth over every round's mean latency:\n\n| target | direction | setup µs | bandwidth MiB/s | r² |\n|---|---|---:|---:|---:|"
+    );
+    let mut fits = BTreeMap::new();
+    for t in [a, b] {
+        for dir in ["read", "write"] {
+            let points: Vec<(f64, f64)> = jobs
+                .iter()
+                .filter(|j| j.0 == dir)
+                .filter_map(|(_, bytes, job)| Some((*bytes, fio.get(job)?.get(t)?)))
+                .flat_map(|(bytes, r)| {
+                    r.rounds
+                        .iter()
+                        .map(move |(_, x)| (bytes as f64, FioRuns::side(dir, x).lat_mean_us))
+                })
+                .collect();
+            match fit_latency(&points) {
+                Some(f) => {
+                    let _ = writeln!(
+                        s,
+                        "| {t} | {dir} | {:.0} | {:.1} | {:.3} |",
+                        f.setup_us, f.mib_s, f.r2
+                    );
+                    fits.insert((t, dir), f);
+                }
+                None => {
+                    let _ = writeln!(s, "| {t} | {dir} | - | - | - |");
+                }
+            }
+        }
+    }
+    for dir in ["read", "write"] {
+        if let (Some(fa), Some(fb)) = (fits.get(&(a, dir)), fits.get(&(b, dir))) {
+            let _ = writeln!(
+                s,
+                "\n{dir}s: {a}'s setup time is {:.2}x {b}'s, its bandwidth {:.2}x.",
+                fa.setup_us / fb.setup_us,
+                fa.mib_s / fb.mib_s
+            );
+        }
+    }
+    s
+}
+
 /// Every fio problem: jobs without results on a target, rounds that
 /// failed.
 pub fn fio_problems(
@@ -483,6 +601,7 @@ mod tests {
             f[base] = v[1].to_string();
             f[base + 1] = v[2].to_string();
             f[base + 9] = v[3].to_string();
+            f[base + 33] = (v[3] + 5.0).to_string();
         }
         f.join(";")
     }
@@ -501,6 +620,7 @@ mod tests {
         assert_eq!(t.read.bw_kib_s, 50.0);
         assert_eq!(t.read.iops, 12.5);
         assert_eq!(t.read.clat_mean_us, 80.0);
+        assert_eq!(t.read.lat_mean_us, 85.0);
         assert!(parse_terse("fio: something went wrong").is_none());
     }
 
@@ -541,6 +661,48 @@ mod tests {
             &["ferrited", "lio"],
         );
         assert_eq!(p.len(), 4, "{p:?}");
+    }
+
+    #[test]
+    fn latency_model_tables() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let per_byte = 1e6 / (50.0 * (1u64 << 20) as f64); // 50 MiB/s
+        for (t, setup) in [("ferrited", 100.0), ("lio", 200.0)] {
+            for b in [512u64, 4096, 32768] {
+                let us = setup + b as f64 * per_byte;
+                fs::write(
+                    d.path().join(format!("{t}-lat-read-{b}-1.terse")),
+                    terse("x", 0, [1.0, 1.0, 1.0, us - 5.0], [0.0; 4]),
+                )
+                .expect("write");
+            }
+            fs::write(
+                d.path().join(format!("{t}-rand4k-read-qd1-1.terse")),
+                terse(
+                    "x",
+                    0,
+                    [1.0, 1.0, if t == "lio" { 10.0 } else { 5.0 }, 1.0],
+                    [0.0; 4],
+                ),
+            )
+            .expect("write");
+        }
+        let fio = read_fio(d.path(), &["ferrited", "lio"]);
+        assert_eq!(latency_jobs(&fio).len(), 3);
+        let t = latency_table(&fio, "ferrited", "lio");
+        assert!(t.contains("| 512 B | 110 | 210 | 0.52 |"), "{t}");
+        assert!(
+            t.contains("| ferrited | read | 100 | 50.0 | 1.000 |"),
+            "{t}"
+        );
+        assert!(t.contains("| lio | read | 200 | 50.0 | 1.000 |"), "{t}");
+        assert!(t.contains("| ferrited | write | - | - | - |"), "{t}");
+        assert!(
+            t.contains("reads: ferrited's setup time is 0.50x lio's, its bandwidth 1.00x."),
+            "{t}"
+        );
+        let f = fio_table(&fio, &["rand4k-read-qd1"], "ferrited", "lio");
+        assert!(f.contains("| 0.50 | 0.50-0.50 (1) |"), "{f}");
     }
 
     #[test]
