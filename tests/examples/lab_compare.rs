@@ -18,8 +18,8 @@
 //! ```
 //!
 //! Without `--from` it boots the guest (`tests/lab/guest/compare-iscsi.sh`,
-//! about 25 minutes on a 2-core machine, most of it libiscsi under TCG;
-//! `compare-srp.sh`, about 15); with it, it prints the tables of a run
+//! 19 to 25 minutes on a 2-core machine, most of it libiscsi under TCG;
+//! `compare-srp.sh`, about 9); with it, it prints the tables of a run
 //! already made. The scenarios' knobs pass through from the environment:
 //! `CU_SUITES`, `CU_SUITE_TIMEOUT_S`, `CU_TARGETS`, `FIO_RUNTIME_S`,
 //! `FIO_LAT_RUNTIME_S`, `FIO_SIZE_MB`, `FIO_REPS`, `SKIP_FIO`, `SKIP_CU`,

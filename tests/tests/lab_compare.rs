@@ -1,9 +1,10 @@
 //! ferrited beside LIO in one guest of the kernel lab
 //! (`tests/lab/guest/compare-iscsi.sh`, [`ferrite_tests::compare`]), on a
-//! subset of libiscsi's suites and with short fio rounds, so that it fits in
-//! CI (about 5 minutes here); the whole suite against ferrited, LIO and tgtd,
-//! with longer fio rounds, runs in the `lab_compare` example (about 25
-//! minutes), whose tables docs/conformance.md keeps.
+//! subset of libiscsi's suites and with short fio rounds, so that it fits
+//! in CI (3 minutes here on a quiet host, up to 8 on a busy one); the whole
+//! suite against ferrited, LIO and tgtd, with longer fio rounds, runs in the
+//! `lab_compare` example (about 20 minutes), whose tables
+//! docs/conformance.md keeps.
 //!
 //! What must hold for ferrited in that run: no libiscsi failure on its LU
 //! (no failed test, no test without a verdict, no suite killed by its time
