@@ -4,9 +4,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
+mod srp_util;
+
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ferrite_iscsi::initiator::{
@@ -16,21 +17,13 @@ use ferrite_rdma::soft::{SoftAddr, SoftCq, SoftDevice};
 use ferrite_scsi::Lun;
 use ferrite_srp::initiator::{self, Completed, InitError, Initiator, InitiatorConfig, Layout};
 use ferrite_srp::iu::{self, RspCode, TskFunc};
-use ferrite_tests::{Ferrited, Options, free_port, run_with_timeout};
+use ferrite_tests::{Ferrited, Options, free_port};
+use srp_util::{clear_ua, ctl, pattern, port_id_of, rw};
 
 const IQN: &str = "iqn.2026-11.org.ferrite:srp-e2e";
 const PORT_ID: &str = "0x66657272697465207372702070307430";
 const BS: usize = 512;
 const DISK: u64 = 64 << 20;
-
-fn port_id() -> [u8; 16] {
-    let h = PORT_ID.trim_start_matches("0x");
-    let mut out = [0u8; 16];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = u8::from_str_radix(&h[2 * i..2 * i + 2], 16).unwrap();
-    }
-    out
-}
 
 struct Rig {
     f: Ferrited,
@@ -96,7 +89,7 @@ fn srp_login(sock: &Path, ini_id: u8) -> Srp {
         let cq = SoftCq::new().unwrap();
         let cfg = InitiatorConfig {
             initiator_port_id: [ini_id; 16],
-            target_port_id: port_id(),
+            target_port_id: port_id_of(PORT_ID),
             recv_count: 160,
             ..InitiatorConfig::default()
         };
@@ -109,20 +102,6 @@ fn srp_login(sock: &Path, ini_id: u8) -> Srp {
             Err(e) => panic!("SRP login to {}: {e}", sock.display()),
         }
     }
-}
-
-/// Takes the unit attentions a new nexus starts with.
-fn clear_ua(s: &mut Srp) {
-    for _ in 0..8 {
-        let c = s
-            .ini
-            .command(Lun(0), &[0u8; 6], None, 0, Layout::default())
-            .unwrap();
-        if c.rsp.status == 0 {
-            return;
-        }
-    }
-    panic!("unit attentions never cleared");
 }
 
 fn iscsi_login(f: &Ferrited) -> IscsiIni<TcpStream> {
@@ -150,43 +129,12 @@ fn iscsi_login(f: &Ferrited) -> IscsiIni<TcpStream> {
     panic!("iSCSI unit attentions never cleared");
 }
 
-fn rw(op: u8, lba: u64, blocks: u32) -> Vec<u8> {
-    let mut c = vec![0u8; 16];
-    c[0] = op;
-    c[2..10].copy_from_slice(&lba.to_be_bytes());
-    c[10..14].copy_from_slice(&blocks.to_be_bytes());
-    c
-}
-
 fn rw10(op: u8, lba: u32, blocks: u16) -> Vec<u8> {
     let mut c = vec![0u8; 10];
     c[0] = op;
     c[2..6].copy_from_slice(&lba.to_be_bytes());
     c[7..9].copy_from_slice(&blocks.to_be_bytes());
     c
-}
-
-fn pattern(seed: u32, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 13) as u8)
-        .collect()
-}
-
-fn ctl(f: &Ferrited, args: &[&str]) -> String {
-    let exe = ferrite_tests::ferrited_path().with_file_name("ferritectl");
-    let out = run_with_timeout(
-        Command::new(exe)
-            .arg("--socket")
-            .arg(f.control())
-            .args(args),
-        Duration::from_secs(30),
-    );
-    assert!(
-        out.status.success(),
-        "ferritectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 #[test]
@@ -244,7 +192,7 @@ fn reads_and_writes_verify_with_direct_and_indirect_descriptors() {
     let r = rig(None);
     let mut s = srp_login(&r.sock, 1);
     assert_eq!(s.ini.login_rsp.req_lim_delta, 128);
-    clear_ua(&mut s);
+    clear_ua(&mut s.ini);
     let layouts = [
         Layout {
             segments: 1,
@@ -293,7 +241,7 @@ fn reads_and_writes_verify_with_direct_and_indirect_descriptors() {
 fn queue_depth_128_never_overruns_credits() {
     let r = rig(None);
     let mut s = srp_login(&r.sock, 2);
-    clear_ua(&mut s);
+    clear_ua(&mut s.ini);
     let credits = s.ini.credits();
     assert_eq!(credits, 128);
     let mut tags = std::collections::VecDeque::new();
@@ -359,7 +307,7 @@ const SLOW: &str = r#"{"rules": [{"op": "write", "lba": 8192, "blocks": 1024, "d
 fn abort_task_and_lun_reset_with_commands_in_flight() {
     let r = rig(Some(SLOW));
     let mut s = srp_login(&r.sock, 3);
-    clear_ua(&mut s);
+    clear_ua(&mut s.ini);
     // ABORT TASK of one slow write.
     let victim = s
         .ini
@@ -411,7 +359,7 @@ fn abort_task_and_lun_reset_with_commands_in_flight() {
         assert!(!s.ini.has_response(*t), "a reset command answered");
     }
     // The channel goes on: the reset raised a unit attention, then I/O works.
-    clear_ua(&mut s);
+    clear_ua(&mut s.ini);
     let c = s
         .ini
         .command(Lun(0), &rw(0x88, 0, 8), None, 4096, Layout::default())
@@ -424,7 +372,7 @@ fn abort_task_and_lun_reset_with_commands_in_flight() {
 fn resize_sends_an_aer_and_logout_reconnect_works() {
     let r = rig(None);
     let mut s = srp_login(&r.sock, 4);
-    clear_ua(&mut s);
+    clear_ua(&mut s.ini);
     ctl(
         &r.f,
         &["set", "/devices/disk0/size", &(DISK * 2).to_string()],
@@ -477,7 +425,7 @@ fn resize_sends_an_aer_and_logout_reconnect_works() {
     s.ini.logout().unwrap();
     for _ in 0..3 {
         let mut s2 = srp_login(&r.sock, 4);
-        clear_ua(&mut s2);
+        clear_ua(&mut s2.ini);
         let rd = s2
             .ini
             .command(Lun(0), &rw10(0x28, 100, 16), None, 8192, Layout::default())
@@ -526,7 +474,7 @@ type Case = (&'static str, Vec<u8>, u32, Option<Vec<u8>>);
 fn scsi_conformance_cases_answer_the_same_over_iscsi_and_srp() {
     let r = rig(None);
     let mut s = srp_login(&r.sock, 5);
-    clear_ua(&mut s);
+    clear_ua(&mut s.ini);
     let mut i = iscsi_login(&r.f);
     let blocks = DISK / BS as u64;
     let block = pattern(77, BS);
@@ -716,9 +664,9 @@ fn scsi_conformance_cases_answer_the_same_over_iscsi_and_srp() {
 fn bad_rkey_fails_the_channel_and_spares_another() {
     let r = rig(None);
     let mut good = srp_login(&r.sock, 6);
-    clear_ua(&mut good);
+    clear_ua(&mut good.ini);
     let mut bad = srp_login(&r.sock, 7);
-    clear_ua(&mut bad);
+    clear_ua(&mut bad.ini);
     // A WRITE whose data-out descriptor names memory under an rkey that
     // the initiator never registered.
     let tag = bad
@@ -793,7 +741,7 @@ fn bad_rkey_fails_the_channel_and_spares_another() {
 fn dropped_connection_mid_transfer_frees_everything_and_acks_nothing() {
     let r = rig(None);
     let mut s = srp_login(&r.sock, 8);
-    clear_ua(&mut s);
+    clear_ua(&mut s.ini);
     // Many 1 MiB writes in flight, then the initiator vanishes (its queue
     // pair is dropped: a disconnect with no logout).
     let mut tags = Vec::new();
@@ -859,7 +807,7 @@ fn dropped_connection_mid_transfer_frees_everything_and_acks_nothing() {
     // a dropped channel are all freed.
     let drop_cycle = |round: u32| {
         let mut t = srp_login(&r.sock, 9);
-        clear_ua(&mut t);
+        clear_ua(&mut t.ini);
         let mut first = None;
         for k in 0..16u64 {
             let tag = t
@@ -911,7 +859,7 @@ fn dropped_connection_mid_transfer_frees_everything_and_acks_nothing() {
         "ferrited grew from {rss0} KiB to {rss1} KiB over 16 dropped channels"
     );
     let mut t = srp_login(&r.sock, 10);
-    clear_ua(&mut t);
+    clear_ua(&mut t.ini);
     // Every block the dropped channel touched holds either its old data
     // (zeros) or the complete new data of its command, and every
     // acknowledged write is complete.

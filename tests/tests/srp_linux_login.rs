@@ -7,8 +7,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
+mod srp_util;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ferrite_rdma::RdmaError;
@@ -16,22 +17,14 @@ use ferrite_rdma::soft::{QpAttrs, SoftAddr, SoftCq, SoftDevice, SoftQp};
 use ferrite_scsi::Lun;
 use ferrite_srp::initiator::{self, InitError, Initiator, InitiatorConfig, Layout};
 use ferrite_srp::iu::{self, LoginLayout, LoginRejReason};
-use ferrite_tests::{Ferrited, Options, free_port, run_with_timeout};
+use ferrite_tests::{Ferrited, Options, free_port};
+use srp_util::{clear_ua, ctl, pattern, port_id_of, rw};
 
 const PORT_ID: &str = "0x66657272697465207372702070307430";
 const BS: usize = 512;
 /// What ib_srp asks for by default: an 8 KiB immediate data payload behind
 /// a 68-byte SRP_CMD.
 const LINUX_IT_IU_LEN: u32 = 68 + 8192;
-
-fn port_id() -> [u8; 16] {
-    let h = PORT_ID.trim_start_matches("0x");
-    let mut out = [0u8; 16];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = u8::from_str_radix(&h[2 * i..2 * i + 2], 16).unwrap();
-    }
-    out
-}
 
 struct Rig {
     f: Ferrited,
@@ -93,7 +86,7 @@ struct Srp {
 fn linux_cfg(ini_id: u8) -> InitiatorConfig {
     InitiatorConfig {
         initiator_port_id: [ini_id; 16],
-        target_port_id: port_id(),
+        target_port_id: port_id_of(PORT_ID),
         recv_count: 160,
         max_it_iu_len: LINUX_IT_IU_LEN,
         login_layout: LoginLayout::RdmaCm,
@@ -182,33 +175,6 @@ fn check(
     );
 }
 
-fn clear_ua(s: &mut Srp) {
-    for _ in 0..8 {
-        let c = s
-            .ini
-            .command(Lun(0), &[0u8; 6], None, 0, Layout::default())
-            .unwrap();
-        if c.rsp.status == 0 {
-            return;
-        }
-    }
-    panic!("unit attentions never cleared");
-}
-
-fn rw(op: u8, lba: u64, blocks: u32) -> Vec<u8> {
-    let mut c = vec![0u8; 16];
-    c[0] = op;
-    c[2..10].copy_from_slice(&lba.to_be_bytes());
-    c[10..14].copy_from_slice(&blocks.to_be_bytes());
-    c
-}
-
-fn pattern(seed: u32, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 13) as u8)
-        .collect()
-}
-
 fn write(s: &mut Srp, lba: u64, data: &[u8]) {
     let c = s
         .ini
@@ -236,23 +202,6 @@ fn read(s: &mut Srp, lba: u64, len: usize) -> Vec<u8> {
         .unwrap();
     assert_eq!(c.rsp.status, 0, "READ(16) at {lba}: {:?}", c.rsp);
     c.data
-}
-
-fn ctl(f: &Ferrited, args: &[&str]) -> String {
-    let exe = ferrite_tests::ferrited_path().with_file_name("ferritectl");
-    let out = run_with_timeout(
-        Command::new(exe)
-            .arg("--socket")
-            .arg(f.control())
-            .args(args),
-        Duration::from_secs(30),
-    );
-    assert!(
-        out.status.success(),
-        "ferritectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Waits until ferrited's log holds `n` lines containing `what`.
@@ -283,7 +232,7 @@ fn rdma_cm_login_with_immediate_data_and_two_channels() {
     assert_eq!(rsp.max_it_iu_len, LINUX_IT_IU_LEN, "the IU length echoed");
     assert_eq!(rsp.req_lim_delta, 128);
     assert_eq!(a.ini.immediate_data(), Some((68, 8192)));
-    clear_ua(&mut a);
+    clear_ua(&mut a.ini);
     // Writes that fit in the SRP_CMD carry their data in it; larger ones
     // go by RDMA READ; both read back.
     let mut lba = 0u64;
@@ -366,7 +315,7 @@ fn rdma_cm_login_with_immediate_data_and_two_channels() {
     );
     assert_eq!(c.ini.login_rsp.rsp_flags, iu::LOGIN_RSP_NO_CHANNEL);
     assert_eq!(c.ini.immediate_data(), None);
-    clear_ua(&mut c);
+    clear_ua(&mut c.ini);
     write(&mut c, 30_000, &data);
     assert_eq!(c.ini.immediate_writes, 0);
     assert_eq!(read(&mut b, 30_000, 8192), data);
@@ -390,7 +339,7 @@ fn every_refused_login_gets_its_srp_reason_and_a_log_line() {
     let sock = &r.sock;
     // A good login first: the port is up.
     let mut good = login(sock, linux_cfg(0x01));
-    clear_ua(&mut good);
+    clear_ua(&mut good.ini);
     let mut req = linux_cfg(0x02).login_req();
     req.tag = 0x5152_5354_5556_5758;
     // Refusals so far, which is also their number in ferrited's log.
@@ -503,7 +452,7 @@ fn every_refused_login_gets_its_srp_reason_and_a_log_line() {
             Err(e) => panic!("{e}"),
         }
     };
-    clear_ua(&mut again);
+    clear_ua(&mut again.ini);
     let data = pattern(5, 8192);
     write(&mut again, 0, &data);
     assert_eq!(read(&mut again, 0, 8192), data);
@@ -513,7 +462,7 @@ fn every_refused_login_gets_its_srp_reason_and_a_log_line() {
 fn a_channel_lost_mid_transfer_leaves_acknowledged_writes_and_the_other_channel_going() {
     let r = rig();
     let mut a = login(&r.sock, linux_cfg(0xc7));
-    clear_ua(&mut a);
+    clear_ua(&mut a.ini);
     let mut b = login(
         &r.sock,
         InitiatorConfig {
@@ -635,7 +584,7 @@ const SLOW: &str = r#"{"rules": [{"op": "write", "lba": 8192, "blocks": 1024, "d
 fn a_lun_reset_on_one_channel_ends_the_other_channels_tasks_and_returns_their_credits() {
     let r = rig_with(Some(SLOW));
     let mut a = login(&r.sock, linux_cfg(0xd1));
-    clear_ua(&mut a);
+    clear_ua(&mut a.ini);
     let mut b = login(
         &r.sock,
         InitiatorConfig {

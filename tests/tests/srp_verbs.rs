@@ -12,6 +12,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
+mod srp_util;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,18 +23,10 @@ use ferrite_scsi::Lun;
 use ferrite_srp::initiator::{self, InitError, Initiator, InitiatorConfig, Layout};
 use ferrite_srp::iu::{self, LoginLayout};
 use ferrite_tests::{Ferrited, free_port};
+use srp_util::{clear_ua, pattern, port_id_of, rw};
 
 const PORT_ID: &str = "0x66657272697465207672627320703030";
 const BS: usize = 512;
-
-fn port_id() -> [u8; 16] {
-    let h = PORT_ID.trim_start_matches("0x");
-    let mut out = [0u8; 16];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = u8::from_str_radix(&h[2 * i..2 * i + 2], 16).unwrap();
-    }
-    out
-}
 
 /// The device and address from `FERRITE_SRP_VERBS`, if set.
 fn device() -> Option<(String, String)> {
@@ -89,7 +83,7 @@ fn rig(dev: &str, ip: &str) -> Rig {
 fn linux_cfg(ini_id: u8) -> InitiatorConfig {
     InitiatorConfig {
         initiator_port_id: [ini_id; 16],
-        target_port_id: port_id(),
+        target_port_id: port_id_of(PORT_ID),
         recv_count: 160,
         max_it_iu_len: 68 + 8192,
         login_layout: LoginLayout::RdmaCm,
@@ -126,33 +120,6 @@ fn login(r: &Rig, cfg: InitiatorConfig) -> Verbs {
     }
 }
 
-fn rw(op: u8, lba: u64, blocks: u32) -> Vec<u8> {
-    let mut c = vec![0u8; 16];
-    c[0] = op;
-    c[2..10].copy_from_slice(&lba.to_be_bytes());
-    c[10..14].copy_from_slice(&blocks.to_be_bytes());
-    c
-}
-
-fn pattern(seed: u32, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 13) as u8)
-        .collect()
-}
-
-fn clear_ua(v: &mut Verbs) {
-    for _ in 0..8 {
-        let c = v
-            .ini
-            .command(Lun(0), &[0u8; 6], None, 0, Layout::default())
-            .unwrap();
-        if c.rsp.status == 0 {
-            return;
-        }
-    }
-    panic!("unit attentions never cleared");
-}
-
 #[test]
 fn linux_style_login_and_verified_io_over_rdma_cm() {
     let Some((dev, ip)) = device() else {
@@ -168,7 +135,7 @@ fn linux_style_login_and_verified_io_over_rdma_cm() {
     );
     assert_eq!(rsp.max_it_iu_len, 68 + 8192);
     assert_eq!(a.ini.immediate_data(), Some((68, 8192)));
-    clear_ua(&mut a);
+    clear_ua(&mut a.ini);
     let layouts = [
         Layout {
             segments: 1,
@@ -310,5 +277,5 @@ fn refusals_reach_the_initiator_through_rdma_cm() {
     assert!(log.contains("IU length 1048644 is above"), "{log}");
     // And a good login still goes through.
     let mut ok = login(&r, linux_cfg(0x41));
-    clear_ua(&mut ok);
+    clear_ua(&mut ok.ini);
 }
