@@ -201,6 +201,31 @@ impl Ferrited {
         }
     }
 
+    /// Runs `ferritectl ARGS` against this ferrited's control socket
+    /// (bounded to 30 s) and returns its output, whatever its status.
+    pub fn ctl_output(&self, args: &[&str]) -> Output {
+        run_with_timeout(
+            Command::new(ferrited_path().with_file_name("ferritectl"))
+                .arg("--socket")
+                .arg(self.control())
+                .args(args),
+            Duration::from_secs(30),
+        )
+    }
+
+    /// Runs `ferritectl ARGS` and returns what it printed; fails the test
+    /// with ferritectl's output if it fails.
+    pub fn ctl(&self, args: &[&str]) -> String {
+        let out = self.ctl_output(args);
+        assert!(
+            out.status.success(),
+            "ferritectl {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// Everything ferrited logged so far.
     pub fn log_text(&self) -> String {
         self.log.lock().map(|l| l.join("\n")).unwrap_or_default()

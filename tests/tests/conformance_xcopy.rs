@@ -57,26 +57,9 @@ fn sha256(data: &[u8]) -> String {
         .to_string()
 }
 
-fn ferritectl(f: &Ferrited, args: &[&str]) -> String {
-    let exe = ferrite_tests::ferrited_path().with_file_name("ferritectl");
-    let out = run_with_timeout(
-        Process::new(exe)
-            .arg("--socket")
-            .arg(f.control())
-            .args(args),
-        Duration::from_secs(30),
-    );
-    assert!(
-        out.status.success(),
-        "ferritectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// A counter of `ferritectl get /devices/<dev>/stats`.
 fn stat(f: &Ferrited, dev: &str, name: &str) -> u64 {
-    let text = ferritectl(f, &["get", &format!("/devices/{dev}/stats")]);
+    let text = f.ctl(&["get", &format!("/devices/{dev}/stats")]);
     text.lines()
         .find_map(|l| {
             let mut w = l.split_whitespace();

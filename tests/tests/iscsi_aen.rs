@@ -8,30 +8,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
-use std::process::Command as Proc;
 use std::time::{Duration, Instant};
 
 use ferrite_iscsi::initiator::{Command, InitiatorConfig, connect};
 use ferrite_iscsi::pdu::Opcode;
-use ferrite_tests::{Ferrited, ferrited_path, run_with_timeout};
+use ferrite_tests::Ferrited;
 
 const IQN: &str = "iqn.2026-11.org.ferrite:default";
-
-fn ctl(f: &Ferrited, args: &[&str]) {
-    let out = run_with_timeout(
-        Proc::new(ferrited_path().with_file_name("ferritectl"))
-            .arg("--socket")
-            .arg(f.control())
-            .args(args),
-        Duration::from_secs(30),
-    );
-    assert!(
-        out.status.success(),
-        "ferritectl {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 #[test]
 fn lun_added_live_is_announced_by_an_async_message() {
@@ -56,18 +39,12 @@ fn lun_added_live_is_announced_by_an_async_message() {
     });
     assert!(i.async_msgs.is_empty());
 
-    ctl(
-        &f,
-        &[
-            "do",
-            "/handlers/vdisk_nullio/mgmt",
-            "add_device n1 size=16M",
-        ],
-    );
-    ctl(
-        &f,
-        &["do", &format!("/targets/iscsi/{IQN}/luns/mgmt"), "add n1 1"],
-    );
+    f.ctl(&[
+        "do",
+        "/handlers/vdisk_nullio/mgmt",
+        "add_device n1 size=16M",
+    ]);
+    f.ctl(&["do", &format!("/targets/iscsi/{IQN}/luns/mgmt"), "add n1 1"]);
 
     // NOP-Out pings let the initiator read what the target sent meanwhile.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -129,7 +106,7 @@ fn target_disable_and_shutdown_announce_the_drop() {
     let mut i = logged_in(&f, "disable");
     // The logout window is the login timeout (15 s by default).
     i.t.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    ctl(&f, &["set", &format!("/targets/iscsi/{IQN}/enabled"), "0"]);
+    f.ctl(&["set", &format!("/targets/iscsi/{IQN}/enabled"), "0"]);
     // This initiator ignores the request: the target drops it when the
     // window closes, and says so.
     let ev = async_events_until_close(&mut i);
@@ -142,7 +119,7 @@ fn target_disable_and_shutdown_announce_the_drop() {
         "target disable: a logout request (AsyncEvent 1), then the drop (3): {ev:?}"
     );
 
-    ctl(&f, &["set", &format!("/targets/iscsi/{IQN}/enabled"), "1"]);
+    f.ctl(&["set", &format!("/targets/iscsi/{IQN}/enabled"), "1"]);
     let mut i = logged_in(&f, "shutdown");
     assert!(f.stop(), "ferrited did not stop");
     let ev = async_events_until_close(&mut i);
@@ -177,22 +154,16 @@ fn lun_resized_live_is_announced_by_an_async_message() {
         .set_len(8 * MIB)
         .unwrap();
     let f = Ferrited::start_default(dir.path());
-    ctl(
-        &f,
-        &[
-            "do",
-            "/handlers/vdisk_fileio/mgmt",
-            &format!("add_device grow filename={}", img.display()),
-        ],
-    );
-    ctl(
-        &f,
-        &[
-            "do",
-            &format!("/targets/iscsi/{IQN}/luns/mgmt"),
-            "add grow 1",
-        ],
-    );
+    f.ctl(&[
+        "do",
+        "/handlers/vdisk_fileio/mgmt",
+        &format!("add_device grow filename={}", img.display()),
+    ]);
+    f.ctl(&[
+        "do",
+        &format!("/targets/iscsi/{IQN}/luns/mgmt"),
+        "add grow 1",
+    ]);
     let mut i = logged_in(&f, "resize-aen");
     let tur = [0u8; 6];
     let lun1 = 1u64 << 48;
@@ -208,7 +179,7 @@ fn lun_resized_live_is_announced_by_an_async_message() {
     i.nop(b"settle", false).expect("NOP-Out");
     assert!(i.async_msgs.is_empty(), "an event before the resize");
 
-    ctl(&f, &["set", "/devices/grow/size", &(24 * MIB).to_string()]);
+    f.ctl(&["set", "/devices/grow/size", &(24 * MIB).to_string()]);
     wait_async(&f, &mut i);
     let m = &i.async_msgs[0];
     let b = m.bhs();

@@ -420,21 +420,6 @@ fn a_login_with_a_cid_in_use_replaces_that_connection() {
     assert!(sessions(&f).contains(name));
 }
 
-fn ctl(f: &Ferrited, args: &[&str]) {
-    let out = run_with_timeout(
-        Proc::new(ferrited_path().with_file_name("ferritectl"))
-            .arg("--socket")
-            .arg(f.control())
-            .args(args),
-        Duration::from_secs(30),
-    );
-    assert!(
-        out.status.success(),
-        "ferritectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[test]
 fn an_aen_goes_out_on_one_connection_of_the_session() {
     let dir = tempfile::tempdir().unwrap();
@@ -442,18 +427,12 @@ fn an_aen_goes_out_on_one_connection_of_the_session() {
     let mut lead = leading(&f, "iqn.2026-11.org.ferrite.test:mcs-aen");
     clear_ua(&mut lead);
     let mut other = more(&f, &mut lead, 1);
-    ctl(
-        &f,
-        &[
-            "do",
-            "/handlers/vdisk_nullio/mgmt",
-            "add_device n1 size=16M",
-        ],
-    );
-    ctl(
-        &f,
-        &["do", &format!("/targets/iscsi/{IQN}/luns/mgmt"), "add n1 1"],
-    );
+    f.ctl(&[
+        "do",
+        "/handlers/vdisk_nullio/mgmt",
+        "add_device n1 size=16M",
+    ]);
+    f.ctl(&["do", &format!("/targets/iscsi/{IQN}/luns/mgmt"), "add n1 1"]);
     // NOP-Out pings on both connections read what the target sent.
     let deadline = Instant::now() + Duration::from_secs(10);
     while lead.async_msgs.is_empty() && other.async_msgs.is_empty() {

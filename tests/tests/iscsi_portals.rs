@@ -124,23 +124,6 @@ fn ipv4_and_ipv6_portals_are_reported_with_their_tpgt() {
     }
 }
 
-/// The ferritectl binary built beside ferrited, run against `f`.
-fn ctl(f: &ferrite_tests::Ferrited, args: &[&str]) {
-    let out = ferrite_tests::run_with_timeout(
-        Command::new(ferrited_path().with_file_name("ferritectl"))
-            .arg("--socket")
-            .arg(f.control())
-            .args(args),
-        Duration::from_secs(30),
-    );
-    assert!(
-        out.status.success(),
-        "ferritectl {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// A normal session of `initiator` to `target` through `addr`.
 fn login(
     addr: SocketAddr,
@@ -208,14 +191,11 @@ fn a_portal_taken_from_a_target_ends_its_sessions_there() {
     let mut goes = login(a2, A, "goes").expect("login to A through its second portal");
     assert!(tur_ok(&mut stays) && tur_ok(&mut goes));
 
-    ctl(
-        &f,
-        &[
-            "set",
-            &format!("/targets/iscsi/{A}/portals"),
-            &a1.to_string(),
-        ],
-    );
+    f.ctl(&[
+        "set",
+        &format!("/targets/iscsi/{A}/portals"),
+        &a1.to_string(),
+    ]);
     // The session through the removed portal is told, then closed.
     goes.t
         .set_read_timeout(Some(Duration::from_secs(30)))
@@ -264,14 +244,11 @@ fn a_portal_taken_from_a_target_ends_its_sessions_there() {
     assert!(log.contains("portal removed from the target"), "{log}");
 
     // Given back, the portal takes A's logins again.
-    ctl(
-        &f,
-        &[
-            "set",
-            &format!("/targets/iscsi/{A}/portals"),
-            &format!("{a1} {a2}"),
-        ],
-    );
+    f.ctl(&[
+        "set",
+        &format!("/targets/iscsi/{A}/portals"),
+        &format!("{a1} {a2}"),
+    ]);
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut back = loop {
         match login(a2, A, "back") {

@@ -18,7 +18,7 @@ use ferrite_scsi::Lun;
 use ferrite_srp::initiator::{self, Completed, InitError, Initiator, InitiatorConfig, Layout};
 use ferrite_srp::iu::{self, RspCode, TskFunc};
 use ferrite_tests::{Ferrited, Options, free_port};
-use srp_util::{clear_ua, ctl, pattern, port_id_of, rw};
+use srp_util::{clear_ua, pattern, port_id_of, rw};
 
 const IQN: &str = "iqn.2026-11.org.ferrite:srp-e2e";
 const PORT_ID: &str = "0x66657272697465207372702070307430";
@@ -373,10 +373,7 @@ fn resize_sends_an_aer_and_logout_reconnect_works() {
     let r = rig(None);
     let mut s = srp_login(&r.sock, 4);
     clear_ua(&mut s.ini);
-    ctl(
-        &r.f,
-        &["set", "/devices/disk0/size", &(DISK * 2).to_string()],
-    );
+    r.f.ctl(&["set", "/devices/disk0/size", &(DISK * 2).to_string()]);
     let deadline = Instant::now() + Duration::from_secs(10);
     while s.ini.aens.is_empty() && Instant::now() < deadline {
         let _ = s.ini.progress(Instant::now() + Duration::from_millis(100));

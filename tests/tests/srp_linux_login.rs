@@ -18,7 +18,7 @@ use ferrite_scsi::Lun;
 use ferrite_srp::initiator::{self, InitError, Initiator, InitiatorConfig, Layout};
 use ferrite_srp::iu::{self, LoginLayout, LoginRejReason};
 use ferrite_tests::{Ferrited, Options, free_port};
-use srp_util::{clear_ua, ctl, pattern, port_id_of, rw};
+use srp_util::{clear_ua, pattern, port_id_of, rw};
 
 const PORT_ID: &str = "0x66657272697465207372702070307430";
 const BS: usize = 512;
@@ -299,7 +299,7 @@ fn rdma_cm_login_with_immediate_data_and_two_channels() {
     write(&mut b, 20_000, &data);
     assert_eq!(read(&mut a, 20_000, 8192), data);
     assert!(b.ini.immediate_writes > 0);
-    let s = ctl(&r.f, &["sessions"]);
+    let s = r.f.ctl(&["sessions"]);
     let line = s.lines().find(|l| l.starts_with("srp ")).unwrap_or("");
     assert!(line.contains("channels=2"), "{s}");
 
@@ -426,7 +426,7 @@ fn every_refused_login_gets_its_srp_reason_and_a_log_line() {
         "MULTI-CHANNEL ACTION 3 is reserved",
     );
     // A disabled port takes no login; enabled again, it does.
-    ctl(&r.f, &["set", "/targets/srp/srp0/enabled", "0"]);
+    r.f.ctl(&["set", "/targets/srp/srp0/enabled", "0"]);
     let deadline = Instant::now() + Duration::from_secs(10);
     let rej = loop {
         // Until the cores have the new snapshot, logins are still taken.
@@ -443,7 +443,7 @@ fn every_refused_login_gets_its_srp_reason_and_a_log_line() {
         "target port disabled",
     );
     assert_eq!(n, 9);
-    ctl(&r.f, &["set", "/targets/srp/srp0/enabled", "1"]);
+    r.f.ctl(&["set", "/targets/srp/srp0/enabled", "1"]);
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut again = loop {
         match try_login(sock, linux_cfg(0x02)) {
@@ -542,7 +542,7 @@ fn a_channel_lost_mid_transfer_leaves_acknowledged_writes_and_the_other_channel_
         write(&mut b, 65536 + k * 16, &pattern(k as u32 + 2000, 8192));
     }
     assert!(b.ini.closed().is_none(), "B was closed with A");
-    let s = ctl(&r.f, &["sessions"]);
+    let s = r.f.ctl(&["sessions"]);
     let line = s.lines().find(|l| l.starts_with("srp ")).unwrap_or("");
     assert!(
         line.contains("channels=1"),

@@ -6,14 +6,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ferrite_rdma::soft::{SoftAddr, SoftCq, SoftDevice};
 use ferrite_scsi::Lun;
 use ferrite_srp::initiator::{self, InitError, Initiator, InitiatorConfig, Layout};
 use ferrite_srp::iu;
-use ferrite_tests::{Ferrited, Options, free_port, run_with_timeout};
+use ferrite_tests::{Ferrited, Options, free_port};
 
 const IQN: &str = "iqn.2026-11.org.ferrite:srp-mgmt";
 const PORT_ID: &str = "0x66657272697465206d676d7420703100";
@@ -75,30 +74,9 @@ fn rig_with(srp: &str, args: &[&str]) -> Rig {
     Rig { f, dir }
 }
 
-fn ctl_raw(f: &Ferrited, args: &[&str]) -> std::process::Output {
-    let exe = ferrite_tests::ferrited_path().with_file_name("ferritectl");
-    run_with_timeout(
-        Command::new(exe)
-            .arg("--socket")
-            .arg(f.control())
-            .args(args),
-        Duration::from_secs(30),
-    )
-}
-
-fn ctl(f: &Ferrited, args: &[&str]) -> String {
-    let out = ctl_raw(f, args);
-    assert!(
-        out.status.success(),
-        "ferritectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// The `srp ...` lines of `ferritectl sessions`.
 fn srp_sessions(f: &Ferrited) -> Vec<String> {
-    ctl(f, &["sessions"])
+    f.ctl(&["sessions"])
         .lines()
         .filter(|l| l.starts_with("srp "))
         .map(str::to_string)
@@ -272,24 +250,21 @@ fn ports_maps_and_groups_change_while_running() {
     let r = rig("");
     let f = &r.f;
     let sock: PathBuf = r.dir.path().join("p1.sock");
-    assert!(ctl(f, &["ls", "/targets/srp"]).contains("mgmt"));
+    assert!(f.ctl(&["ls", "/targets/srp"]).contains("mgmt"));
 
     // A port added while running listens at once, disabled.
-    ctl(
-        f,
-        &[
-            "do",
-            "/targets/srp/mgmt",
-            "add_target",
-            "p1",
-            &format!("listen={}", sock.display()),
-            &format!("port_id={PORT_ID}"),
-        ],
-    );
-    assert!(ctl(f, &["ls", "/targets/srp"]).contains("p1/"));
+    f.ctl(&[
+        "do",
+        "/targets/srp/mgmt",
+        "add_target",
+        "p1",
+        &format!("listen={}", sock.display()),
+        &format!("port_id={PORT_ID}"),
+    ]);
+    assert!(f.ctl(&["ls", "/targets/srp"]).contains("p1/"));
     assert!(sock.exists(), "the new port listens");
     assert_eq!(
-        ctl(f, &["get", "/targets/srp/p1/enabled"]).lines().next(),
+        f.ctl(&["get", "/targets/srp/p1/enabled"]).lines().next(),
         Some("0")
     );
     match try_login(&sock, 0xa1, false, 0x1000) {
@@ -299,20 +274,17 @@ fn ports_maps_and_groups_change_while_running() {
         other => panic!("a disabled port must refuse the login: {:?}", other.err()),
     }
     // A second port on the same endpoint is refused by validation.
-    let dup = ctl_raw(
-        f,
-        &[
-            "do",
-            "/targets/srp/mgmt",
-            "add_target",
-            "p2",
-            &format!("listen={}", sock.display()),
-        ],
-    );
+    let dup = f.ctl_output(&[
+        "do",
+        "/targets/srp/mgmt",
+        "add_target",
+        "p2",
+        &format!("listen={}", sock.display()),
+    ]);
     assert!(!dup.status.success());
 
-    ctl(f, &["set", "/targets/srp/p1/enabled", "1"]);
-    ctl(f, &["do", "/targets/srp/p1/luns/mgmt", "add", "d0", "0"]);
+    f.ctl(&["set", "/targets/srp/p1/enabled", "1"]);
+    f.ctl(&["do", "/targets/srp/p1/luns/mgmt", "add", "d0", "0"]);
     let mut a = login(&sock, 0xa1);
     clear_ua(&mut a, 0);
     let data = pattern(1, 8192);
@@ -330,7 +302,7 @@ fn ports_maps_and_groups_change_while_running() {
 
     // A LUN added live: SRP_AER_REQ REPORTED LUNS DATA HAS CHANGED, and
     // REPORT LUNS shows it.
-    ctl(f, &["do", "/targets/srp/p1/luns/mgmt", "add", "d1", "1"]);
+    f.ctl(&["do", "/targets/srp/p1/luns/mgmt", "add", "d1", "1"]);
     pump_until(&mut a, |i| !i.aens.is_empty());
     let aer = a
         .ini
@@ -350,26 +322,20 @@ fn ports_maps_and_groups_change_while_running() {
     write(&mut a, 1, 8, &d1);
 
     // An initiator group: initiator port 0xb2... sees d1 as its LUN 0.
-    ctl(f, &["do", "/targets/srp/p1/ini_groups/mgmt", "create", "g"]);
-    ctl(
-        f,
-        &[
-            "do",
-            "/targets/srp/p1/ini_groups/g/initiators/mgmt",
-            "add",
-            "0xb2*",
-        ],
-    );
-    ctl(
-        f,
-        &[
-            "do",
-            "/targets/srp/p1/ini_groups/g/luns/mgmt",
-            "add",
-            "d1",
-            "0",
-        ],
-    );
+    f.ctl(&["do", "/targets/srp/p1/ini_groups/mgmt", "create", "g"]);
+    f.ctl(&[
+        "do",
+        "/targets/srp/p1/ini_groups/g/initiators/mgmt",
+        "add",
+        "0xb2*",
+    ]);
+    f.ctl(&[
+        "do",
+        "/targets/srp/p1/ini_groups/g/luns/mgmt",
+        "add",
+        "d1",
+        "0",
+    ]);
     let mut b = login(&sock, 0xb2);
     clear_ua(&mut b, 0);
     assert_eq!(report_luns(&mut b), [0]);
@@ -383,31 +349,26 @@ fn ports_maps_and_groups_change_while_running() {
         "{s:?}"
     );
     assert!(
-        ctl(f, &["ls", "/targets/srp/p1/sessions"]).contains(&hex_id(0xb2)),
+        f.ctl(&["ls", "/targets/srp/p1/sessions"])
+            .contains(&hex_id(0xb2)),
         "the tree's sessions view lists SRP nexuses"
     );
     assert_eq!(
-        ctl(
-            f,
-            &[
-                "get",
-                &format!("/targets/srp/p1/sessions/{}/lun_count", hex_id(0xb2))
-            ]
-        )
+        f.ctl(&[
+            "get",
+            &format!("/targets/srp/p1/sessions/{}/lun_count", hex_id(0xb2))
+        ])
         .trim(),
         "1"
     );
     // The group's map changes under a logged-in channel too.
-    ctl(
-        f,
-        &[
-            "do",
-            "/targets/srp/p1/ini_groups/g/luns/mgmt",
-            "add",
-            "d0",
-            "5",
-        ],
-    );
+    f.ctl(&[
+        "do",
+        "/targets/srp/p1/ini_groups/g/luns/mgmt",
+        "add",
+        "d0",
+        "5",
+    ]);
     pump_until(&mut b, |i| !i.aens.is_empty());
     assert!(
         !b.ini.aens.is_empty(),
@@ -419,26 +380,20 @@ fn ports_maps_and_groups_change_while_running() {
 
     // A device an SRP port maps cannot be deleted.
     assert!(
-        !ctl_raw(
-            f,
-            &["do", "/handlers/vdisk_nullio/mgmt", "del_device", "d1"]
-        )
-        .status
-        .success()
+        !f.ctl_output(&["do", "/handlers/vdisk_nullio/mgmt", "del_device", "d1"])
+            .status
+            .success()
     );
     // The configuration saved from the tree carries the port.
-    let cfg = ctl(f, &["config"]);
+    let cfg = f.ctl(&["config"]);
     assert!(cfg.contains("\"p1\"") && cfg.contains("0xb2*"), "{cfg}");
 
     // force_close ends one nexus (SRP_T_LOGOUT); the other carries on.
-    ctl(
-        f,
-        &[
-            "set",
-            &format!("/targets/srp/p1/sessions/{}/force_close", hex_id(0xb2)),
-            "1",
-        ],
-    );
+    f.ctl(&[
+        "set",
+        &format!("/targets/srp/p1/sessions/{}/force_close", hex_id(0xb2)),
+        "1",
+    ]);
     pump_until(&mut b, |i| i.closed().is_some());
     assert!(
         b.ini.closed().is_some(),
@@ -451,7 +406,7 @@ fn ports_maps_and_groups_change_while_running() {
     clear_ua(&mut b, 0);
 
     // Disabling logs every channel out; new logins are refused.
-    ctl(f, &["set", "/targets/srp/p1/enabled", "0"]);
+    f.ctl(&["set", "/targets/srp/p1/enabled", "0"]);
     pump_until(&mut a, |i| i.closed().is_some());
     pump_until(&mut b, |i| i.closed().is_some());
     assert!(a.ini.closed().is_some(), "channel a still open");
@@ -461,21 +416,18 @@ fn ports_maps_and_groups_change_while_running() {
     assert!(s.is_empty(), "{s:?}");
 
     // Removing the port closes its listener.
-    ctl(f, &["do", "/targets/srp/mgmt", "del_target", "p1"]);
+    f.ctl(&["do", "/targets/srp/mgmt", "del_target", "p1"]);
     let deadline = Instant::now() + Duration::from_secs(10);
     while sock.exists() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(!sock.exists(), "the removed port's socket is gone");
-    assert!(!ctl(f, &["ls", "/targets/srp"]).contains("p1"));
+    assert!(!f.ctl(&["ls", "/targets/srp"]).contains("p1"));
     assert!(
-        !ctl(f, &["get", "/devices/d1/exported"]).contains("srp/"),
+        !f.ctl(&["get", "/devices/d1/exported"]).contains("srp/"),
         "d1 is no longer exported by SRP"
     );
-    ctl(
-        f,
-        &["do", "/handlers/vdisk_nullio/mgmt", "del_device", "d1"],
-    );
+    f.ctl(&["do", "/handlers/vdisk_nullio/mgmt", "del_device", "d1"]);
 }
 
 #[test]

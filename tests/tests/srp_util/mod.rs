@@ -1,15 +1,11 @@
 //! Shared by the SRP end-to-end tests (`srp_e2e`, `srp_linux_login`,
 //! `srp_verbs`): target port ids from their hex form, READ/WRITE (16) CDBs,
-//! data patterns, clearing a new nexus's unit attentions with the project's
-//! initiator, and `ferritectl` runs.
+//! data patterns, and clearing a new nexus's unit attentions with the project's
+//! initiator.
 #![allow(dead_code)] // each test binary uses a part
-
-use std::process::Command;
-use std::time::Duration;
 
 use ferrite_scsi::Lun;
 use ferrite_srp::initiator::{Initiator, Layout};
-use ferrite_tests::{Ferrited, ferrited_path, run_with_timeout};
 
 /// A port id written as `0x` and 32 hex digits, as bytes.
 pub fn port_id_of(hex: &str) -> [u8; 16] {
@@ -49,23 +45,4 @@ pub fn clear_ua(ini: &mut Initiator) {
         }
     }
     panic!("unit attentions never cleared");
-}
-
-/// Runs `ferritectl` against `f` and returns what it printed; fails the
-/// test if it fails.
-pub fn ctl(f: &Ferrited, args: &[&str]) -> String {
-    let exe = ferrited_path().with_file_name("ferritectl");
-    let out = run_with_timeout(
-        Command::new(exe)
-            .arg("--socket")
-            .arg(f.control())
-            .args(args),
-        Duration::from_secs(30),
-    );
-    assert!(
-        out.status.success(),
-        "ferritectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
