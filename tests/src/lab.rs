@@ -48,14 +48,6 @@ impl LabRun {
             .collect()
     }
 
-    /// Lines of the console holding `needle`.
-    pub fn lines_with(&self, needle: &str) -> Vec<&str> {
-        self.console
-            .lines()
-            .filter(|l| l.contains(needle))
-            .collect()
-    }
-
     /// A file the scenario left in its output folder, empty if none.
     pub fn file(&self, name: &str) -> String {
         fs::read_to_string(self.out.join(name)).unwrap_or_default()
