@@ -51,41 +51,59 @@ fn read_all(i: &mut Initiator<TcpStream>) -> Vec<u8> {
     panic!("READ kept failing");
 }
 
-#[test]
-fn abort_task_set_with_64_writes_in_flight() {
-    let dir = tempfile::tempdir().unwrap();
+/// ferrited with one 16 MiB RAM LU whose `op` operations (`read` or
+/// `write`) each wait [`DELAY_MS`], `iscsi` the configuration's `iscsi`
+/// section (or none), and the project's initiator logged in as `initiator`.
+fn start_delayed(
+    dir: &std::path::Path,
+    op: &str,
+    iscsi: &str,
+    initiator: &str,
+) -> (Ferrited, Initiator<TcpStream>) {
     let port = free_port();
+    let iscsi = if iscsi.is_empty() {
+        String::new()
+    } else {
+        format!(",\n  \"iscsi\": {iscsi}")
+    };
     let json = format!(
         r#"{{
   "devices": [ {{ "name": "m0", "handler": "vdisk_nullio", "mem": true, "size": 16777216,
-                 "fault": {{ "rules": [ {{ "op": "write", "delay_ms": {DELAY_MS} }} ] }} }} ],
+                 "fault": {{ "rules": [ {{ "op": "{op}", "delay_ms": {DELAY_MS} }} ] }} }} ],
   "targets": {{ "iscsi": [
     {{ "name": "{IQN}", "enabled": true, "portals": ["127.0.0.1:{port}"],
        "luns": [ {{ "lun": 0, "device": "m0" }} ] }}
-  ] }}
+  ] }}{iscsi}
 }}
 "#
     );
-    let cfg = dir.path().join("tmf.json");
+    let cfg = dir.join("tmf.json");
     std::fs::write(&cfg, json).unwrap();
     let f = Ferrited::start(
-        dir.path(),
+        dir,
         port,
         Options {
             config: Some(cfg),
             args: Vec::new(),
         },
     );
-    let mut i = connect(
+    let i = connect(
         f.addr,
         InitiatorConfig {
-            initiator_name: "iqn.2026-11.org.ferrite.test:tmf".into(),
+            initiator_name: initiator.into(),
             target_name: Some(IQN.into()),
             ..InitiatorConfig::default()
         },
     )
     .expect("login");
     i.t.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    (f, i)
+}
+
+#[test]
+fn abort_task_set_with_64_writes_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let (f, mut i) = start_delayed(dir.path(), "write", "", "iqn.2026-11.org.ferrite.test:tmf");
     let before = read_all(&mut i);
     assert!(before.iter().all(|b| *b == 0));
 
@@ -208,39 +226,12 @@ fn an_aborted_commands_itt_and_window_slot_are_reused() {
     const ROUNDS: u32 = 12;
     const ITT: u32 = 0x4900;
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let json = format!(
-        r#"{{
-  "devices": [ {{ "name": "m0", "handler": "vdisk_nullio", "mem": true, "size": 16777216,
-                 "fault": {{ "rules": [ {{ "op": "read", "delay_ms": {DELAY_MS} }} ] }} }} ],
-  "targets": {{ "iscsi": [
-    {{ "name": "{IQN}", "enabled": true, "portals": ["127.0.0.1:{port}"],
-       "luns": [ {{ "lun": 0, "device": "m0" }} ] }}
-  ] }},
-  "iscsi": {{ "queue_depth": {QUEUE_DEPTH} }}
-}}
-"#
-    );
-    let cfg = dir.path().join("tmf.json");
-    std::fs::write(&cfg, json).unwrap();
-    let f = Ferrited::start(
+    let (_f, mut i) = start_delayed(
         dir.path(),
-        port,
-        Options {
-            config: Some(cfg),
-            args: Vec::new(),
-        },
+        "read",
+        &format!("{{ \"queue_depth\": {QUEUE_DEPTH} }}"),
+        "iqn.2026-11.org.ferrite.test:tmf-reuse",
     );
-    let mut i = connect(
-        f.addr,
-        InitiatorConfig {
-            initiator_name: "iqn.2026-11.org.ferrite.test:tmf-reuse".into(),
-            target_name: Some(IQN.into()),
-            ..InitiatorConfig::default()
-        },
-    )
-    .expect("login");
-    i.t.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     // The nexus's POWER ON unit attention goes to a first command.
     let tur = [0u8; 6];
     let _ = i.command(&Command {
