@@ -61,31 +61,8 @@ OI_NAME=$(sed -n 's/^InitiatorName=//p' /etc/iscsi/initiatorname.iscsi | head -1
 step "open-iscsi initiator name $OI_NAME"
 
 step "LIO on $LIO_P"
-modprobe_all target_core_mod
-mountpoint -q /sys/kernel/config || mount -t configfs configfs /sys/kernel/config || fail "configfs"
-C=/sys/kernel/config/target
-[ -d $C ] || fail "no $C after loading target_core_mod"
-# lio_w FILE VALUE: one configfs write, checked.
-lio_w() { echo "$2" >"$1" || fail "LIO: write '$2' to $1"; }
-# Where LIO keeps persistent reservation (APTPL) and ALUA state; without
-# its pr/ folder every PERSISTENT RESERVE OUT that would save state fails
-# with NOT READY. targetcli points it at /etc/target; it can be set only
-# before a fabric module registers.
-mkdir -p /etc/target/pr /etc/target/alua || fail "LIO: /etc/target"
-lio_w $C/dbroot /etc/target
-modprobe_all target_core_file iscsi_target_mod
-B=$C/core/fileio_0/lu0
-mkdir -p $B || fail "LIO: backstore"
-# targetcli's fileio default is write-back (buffered), as ferrited's fileio is.
-lio_w $B/control "fd_dev_name=/lu/lio.img,fd_dev_size=$LU_SIZE,fd_buffered_io=1"
-# The unit serial names the LU in VPD pages 80h/83h and names LIO's
-# persistent reservation file (dbroot/pr/aptpl_<serial>).
-lio_w $B/wwn/vpd_unit_serial 3f1c2b7e-0d4a-4e59-8a6b-5c9e2d71f0a3
-lio_w $B/enable 1
-# Thin provisioning (UNMAP and WRITE SAME with UNMAP); LIO takes them only
-# once the device is enabled.
-lio_w $B/attrib/emulate_tpu 1
-lio_w $B/attrib/emulate_tpws 1
+lio_fileio_lu iscsi_target_mod /lu/lio.img $LU_SIZE
+B=$LIO_LU
 T=$C/iscsi/$LIO_IQN/tpgt_1
 mkdir -p $T/lun/lun_0 || fail "LIO: target portal group"
 ln -s $B $T/lun/lun_0/lu0 || fail "LIO: LUN 0"

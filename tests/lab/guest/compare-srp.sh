@@ -82,26 +82,11 @@ srp_config /tmp/srp.json \
     '{ "lun": 0, "device": "lu0" }'
 # shellcheck disable=SC2086
 start_ferrited --config /tmp/srp.json ${FERRITED_ARGS:-}
-for i in $(seq 1 50); do grep -q "listen" /out/ferrited.log && break; sleep 0.2; done
+wait_srp_listening
 
 step "LIO: ib_srpt on rxe0, RDMA/CM port $LIO_CM_PORT"
-modprobe_all target_core_mod
-mountpoint -q /sys/kernel/config || mount -t configfs configfs /sys/kernel/config || fail "configfs"
-C=/sys/kernel/config/target
-lio_w() { echo "$2" >"$1" || fail "LIO: write '$2' to $1"; }
-# dbroot (persistent reservation state) as compare-iscsi.sh sets it: before
-# a fabric module registers.
-mkdir -p /etc/target/pr /etc/target/alua || fail "LIO: /etc/target"
-lio_w $C/dbroot /etc/target
-modprobe_all target_core_file ib_srpt
-truncate -s $LU_SIZE /lu/lio.img || fail "create /lu/lio.img"
-B=$C/core/fileio_0/lu0
-mkdir -p $B || fail "LIO: backstore"
-lio_w $B/control "fd_dev_name=/lu/lio.img,fd_dev_size=$LU_SIZE,fd_buffered_io=1"
-lio_w $B/wwn/vpd_unit_serial 3f1c2b7e-0d4a-4e59-8a6b-5c9e2d71f0a3
-lio_w $B/enable 1
-lio_w $B/attrib/emulate_tpu 1
-lio_w $B/attrib/emulate_tpws 1
+lio_fileio_lu ib_srpt /lu/lio.img $LU_SIZE
+B=$LIO_LU
 # ib_srpt: the RDMA/CM port is global; the target port is named by the port
 # GID, the ACL by the initiator port id (extension 0, then the initiator's
 # port GUID: rxe0's own, the initiator logs in through it).

@@ -66,8 +66,14 @@ start_iscsid() {
         echo "InitiatorName=iqn.2026-12.org.ferrite.lab:initiator" >/etc/iscsi/initiatorname.iscsi
     modprobe_all iscsi_tcp sd_mod
     iscsid -f >/out/iscsid.log 2>&1 &
-    local i; for i in $(seq 1 50); do [ -S /run/iscsid.sock ] || [ -e /run/lock/iscsi/lock ] && break; sleep 0.1; done
-    sleep 0.5
+    # iscsiadm exits 21 (no sessions) once iscsid answers, 20 before.
+    local i rc
+    for i in $(seq 1 100); do
+        iscsiadm -m session >/dev/null 2>&1; rc=$?
+        [ $rc -eq 0 ] || [ $rc -eq 21 ] && return 0
+        sleep 0.1
+    done
+    fail "iscsid never answered"
 }
 
 # udev gives /dev/disk/by-*, and dm-multipath finds its paths through it.
@@ -173,4 +179,38 @@ srp_disks() {
         sleep 0.2
     done
     return 1
+}
+
+# lio_w FILE VALUE: one configfs write for LIO, checked.
+lio_w() { echo "$2" >"$1" || fail "LIO: write '$2' to $1"; }
+
+# lio_fileio_lu FABRIC-MODULE IMAGE SIZE: the kernel's target LIO with one
+# thin fileio LU on IMAGE (SIZE bytes, created if missing), configured through
+# configfs as targetcli would, and FABRIC-MODULE (iscsi_target_mod, ib_srpt)
+# loaded. Sets C (LIO's configfs root) and LIO_LU (the backstore).
+lio_fileio_lu() {
+    modprobe_all target_core_mod
+    mountpoint -q /sys/kernel/config || mount -t configfs configfs /sys/kernel/config || fail "configfs"
+    C=/sys/kernel/config/target
+    [ -d $C ] || fail "no $C after loading target_core_mod"
+    # Where LIO keeps persistent reservation (APTPL) and ALUA state; without
+    # its pr/ folder every PERSISTENT RESERVE OUT that would save state fails
+    # with NOT READY. targetcli points it at /etc/target; it can be set only
+    # before a fabric module registers.
+    mkdir -p /etc/target/pr /etc/target/alua || fail "LIO: /etc/target"
+    lio_w $C/dbroot /etc/target
+    modprobe_all target_core_file "$1"
+    [ -e "$2" ] || truncate -s "$3" "$2" || fail "create $2"
+    LIO_LU=$C/core/fileio_0/lu0
+    mkdir -p $LIO_LU || fail "LIO: backstore"
+    # targetcli's fileio default is write-back (buffered), as ferrited's fileio is.
+    lio_w $LIO_LU/control "fd_dev_name=$2,fd_dev_size=$3,fd_buffered_io=1"
+    # The unit serial names the LU in VPD pages 80h/83h and names LIO's
+    # persistent reservation file (dbroot/pr/aptpl_<serial>).
+    lio_w $LIO_LU/wwn/vpd_unit_serial 3f1c2b7e-0d4a-4e59-8a6b-5c9e2d71f0a3
+    lio_w $LIO_LU/enable 1
+    # Thin provisioning (UNMAP and WRITE SAME with UNMAP); LIO takes them only
+    # once the device is enabled.
+    lio_w $LIO_LU/attrib/emulate_tpu 1
+    lio_w $LIO_LU/attrib/emulate_tpws 1
 }
