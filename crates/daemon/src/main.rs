@@ -102,6 +102,25 @@ fn default_state_dir() -> PathBuf {
     PathBuf::from("/tmp/ferrite-state")
 }
 
+/// Raises the soft limit on open descriptors to the hard limit: every
+/// connection, listener, backend file and pipe is a descriptor, and the
+/// usual soft limit (1024) is far below what a target serving many
+/// initiators (or meeting a flood of idle connections) needs. A limit that
+/// cannot be raised is logged and kept.
+fn raise_nofile_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => tracing::info!(from = soft, to = hard, "open file limit raised"),
+            Err(e) => {
+                tracing::warn!(soft, hard, error = %e, "open file limit could not be raised")
+            }
+        },
+        Ok((soft, _)) => tracing::info!(limit = soft, "open file limit"),
+        Err(e) => tracing::warn!(error = %e, "open file limit unknown"),
+    }
+}
+
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -112,6 +131,7 @@ fn main() -> Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let args = Args::parse();
+    raise_nofile_limit();
     let state_dir = args.state_dir.clone().unwrap_or_else(default_state_dir);
     let default_listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 3260));
     let mut cfg = match &args.config {
