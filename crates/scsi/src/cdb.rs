@@ -44,6 +44,16 @@ pub fn check_cdb(cdb: &[u8]) -> Result<usize, Sense> {
     Ok(len)
 }
 
+/// [`check_cdb`] for a decoder that reads a `layout`-byte CDB: a CDB of a
+/// shorter group (another command's opcode) is not one it decodes.
+pub fn check_cdb_layout(cdb: &[u8], layout: usize) -> Result<usize, Sense> {
+    let len = check_cdb(cdb)?;
+    if len < layout {
+        return Err(Sense::INVALID_COMMAND_OPERATION_CODE);
+    }
+    Ok(len)
+}
+
 /// The LBA/transfer-length part of a block command (READ, WRITE, VERIFY,
 /// WRITE SAME, SYNCHRONIZE CACHE, WRITE AND VERIFY in their 6/10/12/16-byte
 /// forms), with the flag byte left for the caller to interpret.
@@ -218,7 +228,7 @@ pub struct ReportLunsCdb {
 
 impl ReportLunsCdb {
     pub fn decode(cdb: &[u8]) -> Result<ReportLunsCdb, Sense> {
-        check_cdb(cdb)?;
+        check_cdb_layout(cdb, 12)?;
         let select = cdb[2];
         // SPC-4 §6.33: SELECT REPORT 00h (all but well-known), 01h (well-known
         // only), 02h (all); other values are reserved (or address-method
@@ -260,7 +270,7 @@ pub struct ReadCapacity10Cdb;
 
 impl ReadCapacity10Cdb {
     pub fn decode(cdb: &[u8]) -> Result<ReadCapacity10Cdb, Sense> {
-        check_cdb(cdb)?;
+        check_cdb_layout(cdb, 10)?;
         // SBC-4 §5.20.1: LOGICAL BLOCK ADDRESS (obsolete) must be zero when
         // PMI (obsolete) is zero.
         if cdb[8] & 1 == 0 && be32(&cdb[2..]) != 0 {
@@ -281,7 +291,7 @@ pub struct ServiceActionIn16Cdb {
 
 impl ServiceActionIn16Cdb {
     pub fn decode(cdb: &[u8]) -> Result<ServiceActionIn16Cdb, Sense> {
-        check_cdb(cdb)?;
+        check_cdb_layout(cdb, 16)?;
         Ok(ServiceActionIn16Cdb {
             action: cdb[1] & 0x1f,
             lba: be64(&cdb[2..]),
@@ -330,6 +340,21 @@ impl PreventAllowCdb {
 mod tests {
     use super::*;
     use crate::sense::FieldPointer;
+
+    /// A decoder given a CDB of a shorter group (found by the scsi_cdb fuzz
+    /// target: REPORT LUNS's decoder read byte 6 of a 6-byte CDB).
+    #[test]
+    fn decoders_refuse_shorter_layouts() {
+        let six = [0x1c, 0x6c, 0, 0, 0, 0];
+        let op = Err(Sense::INVALID_COMMAND_OPERATION_CODE);
+        assert_eq!(ReportLunsCdb::decode(&six).map(drop), op);
+        assert_eq!(ReadCapacity10Cdb::decode(&six).map(drop), op);
+        assert_eq!(
+            ServiceActionIn16Cdb::decode(&[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0]).map(drop),
+            op
+        );
+        assert!(ReportLunsCdb::decode(&[0xa0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0]).is_ok());
+    }
 
     #[test]
     fn read6_zero_means_256() {

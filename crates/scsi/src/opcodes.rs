@@ -2,7 +2,7 @@
 //! parameter data, built from a table of the commands a device server
 //! supports and the CDB usage data of each.
 
-use crate::cdb::check_cdb;
+use crate::cdb::check_cdb_layout;
 use crate::sense::Sense;
 
 /// One supported command: its opcode, service action (if the opcode has
@@ -30,7 +30,7 @@ pub struct ReportOpcodesCdb {
 
 impl ReportOpcodesCdb {
     pub fn decode(cdb: &[u8]) -> Result<ReportOpcodesCdb, Sense> {
-        check_cdb(cdb)?;
+        check_cdb_layout(cdb, 12)?;
         let options = cdb[2] & 0x07;
         // SPC-4 §6.35.1 table 285: 000b..011b are defined.
         if options > 3 {
