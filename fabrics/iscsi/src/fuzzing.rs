@@ -1,4 +1,4 @@
-//! Entry points for fuzz targets (cargo-fuzz targets live in `tools/`): each
+//! Entry points for fuzz targets (the cargo-fuzz targets live in `fuzz/`): each
 //! feeds arbitrary bytes to one wire parser of this crate and checks its
 //! invariant. They panic only when an invariant breaks, which is the bug a
 //! fuzzer is looking for.
