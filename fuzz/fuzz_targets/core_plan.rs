@@ -115,7 +115,7 @@ fuzz_target!(|data: &[u8]| {
     let cap = geometry.num_blocks * bs;
     let inside = |offset: u64, len: u64| {
         assert!(
-            offset % bs == 0 && len % bs == 0,
+            offset.is_multiple_of(bs) && len.is_multiple_of(bs),
             "{offset} {len} not in blocks"
         );
         assert!(

@@ -41,10 +41,10 @@ fuzz_target!(|data: &[u8]| {
     }
     // With SRP-2 immediate data at Linux's offset: the data lies inside
     // the IU, after the descriptors.
-    if let Ok(c) = iu::Cmd::parse_imm(data, Some(68)) {
-        if let iu::DataBuf::Immediate { offset, len } = c.data_out {
-            assert!(offset as usize + len as usize <= data.len());
-        }
+    if let Ok(c) = iu::Cmd::parse_imm(data, Some(68))
+        && let iu::DataBuf::Immediate { offset, len } = c.data_out
+    {
+        assert!(offset as usize + len as usize <= data.len());
     }
     let _ = iu::CredReq::parse(data);
     let _ = iu::t_logout_reason(data);
