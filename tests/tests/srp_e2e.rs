@@ -18,7 +18,7 @@ use ferrite_scsi::Lun;
 use ferrite_srp::initiator::{self, Completed, InitError, Initiator, InitiatorConfig, Layout};
 use ferrite_srp::iu::{self, RspCode, TskFunc};
 use ferrite_tests::{Ferrited, Options, free_port};
-use srp_util::{clear_ua, pattern, port_id_of, rw};
+use srp_util::{clear_ua, clear_ua_on, pattern, port_id_of, report_luns, rw};
 
 const IQN: &str = "iqn.2026-11.org.ferrite:srp-e2e";
 const PORT_ID: &str = "0x66657272697465207372702070307430";
@@ -899,4 +899,111 @@ fn rss_kib(pid: u32) -> u64 {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .unwrap()
+}
+
+/// One login attempt (no retry) with initiator port id `[ini_id; 16]`.
+fn try_srp_login(sock: &Path, ini_id: u8) -> Result<Srp, InitError> {
+    let dev = SoftDevice::new("ini");
+    let pd = dev.alloc_pd();
+    let cq = SoftCq::new().unwrap();
+    let cfg = InitiatorConfig {
+        initiator_port_id: [ini_id; 16],
+        target_port_id: port_id_of(PORT_ID),
+        recv_count: 160,
+        ..InitiatorConfig::default()
+    };
+    initiator::connect_soft(&pd, &cq, &SoftAddr::Unix(sock.into()), cfg)
+        .map(|ini| Srp { ini, _dev: dev })
+}
+
+#[test]
+fn a_port_with_groups_and_no_default_luns_refuses_initiators_in_no_group() {
+    let dir = tempfile::Builder::new()
+        .prefix("fsrpg")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let sock = dir.path().join("srp.sock");
+    // Initiator ports 0xb2b2... are in group `hosts` (two LUNs); the port
+    // has no default LUNs, so 0xa1a1... is in no group and has no access.
+    let cfg = format!(
+        r#"{{
+  "devices": [
+    {{"name": "d0", "handler": "vdisk_nullio", "size": 16777216, "mem": true}},
+    {{"name": "d1", "handler": "vdisk_nullio", "size": 8388608, "mem": true}}
+  ],
+  "targets": {{
+    "srp": [{{"name": "srp0", "port_id": "{PORT_ID}", "provider": {{"kind": "soft", "listen": "{sock}"}},
+              "luns": [],
+              "ini_groups": [{{"name": "hosts", "initiators": ["0xb2*"],
+                               "luns": [{{"lun": 0, "device": "d0"}}, {{"lun": 1, "device": "d1"}}]}}]}}]
+  }}
+}}"#,
+        sock = sock.display(),
+    );
+    let cfg_path = dir.path().join("ferrite.json");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let f = Ferrited::start_config(dir.path(), &cfg_path, &["--cores", "2"]);
+    let outsider = format!("0x{}", "a1".repeat(16));
+
+    // SRP r16a §6.4: an SRP_LOGIN_REJ, reason 00010000h (unable to
+    // establish the channel; SRP has no code for access control), and a
+    // log line naming the initiator port and why.
+    match try_srp_login(&sock, 0xa1) {
+        Err(InitError::LoginRejected(reason)) => {
+            assert_eq!(reason, iu::LoginRejReason::UNABLE_TO_ESTABLISH.0)
+        }
+        Err(e) => panic!("an initiator in no group must get an SRP_LOGIN_REJ: {e}"),
+        Ok(_) => panic!("an initiator in no group logged in"),
+    }
+    let log = f.wait_log("in none of the target port's initiator groups", 1);
+    let line = log
+        .lines()
+        .find(|l| l.contains("SRP login rejected") && l.contains(&outsider))
+        .unwrap_or_else(|| panic!("no log line for the refused initiator:\n{log}"));
+    assert!(line.contains("reason=0x00010000"), "{line}");
+    assert!(
+        line.contains("in none of the target port's initiator groups"),
+        "{line}"
+    );
+
+    // A member logs in and sees its group's LUNs, and reads back what it
+    // writes on them.
+    let mut m = try_srp_login(&sock, 0xb2).expect("a group member logs in");
+    clear_ua(&mut m.ini);
+    assert_eq!(report_luns(&mut m.ini), [0, 1]);
+    clear_ua(&mut m.ini);
+    clear_ua_on(&mut m.ini, 1);
+    let data = pattern(9, 8192);
+    let blocks = (data.len() / BS) as u32;
+    let w = m
+        .ini
+        .command(
+            Lun(1),
+            &rw(0x8a, 16, blocks),
+            Some(&data),
+            0,
+            Layout::default(),
+        )
+        .unwrap();
+    assert_eq!(w.rsp.status, 0, "{:?}", w.rsp);
+    let rd = m
+        .ini
+        .command(
+            Lun(1),
+            &rw(0x88, 16, blocks),
+            None,
+            data.len() as u32,
+            Layout::default(),
+        )
+        .unwrap();
+    assert_eq!(rd.rsp.status, 0, "{:?}", rd.rsp);
+    assert!(rd.data == data, "LUN 1 read back differs");
+    m.ini.logout().unwrap();
+
+    // With a default LUN the port admits everyone: the outsider gets it.
+    f.ctl(&["do", "/targets/srp/srp0/luns/mgmt", "add", "d1", "0"]);
+    let mut o = try_srp_login(&sock, 0xa1).expect("with default LUNs every initiator logs in");
+    clear_ua(&mut o.ini);
+    assert_eq!(report_luns(&mut o.ini), [0]);
+    o.ini.logout().unwrap();
 }

@@ -599,6 +599,20 @@ impl Target {
             .find(|g| g.initiators.iter().any(|p| wildcard_match(p, initiator)))
             .map_or_else(|| self.luns.clone(), |g| g.luns.clone())
     }
+
+    /// The access rule every fabric applies at login (SCST's): a target
+    /// admits every initiator unless it has initiator groups and an empty
+    /// default LUN map; then only an initiator matching some group's
+    /// patterns. iSCSI refuses the others with 0202h, SRP with an
+    /// SRP_LOGIN_REJ.
+    pub fn admits(&self, initiator: &str) -> bool {
+        self.groups.is_empty()
+            || !self.luns.luns.is_empty()
+            || self
+                .groups
+                .iter()
+                .any(|g| g.initiators.iter().any(|p| wildcard_match(p, initiator)))
+    }
 }
 
 /// Matches `name` against `pattern` with `*` (any run) and `?` (one char).
@@ -632,6 +646,39 @@ pub fn wildcard_match(pattern: &str, name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A target whose default LUN map is `default`, with one group per
+    /// pattern.
+    fn acl_target(default: LunMap, patterns: &[&str]) -> Target {
+        Target {
+            name: "t".into(),
+            rel_port_id: 1,
+            enabled: true,
+            luns: Arc::new(default),
+            groups: patterns
+                .iter()
+                .map(|p| AccessGroup {
+                    name: "g".into(),
+                    initiators: vec![p.to_string()],
+                    luns: Arc::new(LunMap::default()),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_target_without_groups_admits_everyone() {
+        assert!(acl_target(LunMap::default(), &[]).admits("iqn.any"));
+    }
+
+    #[test]
+    fn groups_and_an_empty_default_map_admit_members_only() {
+        let t = acl_target(LunMap::default(), &["iqn.2026-01.ok:*", "0xfe80*"]);
+        assert!(t.admits("iqn.2026-01.ok:host1"));
+        assert!(t.admits("0xfe800000000000000000000000000001"));
+        assert!(!t.admits("iqn.2026-01.other:host1"));
+        assert!(!t.admits("0x00000000000000000000000000000001"));
+    }
 
     #[test]
     fn range_locks_exclude_overlaps_of_other_owners() {

@@ -2,18 +2,17 @@
 //! LUN map choice, TSIH allocation and the per-address backoff after failed
 //! logins. Logins are control path, so a mutex here is fine.
 //!
-//! The ACL rule (SCST-like): a target admits every initiator unless it has
-//! initiator groups and an empty default LUN map; then only initiators
-//! matching some group's name patterns log in, and the others are refused
-//! with 0202 (authorization failure, RFC 7143 §11.13.5).
+//! The ACL rule is the one every fabric shares (`Target::admits`, SCST's):
+//! a target admits every initiator unless it has initiator groups and an
+//! empty default LUN map; then only initiators matching some group's name
+//! patterns log in, and the others are refused here with 0202
+//! (authorization failure, RFC 7143 §11.13.5).
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-use ferrite_core::device::{Target, wildcard_match};
 
 use ferrite_mgmt::runtime::SessionInfo;
 
@@ -62,16 +61,6 @@ fn backoff(count: u32) -> Duration {
     FAILURE_BASE_DELAY
         .saturating_mul(1 << shift)
         .min(FAILURE_MAX_DELAY)
-}
-
-/// The ACL rule of this module's doc: may `initiator` log in to `target`?
-pub fn initiator_allowed(target: &Target, initiator: &str) -> bool {
-    target.groups.is_empty()
-        || !target.luns.luns.is_empty()
-        || target
-            .groups
-            .iter()
-            .any(|g| g.initiators.iter().any(|p| wildcard_match(p, initiator)))
 }
 
 #[derive(Debug, Default)]
@@ -253,7 +242,7 @@ impl Portal for CorePortal<'_> {
             return Err(LoginStatus::SERVICE_UNAVAILABLE);
         }
         self.check_portal(name, req)?;
-        if !initiator_allowed(target, req.initiator) {
+        if !target.admits(req.initiator) {
             tracing::warn!(initiator = req.initiator, peer = %req.peer, target = name,
                 "initiator outside the target's ACL");
             // RFC 7143 §11.13.5: 0202, the initiator is not allowed access.
@@ -370,7 +359,7 @@ impl CorePortal<'_> {
             return Err(LoginStatus::SERVICE_UNAVAILABLE);
         }
         self.check_portal(name, req)?;
-        if !initiator_allowed(target, req.initiator) {
+        if !target.admits(req.initiator) {
             return Err(LoginStatus::AUTHORIZATION_FAILURE);
         }
         let isid = req.isid.iter().fold(0u64, |a, b| a << 8 | u64::from(*b));
@@ -393,38 +382,6 @@ impl CorePortal<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferrite_core::device::{AccessGroup, LunMap};
-
-    /// A target whose default LUN map is empty, with one group per pattern.
-    fn target(groups: &[&str]) -> Target {
-        let luns = Arc::new(LunMap::default());
-        Target {
-            name: "iqn.t".into(),
-            rel_port_id: 1,
-            enabled: true,
-            luns: luns.clone(),
-            groups: groups
-                .iter()
-                .map(|p| AccessGroup {
-                    name: "g".into(),
-                    initiators: vec![p.to_string()],
-                    luns: luns.clone(),
-                })
-                .collect(),
-        }
-    }
-
-    #[test]
-    fn acl_without_groups_admits_everyone() {
-        assert!(initiator_allowed(&target(&[]), "iqn.any"));
-    }
-
-    #[test]
-    fn acl_with_groups_and_empty_default_admits_members_only() {
-        let t = target(&["iqn.2026-01.ok:*"]);
-        assert!(initiator_allowed(&t, "iqn.2026-01.ok:host1"));
-        assert!(!initiator_allowed(&t, "iqn.2026-01.other:host1"));
-    }
 
     #[test]
     fn backoff_grows_and_is_capped() {

@@ -555,8 +555,8 @@ impl SrpCore {
     }
 
     /// A login request: SRP r16a §6.2-§6.4 through `channel::login`, then
-    /// the port's policy (enabled, LUN map by initiator port id) and the
-    /// multi-channel action.
+    /// the port's policy ([`admit`]: enabled, the initiator admitted; LUN
+    /// map by initiator port id) and the multi-channel action.
     pub fn incoming(
         &mut self,
         now: Instant,
@@ -597,15 +597,8 @@ impl SrpCore {
             };
         let initiator_id = login_req.initiator_port_id;
         let initiator = hex(&initiator_id);
-        if !t.target.enabled {
-            // SRP r16a §6.4: the target cannot take the channel now.
-            return reject(
-                req,
-                port,
-                Some(&initiator),
-                login_req.tag,
-                LoginRefusal::PortDisabled,
-            );
+        if let Err(why) = admit(&t.target, &initiator) {
+            return reject(req, port, Some(&initiator), login_req.tag, why);
         }
         let attrs = QpAttrs {
             max_send_wr: (cfg.credits as usize * 4).max(256),
@@ -1037,6 +1030,20 @@ fn log_failed(core: usize, wc: &WorkCompletion) {
     }
 }
 
+/// The port's policy for a login that passed SRP's own checks: the port is
+/// enabled, and it admits the initiator port by the access rule every
+/// fabric shares ([`Target::admits`]; iSCSI refuses with 0202h).
+fn admit(t: &Target, initiator: &str) -> Result<(), LoginRefusal> {
+    if !t.enabled {
+        // SRP r16a §6.4: the target cannot take the channel now.
+        return Err(LoginRefusal::PortDisabled);
+    }
+    if !t.admits(initiator) {
+        return Err(LoginRefusal::NotAdmitted);
+    }
+    Ok(())
+}
+
 /// The initiator group whose map `luns` is (None: the default map).
 fn group_of(t: &Target, luns: &Arc<LunMap>) -> Option<String> {
     t.groups
@@ -1240,6 +1247,44 @@ fn drive(now: Instant, conns: &mut slab::Slab<SrpConn>, shard: &mut Shard) -> bo
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferrite_core::device::AccessGroup;
+
+    /// A port with no default LUNs and one group of initiator ports.
+    fn grouped_port(enabled: bool) -> Target {
+        Target {
+            name: "srp0".into(),
+            rel_port_id: 1,
+            enabled,
+            luns: Arc::new(LunMap::default()),
+            groups: vec![AccessGroup {
+                name: "hosts".into(),
+                initiators: vec!["0xfe80*".into()],
+                luns: Arc::new(LunMap::default()),
+            }],
+        }
+    }
+
+    #[test]
+    fn a_port_with_groups_and_no_default_luns_refuses_initiators_in_no_group() {
+        let t = grouped_port(true);
+        assert_eq!(admit(&t, "0xfe800000000000000000000000000001"), Ok(()));
+        let refused = admit(&t, "0x00000000000000000000000000000001");
+        assert_eq!(refused, Err(LoginRefusal::NotAdmitted));
+        // SRP r16a §6.4: reason 00010000h in the SRP_LOGIN_REJ.
+        let rej = refused.unwrap_err().reject(7);
+        assert_eq!((rej.tag, rej.reason.0), (7, 0x0001_0000));
+        // Without groups every initiator port is admitted.
+        let open = Target {
+            groups: Vec::new(),
+            ..grouped_port(true)
+        };
+        assert_eq!(admit(&open, "0x00000000000000000000000000000001"), Ok(()));
+        // A disabled port refuses everyone, members too.
+        assert_eq!(
+            admit(&grouped_port(false), "0xfe800000000000000000000000000001"),
+            Err(LoginRefusal::PortDisabled)
+        );
+    }
 
     #[test]
     fn initiator_port_ids_are_named_like_ib_srpt() {

@@ -113,6 +113,10 @@ pub enum LoginRefusal {
     Resources(&'static str),
     /// The I_T nexus already has this many channels, the most it may have.
     ChannelLimit(usize),
+    /// The target port has initiator groups and no default LUNs, and the
+    /// initiator port is in none of the groups (`Target::admits`, the rule
+    /// iSCSI answers with 0202h).
+    NotAdmitted,
 }
 
 impl LoginRefusal {
@@ -126,14 +130,18 @@ impl LoginRefusal {
             LoginRefusal::Resources(_) => R::INSUFFICIENT_RESOURCES,
             LoginRefusal::ChannelLimit(_) => R::CHANNEL_LIMIT_REACHED,
             // 00010000h: unable to establish the channel, no reason
-            // specified (SRP has no code of its own for these).
+            // specified (SRP has no code of its own for these; table 19
+            // has none for access control either: its other codes name
+            // resources, IU length, the target port, formats and channel
+            // counts).
             LoginRefusal::Short { .. }
             | LoginRefusal::NotLoginReq(_)
             | LoginRefusal::IuTooSmall(_)
             | LoginRefusal::ReservedMultiChannel(_)
             | LoginRefusal::PortDisabled
             | LoginRefusal::PortRemoved
-            | LoginRefusal::OtherHcaPort(_) => R::UNABLE_TO_ESTABLISH,
+            | LoginRefusal::OtherHcaPort(_)
+            | LoginRefusal::NotAdmitted => R::UNABLE_TO_ESTABLISH,
         }
     }
 
@@ -193,6 +201,10 @@ impl std::fmt::Display for LoginRefusal {
                     "the I_T nexus already has {n} channels, the most it may have"
                 )
             }
+            LoginRefusal::NotAdmitted => write!(
+                f,
+                "initiator port in none of the target port's initiator groups, and the port has no default LUNs"
+            ),
         }
     }
 }

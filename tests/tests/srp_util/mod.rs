@@ -1,7 +1,7 @@
 //! Shared by the SRP end-to-end tests (`srp_e2e`, `srp_linux_login`,
 //! `srp_verbs`): target port ids from their hex form, READ/WRITE (16) CDBs,
-//! data patterns, and clearing a new nexus's unit attentions with the project's
-//! initiator.
+//! data patterns, and with the project's initiator clearing a new nexus's
+//! unit attentions and reading REPORT LUNS.
 #![allow(dead_code)] // each test binary uses a part
 
 use ferrite_scsi::Lun;
@@ -45,4 +45,38 @@ pub fn clear_ua(ini: &mut Initiator) {
         }
     }
     panic!("unit attentions never cleared");
+}
+
+/// TEST UNIT READY on `lun` until it is GOOD (each LUN of a new nexus
+/// reports its own unit attentions).
+pub fn clear_ua_on(ini: &mut Initiator, lun: u16) {
+    for _ in 0..8 {
+        let c = ini
+            .command(Lun(lun), &[0u8; 6], None, 0, Layout::default())
+            .expect("TEST UNIT READY");
+        if c.rsp.status == 0 {
+            return;
+        }
+    }
+    panic!("unit attentions of LUN {lun} never cleared");
+}
+
+/// The LUNs REPORT LUNS (sent to LUN 0) lists.
+pub fn report_luns(ini: &mut Initiator) -> Vec<u16> {
+    let mut cdb = [0u8; 12];
+    cdb[0] = 0xa0;
+    cdb[6..10].copy_from_slice(&1024u32.to_be_bytes());
+    for _ in 0..8 {
+        let c = ini
+            .command(Lun(0), &cdb, None, 1024, Layout::default())
+            .expect("REPORT LUNS");
+        if c.rsp.status != 0 {
+            continue;
+        }
+        let n = u32::from_be_bytes([c.data[0], c.data[1], c.data[2], c.data[3]]) as usize / 8;
+        return (0..n)
+            .map(|i| u16::from_be_bytes([c.data[8 + 8 * i] & 0x3f, c.data[9 + 8 * i]]))
+            .collect();
+    }
+    panic!("REPORT LUNS kept failing");
 }

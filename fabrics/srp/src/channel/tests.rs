@@ -290,6 +290,7 @@ fn every_refusal_has_its_srp_reason() {
     // The driver's refusals.
     assert_eq!(LoginRefusal::PortDisabled.reason(), R::UNABLE_TO_ESTABLISH);
     assert_eq!(LoginRefusal::PortRemoved.reason(), R::UNABLE_TO_ESTABLISH);
+    assert_eq!(LoginRefusal::NotAdmitted.reason(), R::UNABLE_TO_ESTABLISH);
     assert_eq!(
         LoginRefusal::Resources("qp").reason(),
         R::INSUFFICIENT_RESOURCES
