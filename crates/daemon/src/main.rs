@@ -76,7 +76,7 @@ fn is_root() -> bool {
 fn bind_portal(addr: SocketAddr) -> std::io::Result<TcpListener> {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        match TcpListener::bind(addr) {
+        match listen_on(addr) {
             Err(e)
                 if e.kind() == std::io::ErrorKind::AddrInUse
                     && std::time::Instant::now() < deadline =>
@@ -87,6 +87,18 @@ fn bind_portal(addr: SocketAddr) -> std::io::Result<TcpListener> {
             r => return r,
         }
     }
+}
+
+/// A listening socket on `addr` whose accept queue is as deep as the system
+/// allows (`net.core.somaxconn`), not the 128 of `TcpListener::bind`: when
+/// many connections arrive at once (initiators reconnecting after a
+/// restart, or a flood of idle ones), a full queue drops the next SYN and
+/// the initiator retries only a second later.
+pub(crate) fn listen_on(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let l = TcpListener::bind(addr)?;
+    // listen(2) again on a listening socket sets its backlog.
+    nix::sys::socket::listen(&l, nix::sys::socket::Backlog::MAXCONN)?;
+    Ok(l)
 }
 
 fn default_state_dir() -> PathBuf {

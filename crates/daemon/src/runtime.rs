@@ -4,7 +4,7 @@
 //! is on the data path, so a mutex is the right tool.
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ferrite_core::device::{AccessGroup, Device, DeviceId, LunEntry, LunMap, Target};
@@ -298,7 +298,7 @@ impl DaemonRuntime {
             if st.portals.contains_key(a) {
                 continue;
             }
-            let l = TcpListener::bind(a).map_err(|e| failed(format!("listening on {a}: {e}")))?;
+            let l = crate::listen_on(*a).map_err(|e| failed(format!("listening on {a}: {e}")))?;
             tracing::info!(portal = %a, "iSCSI portal listening");
             if let Some(c) = self.cores.first() {
                 c.send(Msg::Listen(l)).map_err(failed)?;
