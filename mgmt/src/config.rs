@@ -1010,6 +1010,13 @@ pub struct ReactorConfig {
     /// commands outstanding, so each would otherwise wait for a wake-up).
     /// 0 turns this off.
     pub latency_poll_us: u32,
+    /// MiB of memory all commands' data buffers may hold at once (write
+    /// data fetched, read data on its way out); commands past it wait for
+    /// memory, and a session that uses its share gets no new CmdSN window.
+    /// `None`: an eighth of the machine's memory, between 256 MiB and 4 GiB
+    /// ([`ferrite_core::budget::DataBudget::default_limit`]). At least 64.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_memory_mb: Option<u64>,
 }
 
 /// Initiator queue depth up to which a reactor counts as latency-bound.
@@ -1021,11 +1028,21 @@ impl Default for ReactorConfig {
             cores: None,
             poll_us: 0,
             latency_poll_us: 200,
+            data_memory_mb: None,
         }
     }
 }
 
 impl ReactorConfig {
+    /// The data budget in bytes: `data_memory_mb`, or the default for
+    /// this machine's memory.
+    pub fn data_memory_bytes(&self) -> u64 {
+        match self.data_memory_mb {
+            Some(mb) => mb.saturating_mul(1 << 20),
+            None => ferrite_core::budget::DataBudget::default_limit(mem_total()),
+        }
+    }
+
     /// `cores`, or the machine's available parallelism.
     pub fn effective_cores(&self) -> usize {
         self.cores.unwrap_or_else(|| {
@@ -1034,6 +1051,18 @@ impl ReactorConfig {
                 .unwrap_or(1)
         })
     }
+}
+
+/// MemTotal of /proc/meminfo in bytes (4 GiB if it cannot be read).
+fn mem_total() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(4 << 30, |kb| kb * 1024)
 }
 
 /// Device, group and handler object names: what SCST accepts in sysfs and
@@ -1325,6 +1354,14 @@ impl Config {
                     format!("{us} is over one second; valid: 0..1000000"),
                 ));
             }
+        }
+        if let Some(mb) = self.reactor.data_memory_mb
+            && !(64..=(1 << 30)).contains(&mb)
+        {
+            return Err(ConfigError::invalid(
+                "reactor.data_memory_mb",
+                format!("{mb} MiB; valid: 64..1073741824"),
+            ));
         }
         Ok(())
     }
@@ -1860,6 +1897,11 @@ mod tests {
                 "at least 1",
             ),
             ("reactor.cores", |c| c.reactor.cores = Some(0), "at least 1"),
+            (
+                "reactor.data_memory_mb",
+                |c| c.reactor.data_memory_mb = Some(10),
+                "64..",
+            ),
             ("iscsi.queue_depth", |c| c.iscsi.queue_depth = 0, "1..4096"),
             ("iscsi.digests", |c| c.iscsi.digests.clear(), "empty"),
             (

@@ -338,6 +338,43 @@ pub fn render(stats: &Stats, sessions: &[SessionInfo]) -> String {
         }
     }
 
+    let m = &stats.data_memory;
+    for (name, kind, help, v) in [
+        (
+            "ferrite_data_memory_limit_bytes",
+            "gauge",
+            "Memory all commands' data buffers may hold at once.",
+            m.limit,
+        ),
+        (
+            "ferrite_data_memory_used_bytes",
+            "gauge",
+            "Memory commands' data buffers hold now.",
+            m.used,
+        ),
+        (
+            "ferrite_data_memory_peak_bytes",
+            "gauge",
+            "The most memory commands' data buffers held at once.",
+            m.peak,
+        ),
+        (
+            "ferrite_data_memory_waiting_commands",
+            "gauge",
+            "Commands waiting for data buffer memory now.",
+            m.waiting,
+        ),
+        (
+            "ferrite_data_memory_waits_total",
+            "counter",
+            "Commands that waited for data buffer memory.",
+            m.waits,
+        ),
+    ] {
+        family(&mut out, name, kind, help);
+        let _ = writeln!(out, "{name} {v}");
+    }
+
     let name = "ferrite_sessions";
     family(&mut out, name, "gauge", "Sessions logged in, per target.");
     let mut per_target = std::collections::BTreeMap::<&str, u64>::new();

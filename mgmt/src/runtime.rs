@@ -90,6 +90,37 @@ pub struct Stats {
     /// Per device name: command latency histograms, one per (direction,
     /// size class) that saw a command. Empty until the core measures.
     pub latency: BTreeMap<String, Vec<LatencyHistogram>>,
+    /// The data budget: limit, use, high-water mark, waiting commands.
+    pub data_memory: DataMemoryStats,
+}
+
+/// The data budget of the daemon ([`ferrite_core::budget::DataBudget`]),
+/// in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DataMemoryStats {
+    pub limit: u64,
+    pub used: u64,
+    pub peak: u64,
+    /// Sessions holding data buffers.
+    pub holders: u32,
+    /// Commands waiting for memory now.
+    pub waiting: u64,
+    /// Commands that ever waited.
+    pub waits: u64,
+}
+
+impl From<ferrite_core::budget::BudgetStats> for DataMemoryStats {
+    fn from(b: ferrite_core::budget::BudgetStats) -> Self {
+        DataMemoryStats {
+            limit: b.limit,
+            used: b.used,
+            peak: b.peak,
+            holders: b.holders,
+            waiting: b.waiting,
+            waits: b.waits,
+        }
+    }
 }
 
 /// Upper bounds, in microseconds, of the latency buckets of

@@ -23,6 +23,7 @@
 #![forbid(unsafe_code)]
 
 pub mod backend;
+pub mod budget;
 pub mod cmd;
 pub mod device;
 pub mod emulate;

@@ -32,6 +32,7 @@ use slab::Slab;
 use smallvec::SmallVec;
 
 use crate::backend::{BackendQueue, BlockDone, BlockError, BlockOp, Busy};
+use crate::budget::{DataBudget, WRITE_CHUNK};
 use crate::cmd::{
     Abort, Action, Cdb, CmdId, CmdRequest, DeliveryHold, PipeData, Residual, Response, TaskAttr,
     TaskTag, TmfFunction, TmfId, TmfRequest, TmfResponse,
@@ -100,6 +101,10 @@ enum CmdState {
     /// A SANITIZE without IMMED: waits for its device's sanitize operation
     /// (a [`SanitizeJob`]), which outlives it if it is aborted.
     Background,
+    /// Its data buffer does not fit the [`DataBudget`] now; waits in
+    /// `Shard::buf_wait` and starts (or fetches its next chunk) once it
+    /// does.
+    BufWait,
 }
 
 /// A sanitize operation this shard runs for a device (SBC-4 §4.11): one
@@ -180,6 +185,12 @@ struct Cmd {
     /// Delivery holds of its session older than this one must be released
     /// before its writes go ([`Shard::delivered`]); set when first needed.
     barrier: Option<u64>,
+    /// Bytes of the [`DataBudget`] it holds.
+    charged: u64,
+    /// Bytes of the budget it waits for in `BufWait`.
+    want: u64,
+    /// WRITE: the offset in its data of the chunk fetched or written now.
+    chunk_at: u32,
 }
 
 /// Reads of a session whose data left as page-cache pages and that the
@@ -262,6 +273,10 @@ struct SessionState {
     pipe_reads: bool,
     /// Those reads not yet known to be delivered.
     deliveries: std::rc::Rc<std::cell::RefCell<Deliveries>>,
+    /// Bytes of the [`DataBudget`] its commands hold.
+    data_held: u64,
+    /// Its commands in `BufWait`.
+    buf_waiting: u32,
 }
 
 impl SessionState {
@@ -358,6 +373,10 @@ pub struct Shard {
     /// Pipes for reads handed over as page-cache pages: made on first use;
     /// `Some(None)` once the kernel refused them.
     pipes: Option<Option<PipePool>>,
+    /// Memory for command data, shared with the other shards.
+    budget: Arc<DataBudget>,
+    /// Commands in `BufWait`, oldest first.
+    buf_wait: VecDeque<usize>,
 }
 
 impl std::fmt::Debug for Shard {
@@ -386,6 +405,10 @@ impl std::fmt::Debug for Session<'_> {
 /// of the command's sequence number above them, so that an id a fabric keeps
 /// too long never reaches a newer command in the same slot.
 const KEY_BITS: u32 = 20;
+
+/// How often a shard with commands in `BufWait` looks at the budget again
+/// when nothing else wakes it.
+const BUF_WAIT_RECHECK: std::time::Duration = std::time::Duration::from_millis(2);
 const KEY_MASK: u32 = (1 << KEY_BITS) - 1;
 
 fn cmd_id(key: usize, seq: u32) -> CmdId {
@@ -453,6 +476,14 @@ fn block_error_sense(e: BlockError, write: bool) -> Sense {
     }
 }
 
+/// The bytes of a WRITE of `len` fetched and written from `at` in one go:
+/// a [`WRITE_CHUNK`], or the rest if it is shorter or the write is atomic
+/// (WRITE ATOMIC (16) goes to the backend as one operation).
+fn write_chunk(len: u32, at: u32, atomic: bool) -> u32 {
+    let rest = len.saturating_sub(at);
+    if atomic { rest } else { rest.min(WRITE_CHUNK) }
+}
+
 fn check(sense: Sense, residual: Residual) -> Response {
     let mut r = Response::check(sense);
     r.residual = residual;
@@ -492,7 +523,16 @@ impl Shard {
             next_sanitize: 1,
             cap_epoch: crate::device::capacity_epoch(),
             pipes: None,
+            budget: Arc::new(DataBudget::unlimited()),
+            buf_wait: VecDeque::new(),
         }
+    }
+
+    /// Makes the shard draw its command data buffers from `budget` (shared
+    /// by the daemon's shards); a new shard has a budget of its own that no
+    /// load reaches.
+    pub fn set_budget(&mut self, budget: Arc<DataBudget>) {
+        self.budget = budget;
     }
 
     /// The reactor core this shard belongs to.
@@ -538,6 +578,8 @@ impl Shard {
                 watch: None,
                 pipe_reads: false,
                 deliveries: std::rc::Rc::default(),
+                data_held: 0,
+                buf_waiting: 0,
             },
         );
         id
@@ -626,6 +668,9 @@ impl Shard {
         }
         if !self.range_wait.is_empty() {
             progress |= self.retry_ranges();
+        }
+        if !self.buf_wait.is_empty() {
+            progress |= self.retry_buffers();
         }
         if !self.copies.wait.is_empty() {
             progress |= self.xcopy_retry();
@@ -717,10 +762,16 @@ impl Shard {
     /// waits with nothing in flight: a reactor that sleeps until then
     /// instead of spinning need not keep polling for it.
     pub fn next_deadline(&self) -> Option<Instant> {
+        // Commands waiting for the data budget: memory another shard gives
+        // back wakes nobody here, so look again shortly.
+        let buffers = (!self.buf_wait.is_empty())
+            .then(|| self.now.and_then(|n| n.checked_add(BUF_WAIT_RECHECK)))
+            .flatten();
         self.sanitizing
             .iter()
             .filter(|(_, j)| !j.in_flight && j.busy.is_none())
             .filter_map(|(_, j)| j.start?.checked_add(j.op.next_write_after()))
+            .chain(buffers)
             .min()
     }
 
@@ -952,6 +1003,9 @@ impl Shard {
             locked: false,
             waited: false,
             barrier: None,
+            charged: 0,
+            want: 0,
+            chunk_at: 0,
         });
         s.stats.started();
         if let Some(e) = self.cmds[key].entry.as_ref() {
@@ -1053,6 +1107,7 @@ impl Shard {
             CmdState::NeedData
             | CmdState::QueueFull
             | CmdState::RangeWait
+            | CmdState::BufWait
             | CmdState::Exec
             | CmdState::Respond
             | CmdState::Background => {}
@@ -1071,6 +1126,7 @@ impl Shard {
             } => {
                 let op = match self.read_pipe(key, offset, len, xfer) {
                     Some(pipe) => BlockOp::ReadPipe { offset, len, pipe },
+                    None if !self.reserve(key, u64::from(len)) => return,
                     None => BlockOp::Read {
                         offset,
                         buf: self.pool.sg(len as usize),
@@ -1078,7 +1134,7 @@ impl Shard {
                 };
                 self.submit_op(key, op);
             }
-            Plan::Write { len, .. } => self.fetch(key, len),
+            Plan::Write { .. } => self.fetch_write(key, None),
             Plan::Flush(_) => self.submit_op(key, BlockOp::Flush),
             Plan::WriteSame { ndob: true, .. } => self.write_same(key, None),
             Plan::WriteSame { .. } => {
@@ -1162,7 +1218,35 @@ impl Shard {
 
     /// Asks the fabric for `len` bytes of Data-Out in a pool buffer.
     fn fetch(&mut self, key: usize, len: u32) {
-        let buf = self.pool.sg(len as usize);
+        self.fetch_at(key, 0, len, None);
+    }
+
+    /// Asks the fabric for the WRITE's current chunk (from `chunk_at`),
+    /// into `reuse` if it is large enough.
+    fn fetch_write(&mut self, key: usize, reuse: Option<SgList>) {
+        let c = &self.cmds[key];
+        let Plan::Write { len, atomic, .. } = c.plan else {
+            return;
+        };
+        let at = c.chunk_at;
+        let n = write_chunk(len, at, atomic);
+        self.fetch_at(key, at, n, reuse);
+    }
+
+    /// Asks the fabric for `len` bytes of Data-Out from `offset` of the
+    /// command's data, in a buffer of `len` bytes; waits in `BufWait` if
+    /// the budget has no room for it.
+    fn fetch_at(&mut self, key: usize, offset: u32, len: u32, reuse: Option<SgList>) {
+        if !self.reserve(key, u64::from(len)) {
+            return;
+        }
+        let buf = match reuse {
+            Some(mut b) if b.len() >= len as usize => {
+                b.truncate(len as usize);
+                b
+            }
+            _ => self.pool.sg(len as usize),
+        };
         let c = &mut self.cmds[key];
         c.state = CmdState::NeedData;
         let (sid, tag, id) = (c.session, c.tag, cmd_id(key, c.seq));
@@ -1172,10 +1256,95 @@ impl Shard {
                 id,
                 tag,
                 buf,
-                offset: 0,
+                offset,
                 len,
             },
         );
+    }
+
+    /// Makes the command hold `n` bytes of the data budget. False if they
+    /// do not fit now: the command then waits in `BufWait` (and is started
+    /// again by [`Shard::retry_buffers`]).
+    fn reserve(&mut self, key: usize, n: u64) -> bool {
+        let c = &self.cmds[key];
+        if c.charged >= n {
+            return true;
+        }
+        let (sid, extra) = (c.session, n - c.charged);
+        let held = self.sessions.get(&sid).map_or(0, |s| s.data_held);
+        if self.budget.try_take(extra, held) {
+            if let Some(s) = self.sessions.get_mut(&sid) {
+                s.data_held += extra;
+            }
+            self.cmds[key].charged = n;
+            return true;
+        }
+        let c = &mut self.cmds[key];
+        c.want = n;
+        if c.state != CmdState::BufWait {
+            c.state = CmdState::BufWait;
+            self.buf_wait.push_back(key);
+            self.budget.note_wait(true);
+            if let Some(s) = self.sessions.get_mut(&sid) {
+                s.buf_waiting += 1;
+            }
+        }
+        false
+    }
+
+    /// Starts again the commands in `BufWait` whose buffers now fit, oldest
+    /// first; a command that still does not fit keeps its place. True if
+    /// any did.
+    fn retry_buffers(&mut self) -> bool {
+        let mut progress = false;
+        let mut i = 0;
+        while i < self.buf_wait.len() {
+            let key = self.buf_wait[i];
+            let Some(c) = self.cmds.get(key).filter(|c| c.state == CmdState::BufWait) else {
+                self.buf_wait.remove(i);
+                continue;
+            };
+            let (sid, want, extra) = (c.session, c.want, c.want.saturating_sub(c.charged));
+            let held = self.sessions.get(&sid).map_or(0, |s| s.data_held);
+            if !self.budget.try_take(extra, held) {
+                i += 1;
+                continue;
+            }
+            self.buf_wait.remove(i);
+            self.budget.note_wait(false);
+            if let Some(s) = self.sessions.get_mut(&sid) {
+                s.data_held += extra;
+                s.buf_waiting = s.buf_waiting.saturating_sub(1);
+            }
+            let c = &mut self.cmds[key];
+            c.charged = want;
+            c.state = CmdState::New;
+            // Every plan that takes a buffer is started again from the top:
+            // a WRITE goes on from `chunk_at`, and the buffer is held now.
+            self.start(key);
+            progress = true;
+        }
+        progress
+    }
+
+    /// Gives back the budget a command holds and takes it off `buf_wait`.
+    fn release_budget(&mut self, c: &Cmd, key: usize) {
+        let s = self.sessions.get_mut(&c.session);
+        if c.state == CmdState::BufWait {
+            if let Some(p) = self.buf_wait.iter().position(|&k| k == key) {
+                self.buf_wait.remove(p);
+            }
+            self.budget.note_wait(false);
+        }
+        let mut left = 0;
+        if let Some(s) = s {
+            if c.state == CmdState::BufWait {
+                s.buf_waiting = s.buf_waiting.saturating_sub(1);
+            }
+            s.data_held = s.data_held.saturating_sub(c.charged);
+            left = s.data_held;
+        }
+        self.budget.give(c.charged, left);
     }
 
     /// Carries out a WRITE SAME (SBC-4 §5.48, §5.49) with its one-block
@@ -1213,7 +1382,7 @@ impl Shard {
         if let Some(p) = &pattern {
             p.copy_out(0, &mut block);
         }
-        let chunk = len.min(emulate::MAX_TRANSFER_BYTES);
+        let chunk = len.min(u64::from(WRITE_CHUNK));
         let mut buf = self.pool.sg(chunk as usize);
         let mut at = 0;
         while at < chunk as usize {
@@ -1985,6 +2154,16 @@ impl Shard {
             return;
         }
         let mut dbuf = d.buf;
+        if let Plan::Write { len, atomic, .. } = c.plan
+            && d.result.is_ok()
+        {
+            let next = c.chunk_at + write_chunk(len, c.chunk_at, atomic);
+            if next < len {
+                self.cmds[key].chunk_at = next;
+                self.fetch_write(key, dbuf);
+                return;
+            }
+        }
         if d.result.is_ok() && matches!(c.cont, Cont::Combine) {
             self.cmds[key].cont = Cont::None;
             self.combine(key, dbuf);
@@ -2134,6 +2313,9 @@ impl Shard {
             return;
         }
         let c = self.cmds.remove(key);
+        if c.charged > 0 || c.state == CmdState::BufWait {
+            self.release_budget(&c, key);
+        }
         if c.locked
             && let Some(e) = c.entry.as_ref()
         {
@@ -2216,6 +2398,7 @@ impl Shard {
             | CmdState::Blocked
             | CmdState::QueueFull
             | CmdState::RangeWait
+            | CmdState::BufWait
             | CmdState::Background => {
                 self.free(key);
                 false
@@ -2582,7 +2765,9 @@ impl Shard {
         match data {
             Ok(mut buf) => {
                 let want = match plan {
-                    Plan::Write { len, .. } => len,
+                    Plan::Write { len, atomic, .. } => {
+                        write_chunk(len, self.cmds[key].chunk_at, atomic)
+                    }
                     Plan::WriteSame { .. } => bs,
                     Plan::Unmap { param_len, .. } => param_len,
                     Plan::Compare { data_len, .. } => data_len,
@@ -2602,6 +2787,7 @@ impl Shard {
                 self.cmds[key].out_bytes += u64::from(want);
                 match plan {
                     Plan::Write { offset, fua, .. } => {
+                        let offset = offset + u64::from(self.cmds[key].chunk_at);
                         self.submit_op(key, BlockOp::Write { offset, buf, fua })
                     }
                     Plan::WriteSame { .. } => self.write_same(key, Some(buf)),
@@ -2936,6 +3122,16 @@ impl Session<'_> {
     pub fn data_out_done_at(&mut self, now: Instant, id: CmdId, data: Result<SgList, Abort>) {
         self.shard.tick(now);
         self.shard.data_out_done(self.id, id, data)
+    }
+
+    /// True while commands of this session wait for data memory (the
+    /// budget, [`Shard::set_budget`]): a fabric stops widening its command
+    /// window (iSCSI MaxCmdSN, SRP request limit) meanwhile.
+    pub fn data_waiting(&self) -> bool {
+        self.shard
+            .sessions
+            .get(&self.id)
+            .is_some_and(|s| s.buf_waiting > 0)
     }
 
     /// Whether this session's fabric takes large reads as page-cache pages

@@ -319,10 +319,11 @@ impl H {
                         ..
                     } => {
                         assert_eq!(i, id);
-                        assert_eq!(offset, 0);
                         assert_eq!(buf.len(), len as usize);
-                        let n = data.len().min(len as usize);
-                        buf.copy_in(0, &data[..n]);
+                        // A large write is fetched a chunk at a time.
+                        let from = (offset as usize).min(data.len());
+                        let to = (offset as usize + len as usize).min(data.len());
+                        buf.copy_in(0, &data[from..to]);
                         self.shard
                             .session(self.sid)
                             .unwrap()
@@ -1407,12 +1408,16 @@ fn write_same_replicates_the_block_in_chunks() {
     ws[1] = 0;
     good(&h.run(&ws, DataDir::Write, BS, &block));
     let c = h.ctl.lock().unwrap();
-    assert_eq!(c.log.len(), 2);
-    assert_eq!(c.log[0], ("W", 100 * 512, 8 << 20, false));
-    assert_eq!(
-        c.log[1],
-        ("W", 100 * 512 + (8 << 20), 19000 * 512 - (8 << 20), false)
-    );
+    // One write per chunk of at most WRITE_CHUNK bytes, in order.
+    let (total, chunk) = (19000 * 512u64, u64::from(ferrite_core::budget::WRITE_CHUNK));
+    assert_eq!(c.log.len() as u64, total.div_ceil(chunk));
+    for (i, w) in c.log.iter().enumerate() {
+        let at = i as u64 * chunk;
+        assert_eq!(
+            *w,
+            ("W", 100 * 512 + at, (total - at).min(chunk) as usize, false)
+        );
+    }
     for b in 100..19100usize {
         assert_eq!(&c.data[b * 512..(b + 1) * 512], &block[..], "block {b}");
     }
@@ -2423,4 +2428,135 @@ fn report_supported_task_management_functions() {
         &[],
     );
     assert_eq!(data_of(&r)[1] & 0x07, 0x03);
+}
+
+// ----- the data budget -----
+
+#[test]
+fn large_write_is_fetched_and_written_a_chunk_at_a_time() {
+    let mut h = H::build(DeviceFlags::default(), false, 20000, Caps::default());
+    h.run(&[0; 6], DataDir::None, 0, &[]);
+    let len = 3 * (1 << 20) + 4096;
+    let data = pattern(len, 9);
+    let cdb = rw16(0x8a, 8, (len / 512) as u32);
+    good(&h.run(&cdb, DataDir::Write, len as u32, &data));
+    let c = h.ctl.lock().unwrap();
+    let chunk = ferrite_core::budget::WRITE_CHUNK as usize;
+    let writes: Vec<_> = c.log.iter().filter(|e| e.0 == "W").collect();
+    assert_eq!(writes.len(), 4);
+    for (i, w) in writes.iter().enumerate() {
+        assert_eq!(w.1, (8 * 512 + i * chunk) as u64);
+        assert_eq!(w.2, (len - i * chunk).min(chunk));
+    }
+    assert_eq!(&c.data[8 * 512..8 * 512 + len], &data[..]);
+}
+
+/// FetchData actions of one session, answered later by the test.
+fn fetches(h: &mut H, sid: SessionId) -> Vec<(CmdId, ferrite_reactor::buf::SgList)> {
+    let mut s = h.shard.session(sid).unwrap();
+    std::iter::from_fn(|| s.poll_action())
+        .map(|a| match a {
+            Action::FetchData { id, buf, .. } => (id, buf),
+            other => panic!("unexpected action {other:?}"),
+        })
+        .collect()
+}
+
+#[test]
+fn commands_wait_for_the_data_budget_and_a_quiet_session_is_served() {
+    use ferrite_core::budget::{DataBudget, MIN_LIMIT};
+    let mut h = H::build(DeviceFlags::default(), false, 4096, Caps::default());
+    h.run(&[0; 6], DataDir::None, 0, &[]);
+    let budget = Arc::new(DataBudget::new(MIN_LIMIT));
+    h.shard.set_budget(budget.clone());
+    // A session asks for 80 writes of 1 MiB and sends no data: it gets the
+    // shared part (56 of 64 MiB) and the rest wait.
+    let mib = 1u32 << 20;
+    for _ in 0..80 {
+        h.submit(
+            &rw16(0x8a, 0, mib / 512),
+            DataDir::Write,
+            mib,
+            TaskAttr::Simple,
+        );
+    }
+    let sid = h.sid;
+    let mut held = fetches(&mut h, sid);
+    assert_eq!(held.len(), 56);
+    let st = budget.stats();
+    assert_eq!((st.used, st.waiting), (56 << 20, 24));
+    // Another session, holding nothing, is served from the reserve.
+    let other = h.shard.open_session(h.now, nexus(2), h.map.clone(), false);
+    let r = h.req(0, &[0; 6], DataDir::None, 0, TaskAttr::Simple);
+    h.shard.session(other).unwrap().submit(h.now, r);
+    let mut s = h.shard.session(other).unwrap();
+    while s.poll_action().is_some() {}
+    let r = h.req(0, &rw16(0x8a, 8, 8), DataDir::Write, 4096, TaskAttr::Simple);
+    let small = h.shard.session(other).unwrap().submit(h.now, r);
+    let got = fetches(&mut h, other);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].0, small);
+    // While both hold buffers, the first is over its share (28 MiB) and
+    // its waiters stay put even when it gives some back.
+    let (id, buf) = held.pop().unwrap();
+    h.shard.session(sid).unwrap().data_out_done(id, Ok(buf));
+    let mut done = 0;
+    for _ in 0..4 {
+        h.shard.poll(h.now);
+        let mut s = h.shard.session(sid).unwrap();
+        while let Some(a) = s.poll_action() {
+            match a {
+                Action::Respond { id, .. } => {
+                    s.response_sent(id);
+                    done += 1;
+                }
+                other => panic!("unexpected action {other:?}"),
+            }
+        }
+    }
+    assert_eq!(done, 1);
+    assert_eq!(budget.stats().waiting, 24);
+    let (id, buf) = got.into_iter().next().unwrap();
+    h.shard.session(other).unwrap().data_out_done(id, Ok(buf));
+    for _ in 0..4 {
+        h.shard.poll(h.now);
+        let mut s = h.shard.session(other).unwrap();
+        while let Some(a) = s.poll_action() {
+            match a {
+                Action::Respond { id, .. } => s.response_sent(id),
+                other => panic!("unexpected action {other:?}"),
+            }
+        }
+    }
+    // The first session alone again: its share is the shared part, and
+    // one more write of it completing lets one waiter in.
+    let (id, buf) = held.pop().unwrap();
+    h.shard.session(h.sid).unwrap().data_out_done(id, Ok(buf));
+    for _ in 0..4 {
+        h.shard.poll(h.now);
+    }
+    let mut s = h.shard.session(h.sid).unwrap();
+    let mut next = Vec::new();
+    while let Some(a) = s.poll_action() {
+        match a {
+            Action::Respond { id, rsp, .. } => {
+                assert_eq!(rsp.status, Status::GOOD);
+                s.response_sent(id);
+            }
+            Action::FetchData { id, buf, .. } => next.push((id, buf)),
+            other => panic!("unexpected action {other:?}"),
+        }
+    }
+    // The response sent frees that write's buffer for the next waiter.
+    h.shard.poll(h.now);
+    next.extend(fetches(&mut h, sid));
+    assert_eq!(next.len(), 2);
+    assert_eq!(budget.stats().waiting, 22);
+    // Closing the session releases every buffer it held or waited for.
+    drop(held);
+    drop(next);
+    h.shard.close_session(h.now, h.sid);
+    h.shard.poll(h.now);
+    let st = budget.stats();
+    assert_eq!((st.used, st.waiting, st.holders), (0, 0, 0));
 }

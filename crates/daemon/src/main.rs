@@ -51,6 +51,11 @@ struct Args {
     /// reactor keep at most 2 commands outstanding (0: never).
     #[arg(long)]
     latency_poll_us: Option<u32>,
+    /// MiB of memory for commands' data buffers, shared by all sessions
+    /// (default: from the configuration, else an eighth of the machine's
+    /// memory between 256 MiB and 4 GiB).
+    #[arg(long, value_name = "MIB")]
+    data_memory_mb: Option<u64>,
     /// Pin reactor threads to CPUs.
     #[arg(long)]
     pin: bool,
@@ -169,6 +174,9 @@ fn main() -> Result<()> {
     if let Some(p) = args.latency_poll_us {
         cfg.reactor.latency_poll_us = p;
     }
+    if let Some(mb) = args.data_memory_mb {
+        cfg.reactor.data_memory_mb = Some(mb);
+    }
     let control = args
         .control
         .clone()
@@ -221,6 +229,13 @@ fn run(
         ..ReactorConfig::default()
     };
     let stats_board = Arc::new(crate::stats::StatsBoard::default());
+    let budget = Arc::new(ferrite_core::budget::DataBudget::new(
+        cfg.reactor.data_memory_bytes(),
+    ));
+    tracing::info!(
+        data_memory_mb = budget.limit() >> 20,
+        "data buffers bounded by the data memory budget"
+    );
     let mut handles = Vec::new();
     for (core, rx) in rxs.into_iter().enumerate() {
         let ls = if core == 0 {
@@ -235,6 +250,7 @@ fn run(
         };
         let (peers, snapshot, registry) = (txs.clone(), system.snapshot.clone(), registry.clone());
         let board = stats_board.clone();
+        let budget = budget.clone();
         let h = std::thread::Builder::new()
             .name(format!("reactor-{core}"))
             .spawn(move || {
@@ -242,14 +258,17 @@ fn run(
                 // sessions never leave the core that created them.
                 let w = CoreWorker::new(core, ls, peers, snapshot, registry)
                     .with_srp_ports(srp_ports)
-                    .with_stats(board);
+                    .with_stats(board)
+                    .with_budget(budget);
                 ring::run(core, rcfg, rx, w).map(|_| ())
             })
             .context("spawning reactor thread")?;
         handles.push(h);
     }
     let runtime = Arc::new(
-        DaemonRuntime::new(&system, &cfg, txs.clone(), registry.clone()).with_stats(stats_board),
+        DaemonRuntime::new(&system, &cfg, txs.clone(), registry.clone())
+            .with_stats(stats_board)
+            .with_budget(budget.clone()),
     );
     if let Some(dir) = control.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -266,8 +285,23 @@ fn run(
     tracing::info!(socket = %control.display(), "control socket ready");
     tracing::info!(cores, "ferrited running");
 
+    // The most data memory in use since the allocator last gave free memory
+    // back: once a burst of buffers has passed, their memory leaves the
+    // process instead of staying in its heaps.
+    let mut high = 0u64;
+    let mut tick = 0u32;
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(100));
+        tick = tick.wrapping_add(1);
+        if tick.is_multiple_of(10) {
+            let used = budget.stats().used;
+            if high > used + (64 << 20) {
+                ferrite_reactor::buf::release_free_memory();
+                high = used;
+            } else {
+                high = high.max(used);
+            }
+        }
         if handles.iter().any(|h| h.is_finished()) {
             break;
         }

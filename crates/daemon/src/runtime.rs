@@ -48,6 +48,8 @@ pub struct DaemonRuntime {
     cores: Vec<MailboxTx<Msg>>,
     registry: Arc<Registry>,
     stats_board: Arc<crate::stats::StatsBoard>,
+    /// The data budget every core draws on.
+    budget: Arc<ferrite_core::budget::DataBudget>,
     state_dir: std::path::PathBuf,
 }
 
@@ -104,6 +106,9 @@ impl DaemonRuntime {
             cores,
             registry,
             stats_board: Arc::default(),
+            budget: Arc::new(ferrite_core::budget::DataBudget::new(
+                cfg.reactor.data_memory_bytes(),
+            )),
             state_dir: system.state_dir.clone(),
         }
     }
@@ -111,6 +116,12 @@ impl DaemonRuntime {
     /// Reads statistics from `board`, where the cores publish them.
     pub fn with_stats(mut self, board: Arc<crate::stats::StatsBoard>) -> DaemonRuntime {
         self.stats_board = board;
+        self
+    }
+
+    /// Shows and changes `budget`, the one the cores draw on.
+    pub fn with_budget(mut self, budget: Arc<ferrite_core::budget::DataBudget>) -> DaemonRuntime {
+        self.budget = budget;
         self
     }
 
@@ -719,6 +730,7 @@ impl Runtime for DaemonRuntime {
                 out.targets.insert(name.clone(), crate::stats::to_mgmt(&io));
             }
         }
+        out.data_memory = self.budget.stats().into();
         out
     }
 }

@@ -210,6 +210,12 @@ impl CoreWorker {
     }
 
     /// Publishes this core's counters to `board` about once a second.
+    /// Makes this core's shard draw its data buffers from `budget`.
+    pub fn with_budget(mut self, budget: Arc<ferrite_core::budget::DataBudget>) -> CoreWorker {
+        self.shard.set_budget(budget);
+        self
+    }
+
     pub fn with_stats(mut self, board: Arc<crate::stats::StatsBoard>) -> CoreWorker {
         self.stats_board = Some(board);
         self

@@ -27,6 +27,10 @@ use smallvec::SmallVec;
 /// Alignment of every [`IoBuf`]: enough for `O_DIRECT` on 4 KiB-sector devices.
 pub const BUF_ALIGN: usize = 4096;
 
+/// The most idle memory a [`BufPool`] keeps per size class (at least four
+/// buffers of the class are kept whatever their size).
+pub const MAX_IDLE_BYTES_PER_CLASS: usize = 8 << 20;
+
 /// What lives as long as a buffer's memory (see the module doc).
 pub type Attachment = Box<dyn Any + Send + Sync>;
 
@@ -129,15 +133,25 @@ impl fmt::Debug for BufPool {
 impl BufPool {
     /// A pool of buffers of up to `buf_size` bytes. Buffers are allocated on
     /// demand and kept when returned, up to `max_free` idle ones per size
-    /// class (4 KiB, 8 KiB, ... doubling up to `buf_size`): a 4 KiB command
+    /// class and [`MAX_IDLE_BYTES_PER_CLASS`] of each class's memory (4 KiB,
+    /// 8 KiB, ... doubling up to `buf_size`); more are freed. A 4 KiB command
     /// then holds 4 KiB, not `buf_size`, which keeps the memory of a deep
     /// queue of small I/Os small.
     pub fn new(buf_size: usize, max_free: usize) -> BufPool {
         let buf_size = buf_size.max(1).next_multiple_of(BUF_ALIGN);
         let pages = buf_size / BUF_ALIGN;
         let classes = pages.next_power_of_two().trailing_zeros() as usize + 1;
+        // Idle memory is bounded per class too, so that a burst of large
+        // buffers is given back to the allocator once it has passed.
         let free = (0..classes)
-            .map(|_| ArrayQueue::new(max_free.max(1)))
+            .map(|i| {
+                let size = BUF_ALIGN
+                    .checked_shl(i as u32)
+                    .unwrap_or(usize::MAX)
+                    .min(buf_size);
+                let by_bytes = (MAX_IDLE_BYTES_PER_CLASS / size).max(4);
+                ArrayQueue::new(max_free.min(by_bytes).max(1))
+            })
             .collect();
         BufPool {
             shared: Arc::new(PoolShared { free, buf_size }),
@@ -459,6 +473,16 @@ impl SgList {
         self.copy_out(0, &mut v);
         v
     }
+}
+
+/// Hands the allocator's free memory back to the kernel (glibc's
+/// `malloc_trim`): buffers freed after a burst otherwise stay in the
+/// process's heaps, counted in its RSS. True if anything was released.
+/// Costs a walk over the heaps; the daemon calls it when a burst of
+/// buffer memory has passed, not per buffer.
+pub fn release_free_memory() -> bool {
+    // SAFETY: malloc_trim only touches the allocator's own free lists.
+    unsafe { libc::malloc_trim(0) != 0 }
 }
 
 #[cfg(test)]

@@ -345,6 +345,11 @@ struct SeqState {
     /// TMFs answered on one connection whose aborted tasks the others
     /// forget: (member that answered, scope).
     finished: Vec<(u32, TaskScope)>,
+    /// The core has commands of this session waiting for data memory: the
+    /// window stays where it was last shown ([`SessionSeq::hold_window`]).
+    window_held: bool,
+    /// The MaxCmdSN last computed.
+    last_max: Option<CmdSn>,
 }
 
 /// The tasks a TMF affects, as a connection sees them.
@@ -374,7 +379,21 @@ impl SessionSeq {
             logouts: Vec::new(),
             aborts: Vec::new(),
             finished: Vec::new(),
+            window_held: false,
+            last_max: None,
         })))
+    }
+
+    /// Holds the CmdSN window (`true`) while the core makes commands of
+    /// this session wait for data memory: MaxCmdSN stops growing, so the
+    /// initiator sends no new commands until memory comes back, and then
+    /// the window opens again (`false`). MaxCmdSN never moves backwards.
+    pub fn hold_window(&self, held: bool) {
+        let mut st = self.0.borrow_mut();
+        if st.window_held != held {
+            tracing::debug!(held, "CmdSN window held for data memory");
+            st.window_held = held;
+        }
     }
 
     /// TMF scopes received on one connection (the member id) that the
@@ -428,9 +447,16 @@ impl SessionSeq {
     /// MaxCmdSN: the window shrinks by the commands outstanding, so it never
     /// moves backwards (a command in raises ExpCmdSN, its response frees a slot).
     pub fn max_cmd_sn(&self) -> CmdSn {
-        let st = self.0.borrow();
+        let mut st = self.0.borrow_mut();
+        if st.window_held
+            && let Some(last) = st.last_max
+        {
+            return last;
+        }
         let free = st.queue_depth.saturating_sub(st.in_flight);
-        CmdSn(st.exp_cmd_sn.0.wrapping_add(free).wrapping_sub(1))
+        let max = CmdSn(st.exp_cmd_sn.0.wrapping_add(free).wrapping_sub(1));
+        st.last_max = Some(max);
+        max
     }
 
     /// RFC 7143 §4.2.2.1: ExpCmdSN <= CmdSN <= MaxCmdSN.

@@ -693,6 +693,7 @@ impl TcpConn {
             if let Some(sid) = self.session
                 && let Some(mut s) = shard.session(sid)
             {
+                self.conn.session_seq().hold_window(s.data_waiting());
                 let mut actions = std::mem::take(&mut self.actions);
                 s.take_actions(&mut actions);
                 while let Some(a) = actions.pop_front() {

@@ -896,7 +896,14 @@ impl Channel {
             });
             return;
         }
-        let fits = (offset as u64 + len as u64) <= buf.len() as u64;
+        // `buf` holds the command's data from 0, or just this range (the
+        // core fetches a large write a chunk at a time).
+        let base = if (offset as u64 + len as u64) <= buf.len() as u64 {
+            0
+        } else {
+            offset
+        };
+        let fits = (offset - base) as u64 + len as u64 <= buf.len() as u64;
         if let DataBuf::Immediate { offset: at, len: n } = task.data_out {
             // SRP-2: the data came inside the SRP_CMD; no RDMA READ.
             let (start, end) = (offset as u64, offset as u64 + len as u64);
@@ -908,7 +915,7 @@ impl Channel {
             let result = match src {
                 Some(src) => {
                     let mut buf = buf;
-                    buf.copy_in(offset as usize, src);
+                    buf.copy_in((offset - base) as usize, src);
                     Ok(buf)
                 }
                 None => Err(Abort::TransportError),
@@ -920,7 +927,7 @@ impl Channel {
             DataBuf::Segs(s) => s.clone(),
             _ => SmallVec::new(),
         };
-        let Some(xfers) = map_range(&segs, offset as u64, len as u64).filter(|_| fits) else {
+        let Some(mut xfers) = map_range(&segs, offset as u64, len as u64).filter(|_| fits) else {
             // The core asked for bytes the initiator's buffer does not have.
             self.events.push_back(Event::DataOut {
                 id,
@@ -928,6 +935,9 @@ impl Channel {
             });
             return;
         };
+        for x in &mut xfers {
+            x.offset -= base;
+        }
         task.state = TaskState::FetchingData { id };
         let op = self.op(OpKind::DataOut { tag });
         self.tx.push_back(Transmit::RdmaRead { op, buf, xfers });
