@@ -1108,7 +1108,8 @@ fn action_tag(a: &Action) -> Option<u64> {
 /// all are quiet, then posts what the channels produced. A session's
 /// actions go to the channel holding the task's tag (tags are unique in an
 /// I_T nexus, across its channels); an event goes to one live channel; a
-/// close to all of them.
+/// close to all of them. A session's channels hold their credits while the
+/// core makes it wait for data memory (`Session::data_waiting`).
 fn drive(now: Instant, conns: &mut slab::Slab<SrpConn>, shard: &mut Shard) -> bool {
     let mut any = false;
     // (session, channel) pairs sorted by session: each session's channels
@@ -1170,6 +1171,14 @@ fn drive(now: Instant, conns: &mut slab::Slab<SrpConn>, shard: &mut Shard) -> bo
             let Some(mut s) = shard.session(sid) else {
                 continue;
             };
+            // While the core makes the nexus wait for data memory, its
+            // channels' request limits stop growing (SRP's MaxCmdSN).
+            let waiting = s.data_waiting();
+            for (_, k) in run {
+                if let Some(c) = conns.get_mut(*k) {
+                    c.conn.hold_credits(waiting);
+                }
+            }
             let mut orphans = Vec::new();
             while let Some(a) = s.poll_action() {
                 progress = true;

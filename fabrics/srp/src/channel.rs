@@ -19,6 +19,13 @@
 //! kept for the IUs that spend no credit (SRP_I_LOGOUT and the responses to
 //! the target's own SRP_CRED_REQ and SRP_AER_REQ, of which at most one is
 //! outstanding at a time).
+//!
+//! Flow control: while the core makes the channel's session wait for data
+//! memory (`Session::data_waiting`), the driver holds the channel's credits
+//! ([`Channel::hold_credits`]): every IU then carries a REQUEST LIMIT DELTA
+//! of 0, so the request limit stops growing and the initiator's commands
+//! drain it. Once nothing waits, the credits withheld go back in the next
+//! response, or in an SRP_CRED_REQ when no response is coming.
 
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
@@ -372,6 +379,8 @@ pub struct Channel {
     /// SRP-2 immediate data, granted at login: where it starts in an
     /// SRP_CMD.
     imm_data_offset: Option<u16>,
+    /// The session's commands wait for data memory: no credit goes back.
+    credits_held: bool,
 }
 
 /// Answers a login request (SRP r16a §6.2-§6.4, SRP-2 immediate data),
@@ -523,6 +532,7 @@ impl Channel {
             events: VecDeque::new(),
             closed_reported: false,
             imm_data_offset: None,
+            credits_held: false,
         }
     }
 
@@ -545,6 +555,23 @@ impl Channel {
     /// Credits the initiator holds as the target counts them.
     pub fn credits_granted(&self) -> u32 {
         self.granted
+    }
+
+    /// Holds the credits (`true`) while the core makes this channel's
+    /// session wait for data memory: every IU carries a REQUEST LIMIT DELTA
+    /// of 0 and no SRP_CRED_REQ goes out, so the initiator's request limit
+    /// stops growing and it sends no more commands than the credits it
+    /// still has. Released (`false`), the credits withheld go back in the
+    /// next response, or at once in an SRP_CRED_REQ when no response is
+    /// coming to carry them. Credits already granted are never taken back.
+    pub fn hold_credits(&mut self, held: bool) {
+        if self.credits_held == held {
+            return;
+        }
+        self.credits_held = held;
+        if !held {
+            self.next_target_req();
+        }
     }
 
     /// Tasks (commands and TMFs) the channel knows.
@@ -596,6 +623,9 @@ impl Channel {
     }
 
     fn take_delta(&mut self) -> u32 {
+        if self.credits_held {
+            return 0;
+        }
         let d = u32::try_from(self.returnable()).unwrap_or(u32::MAX);
         self.returned += d as u64;
         self.granted += d;
@@ -1159,7 +1189,7 @@ impl Channel {
                 TaskState::Responding { .. } | TaskState::TmfResponding
             )
         });
-        if self.returnable() > 0 && !responses_coming {
+        if !self.credits_held && self.returnable() > 0 && !responses_coming {
             self.next_tag += 1;
             self.target_req = Some(tag);
             let cred = iu::CredReq {

@@ -240,6 +240,13 @@ impl TargetConn {
         self.channel.handle_action(a);
     }
 
+    /// Holds or releases the channel's credits while its session waits
+    /// for data memory ([`Channel::hold_credits`]; then call
+    /// [`TargetConn::pump`]).
+    pub fn hold_credits(&mut self, held: bool) {
+        self.channel.hold_credits(held);
+    }
+
     /// A task management function of another channel of this nexus
     /// completed ([`Channel::tmf_done_elsewhere`]; then call
     /// [`TargetConn::pump`]).

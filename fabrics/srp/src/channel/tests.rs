@@ -1114,3 +1114,104 @@ fn garbage_ius_never_panic() {
         }
     }
 }
+
+/// Responds GOOD to `tag` and completes the SRP_RSP's send; the delta it
+/// carried.
+fn respond_good(ch: &mut Channel, tag: u64) -> u32 {
+    ch.handle_action(Action::Respond {
+        id: CmdId(tag as u32),
+        tag: TaskTag(tag),
+        rsp: Response::good(),
+    });
+    let tx = transmits(ch);
+    assert_eq!(tx.len(), 1, "{tx:?}");
+    let (op, b) = sent_iu(&tx[0]);
+    let delta = Rsp::parse(b).unwrap().req_lim_delta;
+    ch.send_done(op, true);
+    delta
+}
+
+#[test]
+fn held_credits_are_returned_by_the_next_response_once_released() {
+    let mut ch = channel();
+    for tag in 0..4 {
+        recv(&mut ch, &cmd(tag, &[0; 6], &[], &[]));
+    }
+    assert_eq!(events(&mut ch).len(), 4);
+    assert_eq!(ch.credits_granted(), 0);
+    // The session waits for data memory: responses carry no credit, and
+    // no SRP_CRED_REQ goes out either.
+    ch.hold_credits(true);
+    assert_eq!(respond_good(&mut ch, 0), 0);
+    assert_eq!(respond_good(&mut ch, 1), 0);
+    assert_eq!(ch.credits_granted(), 0);
+    assert!(transmits(&mut ch).is_empty());
+    // Memory is back while responses are still coming: nothing is sent at
+    // once, and the next response carries every credit withheld.
+    ch.hold_credits(false);
+    assert!(transmits(&mut ch).is_empty());
+    assert_eq!(respond_good(&mut ch, 2), 3);
+    assert_eq!(respond_good(&mut ch, 3), 1);
+    assert_eq!(ch.credits_granted(), 4);
+    assert!(transmits(&mut ch).is_empty());
+}
+
+#[test]
+fn held_credits_go_back_in_a_cred_req_when_no_response_is_coming() {
+    let mut ch = channel();
+    for tag in 0..3 {
+        recv(&mut ch, &cmd(tag, &[0; 6], &[], &[]));
+    }
+    assert_eq!(events(&mut ch).len(), 3);
+    ch.hold_credits(true);
+    for tag in 0..3 {
+        assert_eq!(respond_good(&mut ch, tag), 0);
+    }
+    // Every task ended while held: the initiator has one credit left and
+    // nothing would ever carry the others back but an SRP_CRED_REQ.
+    assert_eq!(ch.credits_granted(), 1);
+    assert!(transmits(&mut ch).is_empty(), "a CRED_REQ while held");
+    // Holding again changes nothing.
+    ch.hold_credits(true);
+    assert!(transmits(&mut ch).is_empty());
+    ch.hold_credits(false);
+    let tx = transmits(&mut ch);
+    assert_eq!(tx.len(), 1, "{tx:?}");
+    let cred = iu::CredReq::parse(sent_iu(&tx[0]).1).unwrap();
+    assert_eq!(cred.req_lim_delta, 3);
+    assert_eq!(ch.credits_granted(), 4);
+    ch.send_done(sent_iu(&tx[0]).0, true);
+    recv(&mut ch, &iu::simple_rsp(IuType::CRED_RSP, cred.tag));
+    assert!(transmits(&mut ch).is_empty());
+}
+
+#[test]
+fn a_held_channel_stalls_an_initiator_that_keeps_to_its_limit_until_released() {
+    let mut ch = channel();
+    ch.hold_credits(true);
+    // An initiator keeping to its request limit sends as long as it has
+    // credits; with the limit not growing, it stops after four commands
+    // whatever the target finished meanwhile.
+    let mut limit = ch.credits_granted();
+    let mut sent = 0u64;
+    for round in 0..8u64 {
+        while limit > 0 {
+            recv(&mut ch, &cmd(sent, &[0; 6], &[], &[]));
+            limit -= 1;
+            sent += 1;
+        }
+        for ev in events(&mut ch) {
+            match ev {
+                Event::Submit(req) => limit += respond_good(&mut ch, req.tag.0),
+                Event::ResponseSent(_) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(sent, 4, "round {round}: the limit grew while held");
+    }
+    assert_eq!(limit, 0);
+    ch.hold_credits(false);
+    let tx = transmits(&mut ch);
+    let cred = iu::CredReq::parse(sent_iu(&tx[0]).1).unwrap();
+    assert_eq!(cred.req_lim_delta, 4);
+}
