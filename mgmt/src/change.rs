@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use crate::config::{
     Config, DeviceConfig, GroupConfig, Handler, IscsiParamsConfig, IscsiTargetConfig, LunConfig,
-    ReactorConfig, SrpTargetConfig,
+    ReactorConfig, SrpTargetConfig, data_memory_bytes,
 };
 use crate::runtime::{DeviceAttr, Runtime, RuntimeError, TargetAttr};
 
@@ -89,7 +89,15 @@ pub enum Change {
         name: String,
         new: Option<Box<SrpTargetConfig>>,
     },
-    /// Reactor settings take effect at the next start; only the model changes.
+    /// The data memory budget (`reactor.data_memory_mb`, MiB; `None`: the
+    /// default from the machine's memory), changed in the running system
+    /// at once.
+    SetDataMemory {
+        mb: Option<u64>,
+    },
+    /// The other reactor settings, which take effect at the next start: only
+    /// the model changes. `data_memory_mb` is not taken from it (that is
+    /// [`Change::SetDataMemory`]).
     SetReactor(ReactorConfig),
 }
 
@@ -324,6 +332,10 @@ impl fmt::Display for Change {
                 "SRP port /targets/srp/{name}: {}",
                 serde_json::to_string(t).unwrap_or_default()
             ),
+            Change::SetDataMemory { mb: Some(mb) } => write!(f, "set /data_memory_mb {mb}"),
+            Change::SetDataMemory { mb: None } => {
+                write!(f, "set /data_memory_mb \"\" (the default)")
+            }
             Change::SetReactor(r) => write!(
                 f,
                 "reactor (at next start): {}",
@@ -473,7 +485,13 @@ impl Change {
                     (None, None) => return Err(ModelError(format!("no SRP port {name:?}"))),
                 }
             }
-            Change::SetReactor(r) => cfg.reactor = r.clone(),
+            Change::SetDataMemory { mb } => cfg.reactor.data_memory_mb = *mb,
+            Change::SetReactor(r) => {
+                cfg.reactor = ReactorConfig {
+                    data_memory_mb: cfg.reactor.data_memory_mb,
+                    ..r.clone()
+                }
+            }
         }
         Ok(())
     }
@@ -515,6 +533,7 @@ impl Change {
             } => rt.set_lun_map(target, group.as_deref(), luns)?,
             Change::SetIscsiParams(p) => rt.set_iscsi_params(p)?,
             Change::SetSrpTarget { name, new } => rt.set_srp_target(name, new.as_deref())?,
+            Change::SetDataMemory { mb } => rt.set_data_memory(data_memory_bytes(*mb))?,
             Change::SetReactor(_) => {}
         }
         Ok(None)
@@ -852,6 +871,14 @@ pub fn plan(old: &Config, new: &Config) -> Result<Vec<Change>, ModelError> {
     }
     if sim.iscsi != new.iscsi {
         step(&mut sim, Change::SetIscsiParams(new.iscsi.clone()))?;
+    }
+    if sim.reactor.data_memory_mb != new.reactor.data_memory_mb {
+        step(
+            &mut sim,
+            Change::SetDataMemory {
+                mb: new.reactor.data_memory_mb,
+            },
+        )?;
     }
     if sim.reactor != new.reactor {
         step(&mut sim, Change::SetReactor(new.reactor.clone()))?;

@@ -1022,6 +1022,20 @@ pub struct ReactorConfig {
 /// Initiator queue depth up to which a reactor counts as latency-bound.
 pub const LATENCY_BOUND_DEPTH: u32 = 2;
 
+/// The values `reactor.data_memory_mb` takes, in MiB: from
+/// [`ferrite_core::budget::MIN_LIMIT`] to 1 PiB.
+pub const DATA_MEMORY_MB: std::ops::RangeInclusive<u64> =
+    (ferrite_core::budget::MIN_LIMIT >> 20)..=(1 << 30);
+
+/// The data budget in bytes for a `data_memory_mb` of `mb`: `mb` MiB, or
+/// (`None`) the default for this machine's memory.
+pub fn data_memory_bytes(mb: Option<u64>) -> u64 {
+    match mb {
+        Some(mb) => mb.saturating_mul(1 << 20),
+        None => ferrite_core::budget::DataBudget::default_limit(mem_total()),
+    }
+}
+
 impl Default for ReactorConfig {
     fn default() -> Self {
         ReactorConfig {
@@ -1037,10 +1051,7 @@ impl ReactorConfig {
     /// The data budget in bytes: `data_memory_mb`, or the default for
     /// this machine's memory.
     pub fn data_memory_bytes(&self) -> u64 {
-        match self.data_memory_mb {
-            Some(mb) => mb.saturating_mul(1 << 20),
-            None => ferrite_core::budget::DataBudget::default_limit(mem_total()),
-        }
+        data_memory_bytes(self.data_memory_mb)
     }
 
     /// `cores`, or the machine's available parallelism.
@@ -1356,11 +1367,15 @@ impl Config {
             }
         }
         if let Some(mb) = self.reactor.data_memory_mb
-            && !(64..=(1 << 30)).contains(&mb)
+            && !DATA_MEMORY_MB.contains(&mb)
         {
             return Err(ConfigError::invalid(
                 "reactor.data_memory_mb",
-                format!("{mb} MiB; valid: 64..1073741824"),
+                format!(
+                    "{mb} MiB; valid: {}..{}",
+                    DATA_MEMORY_MB.start(),
+                    DATA_MEMORY_MB.end()
+                ),
             ));
         }
         Ok(())

@@ -377,6 +377,12 @@ pub trait Runtime: Send + Sync {
     /// digests, discovery CHAP), for logins from now on.
     fn set_iscsi_params(&self, params: &IscsiParamsConfig) -> Result<(), RuntimeError>;
 
+    /// A new limit, in bytes, for the data memory budget every command's
+    /// buffers come out of (`reactor.data_memory_mb`; the tree passes the
+    /// default in bytes when it is unset). Buffers already held stay;
+    /// commands waiting for memory are served once they fit the new limit.
+    fn set_data_memory(&self, limit: u64) -> Result<(), RuntimeError>;
+
     /// The sessions now logged in.
     fn sessions(&self) -> Vec<SessionInfo>;
     /// Closes one session (SCST's `force_close`).
@@ -510,6 +516,15 @@ impl Runtime for FakeRuntime {
     }
     fn set_iscsi_params(&self, _params: &IscsiParamsConfig) -> Result<(), RuntimeError> {
         self.record("set_iscsi_params".into())
+    }
+    fn set_data_memory(&self, limit: u64) -> Result<(), RuntimeError> {
+        self.record(format!("set_data_memory {limit}"))?;
+        self.stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .data_memory
+            .limit = limit;
+        Ok(())
     }
     fn set_srp_target(
         &self,

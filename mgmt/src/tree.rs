@@ -1,6 +1,7 @@
 //! The object tree, shaped like SCST's sysfs:
 //!
 //! ```text
+//! /{data_memory_mb,data_memory}
 //! /handlers/{vdisk_fileio,vdisk_blockio,vdisk_nullio}/mgmt
 //! /devices/<name>/{handler,filename,size,blocksize,read_only,...,resync_size,stats,exported}
 //! /targets/iscsi/{mgmt,<iSCSI parameter>...}
@@ -33,11 +34,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::change::{Change, device_attr_changes, plan};
 use crate::config::{
-    ChapUser, Config, ConfigError, DeviceConfig, GroupConfig, Handler, IscsiParamsConfig,
-    IscsiTargetConfig, LunConfig, MAX_LUNS, validate_initiator_pattern, validate_iscsi_name,
-    validate_object_name,
+    ChapUser, Config, ConfigError, DATA_MEMORY_MB, DeviceConfig, GroupConfig, Handler,
+    IscsiParamsConfig, IscsiTargetConfig, LunConfig, MAX_LUNS, validate_initiator_pattern,
+    validate_iscsi_name, validate_object_name,
 };
-use crate::runtime::{Fabric, IoStats, Runtime, RuntimeError, SessionInfo, TargetAttr};
+use crate::runtime::{
+    DataMemoryStats, Fabric, IoStats, Runtime, RuntimeError, SessionInfo, TargetAttr,
+};
 
 /// What went wrong with a management operation. Nothing changed unless the
 /// error says so ([`MgmtError::Apply`]).
@@ -115,6 +118,18 @@ struct AttrDef {
     name: &'static str,
     desc: &'static str,
 }
+
+/// Attributes of `/`: the daemon-wide data memory budget.
+const ROOT_ATTRS: &[AttrDef] = &[
+    AttrDef {
+        name: "data_memory_mb",
+        desc: "MiB all commands' data buffers may hold at once, 64..1073741824; empty or \"default\": an eighth of the memory, between 256 MiB and 4 GiB",
+    },
+    AttrDef {
+        name: "data_memory",
+        desc: "data memory budget: limit, used and peak in bytes, holders (sessions holding buffers), waiting and waits (commands) (read-only)",
+    },
+];
 
 const DEVICE_ATTRS: &[AttrDef] = &[
     AttrDef {
@@ -436,6 +451,7 @@ clear";
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Node {
     Root,
+    RootAttr(&'static AttrDef),
     Handlers,
     Handler(Handler),
     HandlerMgmt(Handler),
@@ -547,6 +563,34 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     };
     let n: u64 = num.parse().map_err(|_| err())?;
     n.checked_mul(1u64 << shift).ok_or_else(err)
+}
+
+fn fmt_data_memory(m: &DataMemoryStats) -> String {
+    format!(
+        "limit {}\nused {}\npeak {}\nholders {}\nwaiting {}\nwaits {}",
+        m.limit, m.used, m.peak, m.holders, m.waiting, m.waits
+    )
+}
+
+/// A value written to `/data_memory_mb`: MiB in [`DATA_MEMORY_MB`], or
+/// `None` (empty or `default`) for the default.
+fn parse_data_memory_mb(s: &str) -> Result<Option<u64>, String> {
+    if s.is_empty() || s.eq_ignore_ascii_case("default") {
+        return Ok(None);
+    }
+    let valid = format!(
+        "valid: {}..{} (MiB), or empty or \"default\" for the default",
+        DATA_MEMORY_MB.start(),
+        DATA_MEMORY_MB.end()
+    );
+    match s.parse::<u64>() {
+        Ok(mb) if DATA_MEMORY_MB.contains(&mb) => Ok(Some(mb)),
+        Ok(mb) => Err(format!("{mb} MiB is out of range; {valid}")),
+        Err(e) if *e.kind() == std::num::IntErrorKind::PosOverflow => {
+            Err(format!("{s} MiB is out of range; {valid}"))
+        }
+        Err(_) => Err(format!("{s:?} is not a number; {valid}")),
+    }
 }
 
 fn fmt_stats(s: &IoStats) -> String {
@@ -824,12 +868,17 @@ impl Tree {
                     "handlers" => Node::Handlers,
                     "devices" => Node::Devices,
                     "targets" => Node::Targets,
-                    _ => {
-                        return Err(no(names_hint(
-                            "entries",
-                            ["handlers", "devices", "targets"],
-                        )));
-                    }
+                    _ => match find_attr(ROOT_ATTRS, c) {
+                        Some(a) => Node::RootAttr(a),
+                        None => {
+                            return Err(no(names_hint(
+                                "entries",
+                                ["handlers", "devices", "targets"]
+                                    .into_iter()
+                                    .chain(ROOT_ATTRS.iter().map(|a| a.name)),
+                            )));
+                        }
+                    },
                 },
                 Node::Handlers => match Handler::from_name(c) {
                     Some(h) => Node::Handler(h),
@@ -1026,7 +1075,8 @@ impl Tree {
                         )));
                     }
                 },
-                Node::HandlerMgmt(_)
+                Node::RootAttr(_)
+                | Node::HandlerMgmt(_)
                 | Node::HandlerDevice(..)
                 | Node::DeviceAttr(..)
                 | Node::IscsiMgmt
@@ -1121,7 +1171,14 @@ impl Tree {
                 dir("handlers", "device handlers"),
                 dir("devices", "devices (logical units)"),
                 dir("targets", "target ports per fabric"),
-            ],
+            ]
+            .into_iter()
+            .chain(
+                ROOT_ATTRS
+                    .iter()
+                    .map(|a| attr(a, a.name == "data_memory_mb")),
+            )
+            .collect(),
             Node::Handlers => Handler::ALL
                 .iter()
                 .map(|h| dir(h.name(), "device handler"))
@@ -1279,6 +1336,18 @@ impl Tree {
             Node::LunsMgmt(..) => usage(LUNS_USAGE),
             Node::GroupsMgmt(_) => usage(GROUPS_USAGE),
             Node::InitiatorsMgmt(..) => usage(INITIATORS_USAGE),
+            Node::RootAttr(a) if a.name == "data_memory_mb" => AttrValue {
+                value: (cfg.reactor.data_memory_bytes() >> 20).to_string(),
+                key: cfg.reactor.data_memory_mb.is_some(),
+                writable: true,
+                description: a.desc.into(),
+            },
+            Node::RootAttr(a) => AttrValue {
+                value: fmt_data_memory(&self.rt.stats().data_memory),
+                key: false,
+                writable: false,
+                description: a.desc.into(),
+            },
             Node::HandlerDevice(_, d) => AttrValue {
                 value: format!("/devices/{d}"),
                 key: false,
@@ -1538,6 +1607,9 @@ impl Tree {
             msg: msg.into(),
         };
         let change = match node {
+            Node::RootAttr(a) if a.name == "data_memory_mb" => Change::SetDataMemory {
+                mb: parse_data_memory_mb(value).map_err(bad)?,
+            },
             Node::DeviceAttr(name, a) => {
                 let old = self
                     .cfg
@@ -2811,6 +2883,20 @@ mod tests {
                 "not a number",
             ),
             ("/devices".into(), "x", "read-only"),
+            ("/data_memory_mb".into(), "63", "63 MiB is out of range"),
+            (
+                "/data_memory_mb".into(),
+                "1073741825",
+                "valid: 64..1073741824",
+            ),
+            (
+                "/data_memory_mb".into(),
+                "99999999999999999999",
+                "out of range",
+            ),
+            ("/data_memory_mb".into(), "1G", "\"1G\" is not a number"),
+            ("/data_memory_mb".into(), "-1", "not a number"),
+            ("/data_memory".into(), "1", "read-only"),
         ];
         for (path, value, want) in cases {
             let (mut t, rt) = tree();
@@ -3081,7 +3167,16 @@ mod tests {
                 .map(|e| e.name)
                 .collect::<Vec<_>>()
         };
-        assert_eq!(names("/"), ["handlers", "devices", "targets"]);
+        assert_eq!(
+            names("/"),
+            [
+                "handlers",
+                "devices",
+                "targets",
+                "data_memory_mb",
+                "data_memory"
+            ]
+        );
         assert_eq!(names("/handlers/vdisk_nullio"), ["mgmt", "null0", "spare"]);
         assert_eq!(
             names(&format!("/targets/iscsi/{T}/luns")),
@@ -3095,7 +3190,7 @@ mod tests {
         assert!(!names("/devices/disk0").contains(&"mem".to_string()));
         let e = t.ls("/nope").unwrap_err().to_string();
         assert!(
-            e.contains("valid entries: handlers, devices, targets"),
+            e.contains("valid entries: handlers, devices, targets, data_memory_mb, data_memory"),
             "{e}"
         );
     }
@@ -3268,6 +3363,96 @@ mod tests {
         let msg = t.set("/devices/disk0/rotational", "1").unwrap();
         assert!(msg.contains("not saved"), "{msg}");
         assert!(t.config().devices[0].rotational);
+    }
+
+    #[test]
+    fn data_memory_is_an_attribute_of_the_root() {
+        let (mut t, rt) = tree();
+        let default_mb = (t.config().reactor.data_memory_bytes() >> 20).to_string();
+        // The default: its value, no [key].
+        let v = t.get("/data_memory_mb").unwrap();
+        assert_eq!(v.to_text(), default_mb);
+        assert!(v.writable);
+        assert!(
+            v.description.contains("64..1073741824"),
+            "{}",
+            v.description
+        );
+        let e = t.ls("/").unwrap();
+        let w: Vec<&str> = e
+            .iter()
+            .filter(|e| e.writable)
+            .map(|e| e.name.as_str())
+            .collect();
+        assert_eq!(w, ["data_memory_mb"]);
+        // A number: the model, the running limit (in bytes) and [key].
+        let msg = t.set("/data_memory_mb", " 512 ").unwrap();
+        assert_eq!(msg, "set /data_memory_mb 512");
+        assert_eq!(t.config().reactor.data_memory_mb, Some(512));
+        assert_eq!(rt.calls(), [format!("set_data_memory {}", 512u64 << 20)]);
+        assert_eq!(t.get("/data_memory_mb").unwrap().to_text(), "512\n[key]");
+        // The use, as the runtime reports it.
+        assert_eq!(
+            t.get("/data_memory").unwrap().value,
+            format!(
+                "limit {}\nused 0\npeak 0\nholders 0\nwaiting 0\nwaits 0",
+                512u64 << 20
+            )
+        );
+        // Saved, and a configuration file carries it.
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f.json");
+        t.save(Some(&p)).unwrap();
+        let saved = Config::load(&p).unwrap();
+        assert_eq!(saved.reactor.data_memory_mb, Some(512));
+        // Empty and "default" go back to the default limit.
+        for v in ["", "default"] {
+            rt.clear_calls();
+            t.set("/data_memory_mb", "64").unwrap();
+            rt.clear_calls();
+            t.set("/data_memory_mb", v).unwrap();
+            assert_eq!(t.config().reactor.data_memory_mb, None);
+            assert_eq!(
+                rt.calls(),
+                [format!(
+                    "set_data_memory {}",
+                    t.config().reactor.data_memory_bytes()
+                )]
+            );
+            assert_eq!(t.get("/data_memory_mb").unwrap().to_text(), default_mb);
+        }
+        // diff and apply of a file with another value: one change, carried
+        // out on the runtime; the same file again changes nothing.
+        let mut other = t.config().clone();
+        other.reactor.data_memory_mb = Some(2048);
+        other.reactor.poll_us = 5;
+        let plan = t.diff(&other).unwrap();
+        assert_eq!(
+            plan.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
+            [
+                "set /data_memory_mb 2048".to_string(),
+                format!(
+                    "reactor (at next start): {}",
+                    serde_json::to_string(&other.reactor).unwrap()
+                )
+            ]
+        );
+        rt.clear_calls();
+        t.apply(&other).unwrap();
+        assert_eq!(t.config(), &other);
+        assert_eq!(rt.calls(), [format!("set_data_memory {}", 2048u64 << 20)]);
+        assert!(t.diff(&other).unwrap().is_empty());
+        // Back to a file without it: the default.
+        rt.clear_calls();
+        t.apply(&saved).unwrap();
+        assert_eq!(rt.calls(), [format!("set_data_memory {}", 512u64 << 20)]);
+        other.reactor.data_memory_mb = None;
+        t.apply(&other).unwrap();
+        assert_eq!(t.config().reactor.data_memory_mb, None);
+        // A refusal of the running system leaves the model.
+        rt.fail_on(Some("set_data_memory"));
+        assert!(t.set("/data_memory_mb", "128").is_err());
+        assert_eq!(t.config().reactor.data_memory_mb, None);
     }
 
     #[test]

@@ -33,7 +33,10 @@ fn ferritectl_round_trips() {
 
     let (ok, out, _) = ctl(&sock, &["ls"]);
     assert!(ok);
-    assert_eq!(out, "handlers/\ndevices/\ntargets/\n");
+    assert_eq!(
+        out,
+        "handlers/\ndevices/\ntargets/\ndata_memory_mb\ndata_memory\n"
+    );
     let (ok, out, _) = ctl(&sock, &["ls", "-l", "/devices/disk0"]);
     assert!(ok);
     assert!(out.contains("attr rw read_only"), "{out}");

@@ -624,6 +624,17 @@ impl Runtime for DaemonRuntime {
         Ok(())
     }
 
+    fn set_data_memory(&self, limit: u64) -> Result<(), RuntimeError> {
+        // The cores read the limit at every take; commands waiting in
+        // BufWait look at the budget again on their shard's next poll.
+        self.budget.set_limit(limit);
+        tracing::info!(
+            data_memory_mb = self.budget.limit() >> 20,
+            "data memory budget changed"
+        );
+        Ok(())
+    }
+
     fn set_srp_target(
         &self,
         name: &str,
