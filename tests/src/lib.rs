@@ -19,6 +19,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -476,6 +477,67 @@ pub fn parse_cu(output: &str) -> CuResult {
     }
     finish(&mut cur, &mut r);
     r
+}
+
+/// A process's resident set (VmRSS of /proc/PID/status) in KiB.
+pub fn vm_rss_kib(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Samples a process's VmRSS every 50 ms until finished; keeps the peak.
+pub struct RssWatch {
+    peak: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    h: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RssWatch {
+    pub fn start(pid: u32) -> RssWatch {
+        let peak = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (p, s) = (peak.clone(), stop.clone());
+        let h = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                if let Some(kib) = vm_rss_kib(pid) {
+                    p.fetch_max(kib, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        RssWatch {
+            peak,
+            stop,
+            h: Some(h),
+        }
+    }
+
+    /// The highest VmRSS seen so far, in KiB.
+    pub fn peak(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
+    }
+
+    /// Stops sampling; the peak.
+    pub fn finish(mut self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.h.take() {
+            let _ = h.join();
+        }
+        self.peak()
+    }
+}
+
+/// One sample of Prometheus metric `name` (a family without labels) from
+/// ferrited's `--metrics` listener at `addr`.
+pub fn metric(addr: SocketAddr, name: &str) -> Option<u64> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
+    let mut body = String::new();
+    std::io::Read::read_to_string(&mut s, &mut body).ok()?;
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
 #[cfg(test)]

@@ -15,12 +15,10 @@
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ferrite_iscsi::pdu::{BhsBuf, Opcode};
-use ferrite_tests::{Ferrited, require_tool, run_with_timeout};
+use ferrite_tests::{Ferrited, RssWatch, require_tool, run_with_timeout, vm_rss_kib};
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
 
 const IQN: &str = "iqn.2026-11.org.ferrite:default";
@@ -158,12 +156,6 @@ fn junk(state: &mut u64, out: &mut [u8]) {
     }
 }
 
-fn vm_rss_kib(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
 fn nofile_soft(pid: u32) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/limits"))
         .ok()
@@ -173,46 +165,6 @@ fn nofile_soft(pid: u32) -> String {
                 .map(str::to_string)
         })
         .unwrap_or_default()
-}
-
-/// Samples ferrited's VmRSS every 50 ms until stopped; keeps the peak.
-struct RssWatch {
-    peak: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-    h: Option<std::thread::JoinHandle<()>>,
-}
-
-impl RssWatch {
-    fn start(pid: u32) -> RssWatch {
-        let peak = Arc::new(AtomicU64::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (p, s) = (peak.clone(), stop.clone());
-        let h = std::thread::spawn(move || {
-            while !s.load(Ordering::Relaxed) {
-                if let Some(kib) = vm_rss_kib(pid) {
-                    p.fetch_max(kib, Ordering::Relaxed);
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        });
-        RssWatch {
-            peak,
-            stop,
-            h: Some(h),
-        }
-    }
-
-    fn peak(&self) -> u64 {
-        self.peak.load(Ordering::Relaxed)
-    }
-
-    fn finish(mut self) -> u64 {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(h) = self.h.take() {
-            h.join().unwrap();
-        }
-        self.peak()
-    }
 }
 
 /// Runs `iscsi-inq` on LUN 0 of the default target; true when it printed

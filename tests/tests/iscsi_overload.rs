@@ -17,15 +17,14 @@
 //! Bounded: 32 sessions, 4,096 commands, a 20 s trickle, deadlines of
 //! a minute for the release.
 
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ferrite_iscsi::initiator::{Command, Initiator, InitiatorConfig, connect};
 use ferrite_iscsi::pdu::{BhsBuf, Opcode, Pdu};
-use ferrite_tests::{Ferrited, Options, free_port};
+use ferrite_tests::{Ferrited, Options, RssWatch, free_port, metric, vm_rss_kib};
 
 const TARGET: &str = "iqn.2026-11.org.ferrite:default";
 const BUDGET_MB: u64 = 512;
@@ -33,28 +32,6 @@ const SESSIONS: usize = 32;
 const COMMANDS: usize = 128;
 const CMD_LEN: usize = 8 << 20;
 const TRICKLE: Duration = Duration::from_secs(20);
-
-fn vm_rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-/// One sample of the Prometheus metric `name` from `addr`.
-fn metric(addr: SocketAddr, name: &str) -> Option<u64> {
-    let mut s = TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    body.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-}
 
 fn write16(lba: u64, blocks: u32) -> [u8; 16] {
     let mut c = [0u8; 16];
@@ -187,19 +164,9 @@ fn write_flood_without_data_stays_in_budget_and_others_are_served() {
     for i in 0..64 {
         assert_eq!(write(&mut good, i * 8).status, 0);
     }
-    let start_rss = vm_rss_kib(pid);
+    let start_rss = vm_rss_kib(pid).unwrap_or(0);
 
-    let peak = Arc::new(AtomicU64::new(0));
-    let stop_rss = Arc::new(AtomicBool::new(false));
-    let sampler = {
-        let (peak, stop) = (peak.clone(), stop_rss.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                peak.fetch_max(vm_rss_kib(pid), Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        })
-    };
+    let rss = RssWatch::start(pid);
 
     let zeros = Arc::new(vec![0u8; CMD_LEN]);
     let stop = Arc::new(AtomicBool::new(false));
@@ -232,7 +199,7 @@ fn write_flood_without_data_stays_in_budget_and_others_are_served() {
     lat.sort();
     let p99 = lat[lat.len() * 99 / 100];
     let max = *lat.last().expect("latencies");
-    let flood_peak = peak.load(Ordering::Relaxed);
+    let flood_peak = rss.peak();
     let budget_used_peak = metric(metrics_addr, "ferrite_data_memory_peak_bytes").unwrap_or(0);
 
     stop.store(true, Ordering::Relaxed);
@@ -248,13 +215,12 @@ fn write_flood_without_data_stays_in_budget_and_others_are_served() {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    let mut end_rss = vm_rss_kib(pid);
+    let mut end_rss = vm_rss_kib(pid).unwrap_or(0);
     while Instant::now() < deadline && end_rss > start_rss + 64 * 1024 {
         std::thread::sleep(Duration::from_millis(500));
-        end_rss = vm_rss_kib(pid);
+        end_rss = vm_rss_kib(pid).unwrap_or(0);
     }
-    stop_rss.store(true, Ordering::Relaxed);
-    let _ = sampler.join();
+    rss.finish();
     eprintln!(
         "used {used} waiting {waiting} at the end; RSS {start_rss} KiB before, peak {flood_peak} KiB, {end_rss} KiB after; \
          budget used at most {} MiB (peak metric {} MiB); up to {waiting_seen} commands waited; \

@@ -11,8 +11,7 @@
 
 mod mgmt_util;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::process::Command;
 use std::time::Duration;
 
@@ -23,14 +22,7 @@ const MIB: u64 = 1 << 20;
 
 /// The value of the unlabelled metric `name` at `addr`.
 fn metric(addr: SocketAddr, name: &str) -> u64 {
-    let mut s = TcpStream::connect(addr).expect("metrics listener");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
-    body.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in\n{body}"))
+    ferrite_tests::metric(addr, name).unwrap_or_else(|| panic!("no {name} at {addr}"))
 }
 
 const LIMIT: &str = "ferrite_data_memory_limit_bytes";
