@@ -345,6 +345,13 @@ enum OpKind {
 /// Most descriptors one data buffer may have (a 64 KiB table).
 pub const MAX_TABLE_DESCS: usize = 4096;
 
+/// Descriptor tables a channel fetches at a time; the commands behind
+/// them wait their turn. The tables are held outside the data memory
+/// budget, so this bounds them: at most this many tables of at most
+/// 64 KiB per channel, whatever an initiator that never lets an RDMA READ
+/// complete sends.
+pub const MAX_TABLE_FETCHES: usize = 16;
+
 /// Tags of target-initiated IUs carry this prefix so they never collide in
 /// logs with initiator tags.
 const TARGET_TAG_BASE: u64 = 0x5250_0000_0000_0000;
@@ -381,6 +388,10 @@ pub struct Channel {
     imm_data_offset: Option<u16>,
     /// The session's commands wait for data memory: no credit goes back.
     credits_held: bool,
+    /// Descriptor table reads on the wire.
+    table_reads: usize,
+    /// Commands whose tables are not yet asked for, oldest first, by tag.
+    table_queue: VecDeque<u64>,
 }
 
 /// Answers a login request (SRP r16a §6.2-§6.4, SRP-2 immediate data),
@@ -533,6 +544,8 @@ impl Channel {
             closed_reported: false,
             imm_data_offset: None,
             credits_held: false,
+            table_reads: 0,
+            table_queue: VecDeque::new(),
         }
     }
 
@@ -648,6 +661,7 @@ impl Channel {
     fn close(&mut self) {
         self.state = ChannelState::Closed;
         // Commands still waiting for their tables never reached the core.
+        self.table_queue.clear();
         self.tasks
             .retain(|_, t| !matches!(t.state, TaskState::FetchingTables { .. }));
         if !self.closed_reported {
@@ -794,21 +808,14 @@ impl Channel {
             }
         }
         // §5.2.3: descriptor tables that are not all in the IU are fetched
-        // from the initiator by RDMA READ before the command can run.
-        let mut pending = 0u8;
-        for (buf, out) in [(&cmd.data_out, true), (&cmd.data_in, false)] {
-            if let DataBuf::Table { table, .. } = buf {
-                let op = self.op(OpKind::Table { tag: cmd.tag, out });
-                self.tx.push_back(Transmit::RdmaRead {
-                    op,
-                    buf: SgList::zeroed(table.len as usize),
-                    xfers: smallvec::smallvec![Xfer {
-                        remote: *table,
-                        offset: 0
-                    }],
-                });
-                pending += 1;
-            }
+        // from the initiator by RDMA READ before the command can run, a
+        // few commands' at a time (`start_table_reads`).
+        let pending = [&cmd.data_out, &cmd.data_in]
+            .iter()
+            .filter(|b| matches!(b, DataBuf::Table { .. }))
+            .count() as u8;
+        if pending > 0 {
+            self.table_queue.push_back(cmd.tag);
         }
         let state = if pending > 0 {
             TaskState::FetchingTables { req, pending }
@@ -826,6 +833,41 @@ impl Channel {
                 data_in: cmd.data_in,
             },
         );
+        self.start_table_reads();
+    }
+
+    /// Asks for the descriptor tables of the commands waiting for them, as
+    /// long as fewer than [`MAX_TABLE_FETCHES`] reads are on the wire.
+    fn start_table_reads(&mut self) {
+        while self.table_reads < MAX_TABLE_FETCHES && self.state == ChannelState::Live {
+            let Some(tag) = self.table_queue.pop_front() else {
+                return;
+            };
+            // A task aborted meanwhile is gone.
+            let Some(task) = self.tasks.get(&tag) else {
+                continue;
+            };
+            let tables: SmallVec<[(RemoteSeg, bool); 2]> =
+                [(&task.data_out, true), (&task.data_in, false)]
+                    .into_iter()
+                    .filter_map(|(b, out)| match b {
+                        DataBuf::Table { table, .. } => Some((*table, out)),
+                        _ => None,
+                    })
+                    .collect();
+            for (table, out) in tables {
+                let op = self.op(OpKind::Table { tag, out });
+                self.tx.push_back(Transmit::RdmaRead {
+                    op,
+                    buf: SgList::zeroed(table.len as usize),
+                    xfers: smallvec::smallvec![Xfer {
+                        remote: table,
+                        offset: 0
+                    }],
+                });
+                self.table_reads += 1;
+            }
+        }
     }
 
     fn handle_tsk_mgmt(&mut self, b: &[u8]) {
@@ -1247,6 +1289,12 @@ impl Channel {
     }
 
     fn table_done(&mut self, tag: u64, out: bool, buf: SgList, ok: bool) {
+        self.table_reads = self.table_reads.saturating_sub(1);
+        self.table_read(tag, out, buf, ok);
+        self.start_table_reads();
+    }
+
+    fn table_read(&mut self, tag: u64, out: bool, buf: SgList, ok: bool) {
         if !ok {
             self.tasks.remove(&tag);
             return;

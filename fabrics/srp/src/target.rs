@@ -172,8 +172,13 @@ pub struct TargetConn {
     max_sge: usize,
     next_wr: u64,
     pending: HashMap<u64, Pending>,
-    /// Transmits waiting for a send buffer (back-pressure, not an error).
+    /// Transmits waiting for a send buffer or room in the send queue
+    /// (back-pressure, not an error).
     waiting: VecDeque<Transmit>,
+    /// RDMA transfers whose work requests did not all fit in the send
+    /// queue, in order (by `wr_id` of their [`Pending::Rdma`]): the rest
+    /// is posted as completions make room, before anything after them.
+    stalled: VecDeque<(u64, VecDeque<SendWr>)>,
     failed: bool,
     /// Disconnect once every SEND has completed.
     linger: bool,
@@ -215,6 +220,7 @@ impl TargetConn {
             next_wr: 1,
             pending: HashMap::new(),
             waiting: VecDeque::new(),
+            stalled: VecDeque::new(),
             failed: false,
             linger: false,
         })
@@ -323,9 +329,14 @@ impl TargetConn {
         }
     }
 
-    /// Puts everything the channel wants on the queue pair.
+    /// Puts everything the channel wants on the queue pair, as far as its
+    /// send queue has room (a full queue waits for completions: the next
+    /// pump after them goes on).
     pub fn pump(&mut self) {
         loop {
+            if !self.post_stalled() {
+                return;
+            }
             let t = match self.waiting.pop_front() {
                 Some(t) => t,
                 None => match self.channel.poll_transmit() {
@@ -377,7 +388,51 @@ impl TargetConn {
         tracing::warn!("srp channel: {e}; disconnecting");
         self.failed = true;
         self.qp.disconnect();
+        // Work requests never posted never complete.
+        while let Some((wr_id, wrs)) = self.stalled.pop_front() {
+            if let Some(Pending::Rdma { op, mr, left, .. }) = self.pending.remove(&wr_id) {
+                let left = left.saturating_sub(wrs.len());
+                if left == 0 {
+                    self.channel.rdma_done(op, mr.into_sg(), false);
+                } else {
+                    self.pending.insert(
+                        wr_id,
+                        Pending::Rdma {
+                            op,
+                            mr,
+                            left,
+                            ok: false,
+                        },
+                    );
+                }
+            }
+        }
         self.channel.connection_lost();
+    }
+
+    /// Posts the stalled transfers' work requests while the send queue has
+    /// room; true once none is left.
+    fn post_stalled(&mut self) -> bool {
+        while let Some((_, wrs)) = self.stalled.front_mut() {
+            while let Some(wr) = wrs.front() {
+                if self.failed {
+                    return false;
+                }
+                match self.qp.post_send(wr) {
+                    Ok(()) => {
+                        wrs.pop_front();
+                    }
+                    // Room comes back with the next send completion.
+                    Err(PostError::QueueFull) => return false,
+                    Err(e) => {
+                        self.post_failed(DriverError::Post(e));
+                        return false;
+                    }
+                }
+            }
+            self.stalled.pop_front();
+        }
+        true
     }
 
     fn transmit(&mut self, t: Transmit) -> Result<(), Box<Transmit>> {
@@ -396,11 +451,20 @@ impl TargetConn {
                     sges,
                     signaled: true,
                 };
-                if let Err(e) = self.qp.post_send(&wr) {
-                    self.pending.remove(&wr_id);
-                    self.free_send.push(slot);
-                    self.channel.send_done(op, false);
-                    self.post_failed(DriverError::Post(e));
+                match self.qp.post_send(&wr) {
+                    Ok(()) => {}
+                    // The send queue is full of RDMA work: wait for room.
+                    Err(PostError::QueueFull) => {
+                        self.pending.remove(&wr_id);
+                        self.free_send.push(slot);
+                        return Err(Box::new(Transmit::Send { op, iu }));
+                    }
+                    Err(e) => {
+                        self.pending.remove(&wr_id);
+                        self.free_send.push(slot);
+                        self.channel.send_done(op, false);
+                        self.post_failed(DriverError::Post(e));
+                    }
                 }
             }
             Transmit::RdmaRead { op, buf, xfers } => self.rdma(op, buf, &xfers, false),
@@ -462,36 +526,23 @@ impl TargetConn {
             self.channel.rdma_done(op, mr.into_sg(), true);
             return;
         }
+        // Posted in order as the send queue has room (`post_stalled`);
+        // the transfer is done when every one of them has completed.
         let wr_id = self.wr_id();
-        let total = wrs.len();
-        let mut posted = 0;
-        let mut err = None;
-        for mut wr in wrs {
+        for wr in &mut wrs {
             wr.wr_id = wr_id;
-            match self.qp.post_send(&wr) {
-                Ok(()) => posted += 1,
-                Err(e) => {
-                    err = Some(e);
-                    break;
-                }
-            }
         }
-        if posted > 0 {
-            self.pending.insert(
-                wr_id,
-                Pending::Rdma {
-                    op,
-                    mr,
-                    left: posted,
-                    ok: posted == total,
-                },
-            );
-        } else {
-            self.channel.rdma_done(op, mr.into_sg(), false);
-        }
-        if let Some(e) = err {
-            self.post_failed(DriverError::Post(e));
-        }
+        self.pending.insert(
+            wr_id,
+            Pending::Rdma {
+                op,
+                mr,
+                left: wrs.len(),
+                ok: true,
+            },
+        );
+        self.stalled.push_back((wr_id, wrs.into()));
+        self.post_stalled();
     }
 
     /// True once the channel is closed and nothing is in flight.
@@ -514,6 +565,8 @@ mod tests {
     struct MockQp {
         log: Arc<Mutex<Vec<String>>>,
         sends: Arc<Mutex<Vec<SendWr>>>,
+        /// Send queue slots left (None: no limit).
+        room: Arc<Mutex<Option<usize>>>,
     }
 
     impl QueuePair for MockQp {
@@ -524,6 +577,12 @@ mod tests {
             QpState::Rts
         }
         fn post_send(&self, wr: &SendWr) -> Result<(), PostError> {
+            if let Some(n) = self.room.lock().unwrap().as_mut() {
+                if *n == 0 {
+                    return Err(PostError::QueueFull);
+                }
+                *n -= 1;
+            }
             self.log.lock().unwrap().push(format!("send {:?}", wr.op));
             self.sends.lock().unwrap().push(wr.clone());
             Ok(())
@@ -651,5 +710,77 @@ mod tests {
         assert_eq!(addrs, vec![0x10_0000, 0x10_0000 + 1024, 0x10_0000 + 2048]);
         // The SRP_RSP follows the data on the same send queue.
         assert!(matches!(sends.last().map(|w| w.op), Some(SendOp::Send)));
+    }
+
+    #[test]
+    fn a_full_send_queue_is_back_pressure_in_order_not_an_error() {
+        let qp = MockQp::default();
+        let mut c = conn(&qp, 1);
+        let cmd = iu::CmdBuilder {
+            tag: 9,
+            lun: [0; 8],
+            task_attr: 0,
+            cdb: &[0x28, 0, 0, 0, 0, 0, 0, 0, 5, 0],
+            data_out: &[],
+            data_in: &[ferrite_rdma::RemoteSeg {
+                addr: 0x10_0000,
+                rkey: 0x8000_0001,
+                len: 5 * 512,
+            }],
+            out_table: None,
+            in_table: None,
+            inline_max: 4,
+        }
+        .encode();
+        c.recv.slots.write(0, &cmd);
+        let mut w = wc(RECV_BIT, WcOpcode::Recv);
+        w.byte_len = cmd.len() as u32;
+        c.handle_completion(&w);
+        let Some(Event::Submit(req)) = c.poll_event() else {
+            panic!("no submit")
+        };
+        let mut data = SgList::new();
+        for _ in 0..5 {
+            data.push(IoBuf::new(512));
+        }
+        // Five RDMA WRITEs and the SRP_RSP behind them, through a send
+        // queue with room for two.
+        *qp.room.lock().unwrap() = Some(2);
+        c.handle_action(Action::Respond {
+            id: ferrite_core::CmdId(1),
+            tag: req.tag,
+            rsp: ferrite_core::Response {
+                data: Some(data),
+                data_len: 5 * 512,
+                ..ferrite_core::Response::good()
+            },
+        });
+        c.pump();
+        assert_eq!(qp.sends.lock().unwrap().len(), 2);
+        let mut done = 0;
+        while done < 6 {
+            let wr = qp.sends.lock().unwrap()[done].clone();
+            let op = match wr.op {
+                SendOp::Send => WcOpcode::Send,
+                _ => WcOpcode::RdmaWrite,
+            };
+            c.handle_completion(&wc(wr.wr_id, op));
+            *qp.room.lock().unwrap() = Some(1);
+            c.pump();
+            done += 1;
+            assert!(qp.sends.lock().unwrap().len() <= done + 2);
+        }
+        let sends = qp.sends.lock().unwrap().clone();
+        let ops: Vec<bool> = sends
+            .iter()
+            .map(|w| matches!(w.op, SendOp::RdmaWrite { .. }))
+            .collect();
+        assert_eq!(ops, [true, true, true, true, true, false]);
+        assert!(
+            !qp.log.lock().unwrap().iter().any(|l| l == "disconnect"),
+            "a full send queue ended the channel"
+        );
+        assert_eq!(c.channel().state(), crate::channel::ChannelState::Live);
+        assert!(matches!(c.poll_event(), Some(Event::ResponseSent(_))));
     }
 }

@@ -1215,3 +1215,64 @@ fn a_held_channel_stalls_an_initiator_that_keeps_to_its_limit_until_released() {
     let cred = iu::CredReq::parse(sent_iu(&tx[0]).1).unwrap();
     assert_eq!(cred.req_lim_delta, 4);
 }
+
+#[test]
+fn descriptor_tables_are_fetched_a_few_at_a_time() {
+    let mut ch = match login(
+        ChannelConfig {
+            credits: 32,
+            ..cfg()
+        },
+        &login_req().encode(),
+    ) {
+        Login::Accept { channel, .. } => *channel,
+        Login::Reject { why, .. } => panic!("rejected: {why}"),
+    };
+    let segs = [seg(0x1000, 512), seg(0x3000, 512), seg(0x7000, 1024)];
+    let n = MAX_TABLE_FETCHES as u64 + 4;
+    for tag in 0..n {
+        let b = CmdBuilder {
+            tag,
+            lun: Lun(0).encode(),
+            task_attr: 0,
+            cdb: &read10(0, 4),
+            data_out: &[],
+            data_in: &segs,
+            out_table: None,
+            in_table: Some(seg(0xa000 + tag * 0x100, 48)),
+            inline_max: 1,
+        }
+        .encode();
+        recv(&mut ch, &b);
+    }
+    // An initiator that never lets these reads complete makes the channel
+    // hold MAX_TABLE_FETCHES tables, not one per command.
+    let reads = |tx: Vec<Transmit>| -> Vec<(OpId, SgList, u64)> {
+        tx.into_iter()
+            .map(|t| match t {
+                Transmit::RdmaRead { op, buf, xfers } => (op, buf, xfers[0].remote.addr),
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    };
+    let first = reads(transmits(&mut ch));
+    assert_eq!(first.len(), MAX_TABLE_FETCHES);
+    assert!(events(&mut ch).is_empty());
+    // Each table that arrives lets the next command's go out, in order.
+    let mut submitted = 0;
+    let mut wire: VecDeque<_> = first.into();
+    let mut next_addr = 0xa000;
+    while let Some((op, mut buf, addr)) = wire.pop_front() {
+        assert_eq!(addr, next_addr, "tables asked for out of order");
+        next_addr += 0x100;
+        buf.copy_in(0, &iu::encode_table(&segs));
+        ch.rdma_done(op, buf, true);
+        submitted += events(&mut ch)
+            .iter()
+            .filter(|e| matches!(e, Event::Submit(_)))
+            .count();
+        wire.extend(reads(transmits(&mut ch)));
+        assert!(wire.len() <= MAX_TABLE_FETCHES);
+    }
+    assert_eq!(submitted as u64, n);
+}
