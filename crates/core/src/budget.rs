@@ -74,9 +74,9 @@ impl DataBudget {
     }
 
     /// The default for a machine with `mem_total` bytes of memory: an
-    /// eighth of it, between 256 MiB and 4 GiB.
+    /// eighth of it, between 256 MiB and 4 GiB, in whole MiB.
     pub fn default_limit(mem_total: u64) -> u64 {
-        (mem_total / 8).clamp(256 << 20, 4 << 30)
+        (mem_total / 8).clamp(256 << 20, 4 << 30) & !((1 << 20) - 1)
     }
 
     /// Changes the limit (at least [`MIN_LIMIT`]); buffers already held
@@ -209,6 +209,14 @@ mod tests {
             c += M;
         }
         assert_eq!(c, 56 * M);
+    }
+
+    #[test]
+    fn default_is_an_eighth_in_whole_mib() {
+        assert_eq!(DataBudget::default_limit(24 << 30), 3 << 30);
+        assert_eq!(DataBudget::default_limit((24 << 30) + 12345), 3 << 30);
+        assert_eq!(DataBudget::default_limit(1 << 30), 256 << 20);
+        assert_eq!(DataBudget::default_limit(1 << 40), 4 << 30);
     }
 
     #[test]
