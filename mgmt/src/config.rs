@@ -945,6 +945,10 @@ pub struct IscsiParamsConfig {
     pub nop_in_timeout_s: u32,
     /// Seconds a connection may take to reach full feature phase.
     pub login_timeout_s: u32,
+    /// Seconds a solicited burst (an R2T's Data-Out) may take: a connection
+    /// whose oldest outstanding R2T is unanswered for between one and two
+    /// of these is dropped. 0 turns it off.
+    pub data_out_timeout_s: u32,
     /// Commands a session may have outstanding (sets MaxCmdSN; SCST's
     /// QueuedCommands), 1..4096.
     pub queue_depth: u32,
@@ -986,6 +990,7 @@ impl Default for IscsiParamsConfig {
             nop_in_interval_s: 30,
             nop_in_timeout_s: 30,
             login_timeout_s: 15,
+            data_out_timeout_s: 30,
             queue_depth: 128,
             digests: vec![Digest::Crc32c, Digest::Off],
             header_digests: Vec::new(),

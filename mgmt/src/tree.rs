@@ -407,6 +407,10 @@ const ISCSI_PARAMS: &[AttrDef] = &[
         name: "login_timeout_s",
         desc: "seconds a login may take",
     },
+    AttrDef {
+        name: "data_out_timeout_s",
+        desc: "seconds a solicited Data-Out burst may take before the connection drops; 0 disables",
+    },
 ];
 
 /// Usage of `/handlers/<h>/mgmt`.

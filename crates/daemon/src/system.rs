@@ -199,6 +199,8 @@ pub fn iscsi_config_from(
             .then(|| Duration::from_secs(p.nop_in_interval_s as u64)),
         nop_in_timeout: Duration::from_secs(p.nop_in_timeout_s.max(1) as u64),
         login_timeout: Duration::from_secs(p.login_timeout_s.max(1) as u64),
+        data_out_timeout: (p.data_out_timeout_s > 0)
+            .then(|| Duration::from_secs(p.data_out_timeout_s as u64)),
         queue_depth: p.queue_depth,
         // RFC 7143 §13.1: HeaderDigest and DataDigest are negotiated on
         // their own lists (`digests` when a specific one is empty).

@@ -65,6 +65,10 @@ pub struct IscsiConfig {
     pub nop_in_interval: Option<Duration>,
     pub nop_in_timeout: Duration,
     pub login_timeout: Duration,
+    /// The longest a solicited burst may take: a connection whose oldest
+    /// outstanding R2T is still unanswered after one scan period and the
+    /// next is dropped (None: never).
+    pub data_out_timeout: Option<Duration>,
     /// Commands the session may have outstanding: sets MaxCmdSN.
     pub queue_depth: u32,
     /// Digests accepted (header and data), in order of preference.
@@ -108,6 +112,7 @@ impl Default for IscsiConfig {
             nop_in_interval: Some(Duration::from_secs(15)),
             nop_in_timeout: Duration::from_secs(30),
             login_timeout: Duration::from_secs(15),
+            data_out_timeout: Some(Duration::from_secs(30)),
             queue_depth: 128,
             digests: vec![Digest::Crc32c, Digest::None],
             data_digests: None,
@@ -197,6 +202,9 @@ pub enum CloseReason {
     LoginTimeout,
     /// The initiator did not answer a NOP-In ping in time.
     NopTimeout,
+    /// A solicited burst was not received in time
+    /// ([`IscsiConfig::data_out_timeout`]).
+    DataOutTimeout,
     /// TARGET COLD RESET.
     TargetReset,
     /// The core asked to end the nexus.
@@ -593,6 +601,8 @@ struct Task {
     next_r2t_offset: u32,
     r2t_end: u32,
     r2t_sn: R2tSn,
+    /// The TTT of its oldest outstanding R2T at the last Data-Out scan.
+    stall_mark: Option<u32>,
 }
 
 /// A request held until the CmdSN gap before it fills.
@@ -682,6 +692,8 @@ pub struct Conn {
     login_deadline: Instant,
     ping: Option<(u32, Instant)>,
     logout_deadline: Option<Instant>,
+    /// When outstanding R2Ts are looked at next ([`IscsiConfig::data_out_timeout`]).
+    data_scan: Option<Instant>,
     text_in: Vec<u8>,
     text_cont: Option<TextCont>,
     close_reason: Option<CloseReason>,
@@ -712,6 +724,7 @@ impl Conn {
         // in counter mode, so the StatSN and TTT an initiator sees reveal
         // nothing about the CHAP challenges drawn after them.
         let mut rng = ChapRng::new(seed);
+        let data_scan = cfg.data_out_timeout.map(|d| later(now, d));
         let mut w = [0u8; 8];
         rng.fill(&mut w);
         // The first StatSN stays below 2^28: some initiators (libiscsi up
@@ -747,6 +760,7 @@ impl Conn {
             last_rx: now,
             ping: None,
             logout_deadline: None,
+            data_scan,
             text_in: Vec::new(),
             text_cont: None,
             close_reason: None,
@@ -1132,7 +1146,7 @@ impl Conn {
                     (None, Some(iv)) => Some(later(self.last_rx, iv)),
                     (None, None) => None,
                 };
-                if let Some(n) = nop {
+                for n in [nop, self.data_scan].into_iter().flatten() {
                     t = Some(t.map_or(n, |x| x.min(n)));
                 }
                 t
@@ -1158,6 +1172,17 @@ impl Conn {
                     self.close(CloseReason::CoreRequest);
                     return;
                 }
+                if let (Some(at), Some(period)) = (self.data_scan, self.cfg.data_out_timeout)
+                    && now >= at
+                {
+                    self.data_scan = Some(later(now, period));
+                    if let Some(itt) = self.stalled_task() {
+                        tracing::warn!(peer = %self.peer, itt = format_args!("{itt:#x}"), timeout_s = period.as_secs(),
+                            "solicited Data-Out not received in time, dropping the connection");
+                        self.close(CloseReason::DataOutTimeout);
+                        return;
+                    }
+                }
                 match self.ping {
                     Some((_, deadline)) if now >= deadline => {
                         tracing::info!(peer = %self.peer, "NOP-In ping not answered, dropping the connection");
@@ -1174,6 +1199,22 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// One Data-Out scan: a task whose oldest outstanding R2T is the one
+    /// it had at the previous scan has not finished that burst in a whole
+    /// period (the initiator sends nothing, or trickles it); marks the
+    /// others for the next scan.
+    fn stalled_task(&mut self) -> Option<u32> {
+        let mut stalled = None;
+        for (itt, t) in self.tasks.iter_mut() {
+            let oldest = t.r2ts.first().map(|r| r.ttt);
+            if oldest.is_some() && oldest == t.stall_mark {
+                stalled = Some(*itt);
+            }
+            t.stall_mark = oldest;
+        }
+        stalled
     }
 
     /// True once the connection is finished and everything to send was handed
@@ -1654,6 +1695,7 @@ impl Conn {
             next_r2t_offset: 0,
             r2t_end: 0,
             r2t_sn: R2tSn(0),
+            stall_mark: None,
         };
         self.tasks.insert(itt, task);
         // An ExpStatSN ahead of StatSN or absurdly far behind is the

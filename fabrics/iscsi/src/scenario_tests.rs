@@ -1445,3 +1445,40 @@ fn first_stat_sn_stays_below_two_to_the_28() {
     // Still drawn at random.
     assert!(starts.len() > 60, "{} distinct first StatSNs", starts.len());
 }
+
+#[test]
+fn data_out_timeout_drops_a_connection_whose_burst_stalls() {
+    let mut c = cfg();
+    c.data_out_timeout = Some(Duration::from_secs(10));
+    let mut i = logged_in(c, ini_cfg());
+    i.immediate_data = false;
+    let data = pattern(4096, 3);
+    let c = Command {
+        cdb: &write10(0, 8),
+        write: &data,
+        attr: 1,
+        ..Command::default()
+    };
+    // A burst answered within a period, across a scan, is fine.
+    let itt = i.new_itt();
+    let (p, _) = i.command_pdu(itt, &c);
+    i.send_pdu(&p).unwrap();
+    let r2t = i.wait_for(Opcode::R2T, itt).unwrap();
+    i.t.advance(Duration::from_secs(11));
+    for d in i.data_out_pdus(0, itt, r2t.bhs().ttt(), &data, 0, 4096) {
+        i.send_pdu(&d).unwrap();
+    }
+    let rsp = i.wait_for(Opcode::SCSI_RSP, itt).unwrap();
+    assert_eq!(rsp.bhs().0[3], 0);
+    i.t.advance(Duration::from_secs(10));
+    assert!(!i.t.conn.is_closed());
+    // A burst still unanswered one scan after another: the connection goes.
+    let itt = i.new_itt();
+    let (p, _) = i.command_pdu(itt, &c);
+    i.send_pdu(&p).unwrap();
+    i.wait_for(Opcode::R2T, itt).unwrap();
+    i.t.advance(Duration::from_secs(10));
+    assert_eq!(i.t.core.closed, None);
+    i.t.advance(Duration::from_secs(10));
+    assert_eq!(i.t.core.closed, Some(CloseReason::DataOutTimeout));
+}
