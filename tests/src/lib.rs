@@ -540,6 +540,44 @@ pub fn metric(addr: SocketAddr, name: &str) -> Option<u64> {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
+/// What the data budget and a process's RSS came back to once a load
+/// went away ([`wait_for_release`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Release {
+    /// `ferrite_data_memory_used_bytes` (u64::MAX if never read).
+    pub used: u64,
+    /// `ferrite_data_memory_waiting_commands` (u64::MAX if never read).
+    pub waiting: u64,
+    /// VmRSS in KiB.
+    pub end_rss: u64,
+}
+
+/// Waits (a minute at most) until ferrited's metrics at `metrics` show no
+/// data memory used and no command waiting, then until the RSS of `pid`
+/// is back within 64 MiB of `start_rss` KiB; returns what it saw last.
+pub fn wait_for_release(metrics: SocketAddr, pid: u32, start_rss: u64) -> Release {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (mut used, mut waiting) = (u64::MAX, u64::MAX);
+    while Instant::now() < deadline {
+        used = metric(metrics, "ferrite_data_memory_used_bytes").unwrap_or(u64::MAX);
+        waiting = metric(metrics, "ferrite_data_memory_waiting_commands").unwrap_or(u64::MAX);
+        if used == 0 && waiting == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let mut end_rss = vm_rss_kib(pid).unwrap_or(0);
+    while Instant::now() < deadline && end_rss > start_rss + 64 * 1024 {
+        std::thread::sleep(Duration::from_millis(500));
+        end_rss = vm_rss_kib(pid).unwrap_or(0);
+    }
+    Release {
+        used,
+        waiting,
+        end_rss,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 
 use ferrite_iscsi::initiator::{Command, Initiator, InitiatorConfig, connect};
 use ferrite_iscsi::pdu::{BhsBuf, Opcode, Pdu};
-use ferrite_tests::{Ferrited, Options, RssWatch, free_port, metric, vm_rss_kib};
+use ferrite_tests::{
+    Ferrited, Options, Release, RssWatch, free_port, metric, vm_rss_kib, wait_for_release,
+};
 
 const TARGET: &str = "iqn.2026-11.org.ferrite:default";
 const BUDGET_MB: u64 = 512;
@@ -205,21 +207,11 @@ fn write_flood_without_data_stays_in_budget_and_others_are_served() {
     stop.store(true, Ordering::Relaxed);
     let r2ts: usize = flooders.into_iter().map(|h| h.join().unwrap_or(0)).sum();
     // The flood's sockets are closed now: everything they held goes back.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let (mut used, mut waiting) = (u64::MAX, u64::MAX);
-    while Instant::now() < deadline {
-        used = metric(metrics_addr, "ferrite_data_memory_used_bytes").unwrap_or(u64::MAX);
-        waiting = metric(metrics_addr, "ferrite_data_memory_waiting_commands").unwrap_or(u64::MAX);
-        if used == 0 && waiting == 0 {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let mut end_rss = vm_rss_kib(pid).unwrap_or(0);
-    while Instant::now() < deadline && end_rss > start_rss + 64 * 1024 {
-        std::thread::sleep(Duration::from_millis(500));
-        end_rss = vm_rss_kib(pid).unwrap_or(0);
-    }
+    let Release {
+        used,
+        waiting,
+        end_rss,
+    } = wait_for_release(metrics_addr, pid, start_rss);
     rss.finish();
     eprintln!(
         "used {used} waiting {waiting} at the end; RSS {start_rss} KiB before, peak {flood_peak} KiB, {end_rss} KiB after; \

@@ -39,7 +39,9 @@ use ferrite_rdma::soft::{SoftAddr, SoftCq, SoftDevice};
 use ferrite_scsi::Lun;
 use ferrite_srp::initiator::{self, Initiator, InitiatorConfig, Layout};
 use ferrite_srp::iu::{self, CmdBuilder, IuType, LoginReq, LoginRsp};
-use ferrite_tests::{Ferrited, Options, RssWatch, free_port, metric, vm_rss_kib};
+use ferrite_tests::{
+    Ferrited, Options, Release, RssWatch, free_port, metric, vm_rss_kib, wait_for_release,
+};
 use srp_util::{clear_ua, port_id_of, rw};
 
 const IQN: &str = "iqn.2026-12.org.ferrite:srp-overload";
@@ -314,21 +316,11 @@ fn srp_writes_whose_data_never_comes_stay_in_budget_and_others_are_served() {
         h.join().unwrap();
     }
     // The hostile channels are disconnected: everything they held goes back.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let (mut used, mut waiting) = (u64::MAX, u64::MAX);
-    while Instant::now() < deadline {
-        used = metric(metrics_addr, "ferrite_data_memory_used_bytes").unwrap_or(u64::MAX);
-        waiting = metric(metrics_addr, "ferrite_data_memory_waiting_commands").unwrap_or(u64::MAX);
-        if used == 0 && waiting == 0 {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let mut end_rss = rss();
-    while Instant::now() < deadline && end_rss > start_rss + 64 * 1024 {
-        std::thread::sleep(Duration::from_millis(500));
-        end_rss = rss();
-    }
+    let Release {
+        used,
+        waiting,
+        end_rss,
+    } = wait_for_release(metrics_addr, pid, start_rss);
     let _ = watch.finish();
     eprintln!(
         "used {used} waiting {waiting} at the end; RSS {start_rss} KiB before, peak {flood_peak} KiB, {end_rss} KiB after; \
