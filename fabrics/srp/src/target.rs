@@ -650,12 +650,10 @@ mod tests {
         assert!(c.finished());
     }
 
-    #[test]
-    fn rdma_transfers_are_split_to_the_sge_limit() {
-        let qp = MockQp::default();
-        let mut c = conn(&qp, 2);
-        // A READ command whose data-in buffer is one remote segment while the
-        // local list has five segments: three WRITEs of at most two sges.
+    /// A READ (10) of 5 blocks into one remote segment at 0x10_0000,
+    /// received and submitted; the request and 5 local 512-byte buffers to
+    /// answer it with.
+    fn five_block_read(c: &mut TargetConn) -> (ferrite_core::CmdRequest, SgList) {
         let cmd = iu::CmdBuilder {
             tag: 9,
             lun: [0; 8],
@@ -683,6 +681,16 @@ mod tests {
         for _ in 0..5 {
             data.push(IoBuf::new(512));
         }
+        (req, data)
+    }
+
+    #[test]
+    fn rdma_transfers_are_split_to_the_sge_limit() {
+        let qp = MockQp::default();
+        let mut c = conn(&qp, 2);
+        // A READ command whose data-in buffer is one remote segment while the
+        // local list has five segments: three WRITEs of at most two sges.
+        let (req, data) = five_block_read(&mut c);
         c.handle_action(Action::Respond {
             id: ferrite_core::CmdId(1),
             tag: req.tag,
@@ -716,33 +724,7 @@ mod tests {
     fn a_full_send_queue_is_back_pressure_in_order_not_an_error() {
         let qp = MockQp::default();
         let mut c = conn(&qp, 1);
-        let cmd = iu::CmdBuilder {
-            tag: 9,
-            lun: [0; 8],
-            task_attr: 0,
-            cdb: &[0x28, 0, 0, 0, 0, 0, 0, 0, 5, 0],
-            data_out: &[],
-            data_in: &[ferrite_rdma::RemoteSeg {
-                addr: 0x10_0000,
-                rkey: 0x8000_0001,
-                len: 5 * 512,
-            }],
-            out_table: None,
-            in_table: None,
-            inline_max: 4,
-        }
-        .encode();
-        c.recv.slots.write(0, &cmd);
-        let mut w = wc(RECV_BIT, WcOpcode::Recv);
-        w.byte_len = cmd.len() as u32;
-        c.handle_completion(&w);
-        let Some(Event::Submit(req)) = c.poll_event() else {
-            panic!("no submit")
-        };
-        let mut data = SgList::new();
-        for _ in 0..5 {
-            data.push(IoBuf::new(512));
-        }
+        let (req, data) = five_block_read(&mut c);
         // Five RDMA WRITEs and the SRP_RSP behind them, through a send
         // queue with room for two.
         *qp.room.lock().unwrap() = Some(2);
