@@ -18,10 +18,9 @@ use ferrite_scsi::Lun;
 use ferrite_srp::initiator::{self, InitError, Initiator, InitiatorConfig, Layout};
 use ferrite_srp::iu::{self, LoginLayout, LoginRejReason};
 use ferrite_tests::{Ferrited, Options, free_port};
-use srp_util::{clear_ua, pattern, port_id_of, rw};
+use srp_util::{BS, clear_ua, lose_channel_mid_transfer, pattern, port_id_of, read16, rw, write16};
 
 const PORT_ID: &str = "0x66657272697465207372702070307430";
-const BS: usize = 512;
 /// What ib_srp asks for by default: an 8 KiB immediate data payload behind
 /// a 68-byte SRP_CMD.
 const LINUX_IT_IU_LEN: u32 = 68 + 8192;
@@ -162,7 +161,7 @@ fn check(
             "the target's formats"
         );
     }
-    let log = log_count(f, "SRP login rejected", n);
+    let log = f.wait_log("SRP login rejected", n);
     let line = log
         .lines()
         .filter(|l| l.contains("SRP login rejected"))
@@ -173,47 +172,6 @@ fn check(
         line.contains(&format!("reason={:#010x}", reason.0)),
         "{line}"
     );
-}
-
-fn write(s: &mut Srp, lba: u64, data: &[u8]) {
-    let c = s
-        .ini
-        .command(
-            Lun(0),
-            &rw(0x8a, lba, (data.len() / BS) as u32),
-            Some(data),
-            0,
-            Layout::default(),
-        )
-        .unwrap();
-    assert_eq!(c.rsp.status, 0, "WRITE(16) at {lba}: {:?}", c.rsp);
-}
-
-fn read(s: &mut Srp, lba: u64, len: usize) -> Vec<u8> {
-    let c = s
-        .ini
-        .command(
-            Lun(0),
-            &rw(0x88, lba, (len / BS) as u32),
-            None,
-            len as u32,
-            Layout::default(),
-        )
-        .unwrap();
-    assert_eq!(c.rsp.status, 0, "READ(16) at {lba}: {:?}", c.rsp);
-    c.data
-}
-
-/// Waits until ferrited's log holds `n` lines containing `what`.
-fn log_count(f: &Ferrited, what: &str, n: usize) -> String {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let log = f.log_text();
-        if log.matches(what).count() >= n || Instant::now() > deadline {
-            return log;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]
@@ -239,13 +197,13 @@ fn rdma_cm_login_with_immediate_data_and_two_channels() {
     for size in [512usize, 4096, 8192, 8704, 65536] {
         let data = pattern(size as u32, size);
         let before = a.ini.immediate_writes;
-        write(&mut a, lba, &data);
+        write16(&mut a.ini, lba, &data);
         assert_eq!(
             a.ini.immediate_writes - before,
             u64::from(size <= 8192),
             "{size}-byte write: immediate data only where it fits"
         );
-        assert_eq!(read(&mut a, lba, size), data, "{size} bytes");
+        assert_eq!(read16(&mut a.ini, lba, size), data, "{size} bytes");
         lba += (size / BS) as u64 + 64;
     }
     // Many immediate writes in flight at once, within the credits.
@@ -269,7 +227,10 @@ fn rdma_cm_login_with_immediate_data_and_two_channels() {
         assert_eq!(a.ini.wait(t).unwrap().rsp.status, 0);
     }
     for k in (0..96u64).step_by(7) {
-        assert_eq!(read(&mut a, 4096 + k * 8, 4096), pattern(k as u32, 4096));
+        assert_eq!(
+            read16(&mut a.ini, 4096 + k * 8, 4096),
+            pattern(k as u32, 4096)
+        );
     }
 
     // The second channel joins the nexus (MULTI-CHANNEL ACTION 1, as
@@ -296,8 +257,8 @@ fn rdma_cm_login_with_immediate_data_and_two_channels() {
         .unwrap();
     assert_eq!(c.rsp.status, 0, "the joined channel is the same nexus");
     let data = pattern(77, 8192);
-    write(&mut b, 20_000, &data);
-    assert_eq!(read(&mut a, 20_000, 8192), data);
+    write16(&mut b.ini, 20_000, &data);
+    assert_eq!(read16(&mut a.ini, 20_000, 8192), data);
     assert!(b.ini.immediate_writes > 0);
     let s = r.f.ctl(&["sessions"]);
     let line = s.lines().find(|l| l.starts_with("srp ")).unwrap_or("");
@@ -316,9 +277,9 @@ fn rdma_cm_login_with_immediate_data_and_two_channels() {
     assert_eq!(c.ini.login_rsp.rsp_flags, iu::LOGIN_RSP_NO_CHANNEL);
     assert_eq!(c.ini.immediate_data(), None);
     clear_ua(&mut c.ini);
-    write(&mut c, 30_000, &data);
+    write16(&mut c.ini, 30_000, &data);
     assert_eq!(c.ini.immediate_writes, 0);
-    assert_eq!(read(&mut b, 30_000, 8192), data);
+    assert_eq!(read16(&mut b.ini, 30_000, 8192), data);
 
     let log = r.f.log_text();
     assert_eq!(
@@ -454,8 +415,8 @@ fn every_refused_login_gets_its_srp_reason_and_a_log_line() {
     };
     clear_ua(&mut again.ini);
     let data = pattern(5, 8192);
-    write(&mut again, 0, &data);
-    assert_eq!(read(&mut again, 0, 8192), data);
+    write16(&mut again.ini, 0, &data);
+    assert_eq!(read16(&mut again.ini, 0, 8192), data);
 }
 
 #[test]
@@ -471,109 +432,7 @@ fn a_channel_lost_mid_transfer_leaves_acknowledged_writes_and_the_other_channel_
             ..linux_cfg(0xc7)
         },
     );
-    // Channel A: 1 MiB writes (RDMA READ) and 8 KiB ones (immediate data)
-    // in flight, one region each, at LBAs 0..; channel B writes at 65536..
-    // concurrently. Then A's initiator vanishes (its queue pair dropped:
-    // no logout).
-    let big = Layout {
-        segments: 8,
-        inline_max: 2,
-    };
-    let a_len = |k: u64| {
-        if k.is_multiple_of(2) {
-            1usize << 20
-        } else {
-            8192
-        }
-    };
-    let a_write = |a: &mut Srp, k: u64| {
-        let data = pattern(k as u32 + 1000, a_len(k));
-        a.ini
-            .submit(
-                Lun(0),
-                &rw(0x8a, k * 2048, (a_len(k) / BS) as u32),
-                Some(&data),
-                0,
-                big,
-                iu::TASK_ATTR_SIMPLE,
-            )
-            .unwrap()
-    };
-    let mut a_tags: Vec<u64> = (0..12u64).map(|k| a_write(&mut a, k)).collect();
-    let mut b_tags = Vec::new();
-    for k in 0..32u64 {
-        let data = pattern(k as u32 + 2000, 8192);
-        b_tags.push(
-            b.ini
-                .submit(
-                    Lun(0),
-                    &rw(0x8a, 65536 + k * 16, 16),
-                    Some(&data),
-                    0,
-                    Layout::default(),
-                    iu::TASK_ATTR_SIMPLE,
-                )
-                .unwrap(),
-        );
-    }
-    // Transfers are under way once A's first write is answered; eight more
-    // sent just then are certainly in flight when A goes.
-    let first = a_tags[0];
-    assert_eq!(a.ini.wait(first).unwrap().rsp.status, 0);
-    a_tags.extend((12..20u64).map(|k| a_write(&mut a, k)));
-    // What A's initiator has seen answered, without reading any more.
-    let mut acked = vec![a_tags[0]];
-    acked.extend(a_tags[1..].iter().copied().filter(|t| a.ini.answered(*t)));
-    assert!(acked.len() < a_tags.len(), "A finished before the drop");
-    eprintln!(
-        "channel A lost with {} of its {} writes acknowledged",
-        acked.len(),
-        a_tags.len()
-    );
-    drop(a);
-    // B goes on: its writes in flight complete, and new ones too, while
-    // the target closes A.
-    for t in b_tags {
-        assert_eq!(b.ini.wait(t).unwrap().rsp.status, 0, "B's write failed");
-    }
-    let log = log_count(&r.f, "SRP channel closed", 1);
-    assert!(log.contains("SRP channel closed"), "{log}");
-    for k in 32..64u64 {
-        write(&mut b, 65536 + k * 16, &pattern(k as u32 + 2000, 8192));
-    }
-    assert!(b.ini.closed().is_none(), "B was closed with A");
-    let s = r.f.ctl(&["sessions"]);
-    let line = s.lines().find(|l| l.starts_with("srp ")).unwrap_or("");
-    assert!(
-        line.contains("channels=1"),
-        "the nexus lives on with B: {s}"
-    );
-    // Every write B sent is there; every write A had acknowledged is there
-    // whole; A's others hold, block by block, their old data (zeros) or
-    // their new.
-    for k in 0..64u64 {
-        assert_eq!(
-            read(&mut b, 65536 + k * 16, 8192),
-            pattern(k as u32 + 2000, 8192),
-            "B's write {k}"
-        );
-    }
-    for (k, tag) in a_tags.iter().enumerate() {
-        let k = k as u64;
-        let new = pattern(k as u32 + 1000, a_len(k));
-        let got = read(&mut b, k * 2048, a_len(k));
-        if acked.contains(tag) {
-            assert!(got == new, "acknowledged write {k} of A lost");
-            continue;
-        }
-        for (blk, chunk) in got.chunks(BS).enumerate() {
-            let want = &new[blk * BS..(blk + 1) * BS];
-            assert!(
-                chunk == want || chunk.iter().all(|x| *x == 0),
-                "block {blk} of A's write {k} is neither old nor new"
-            );
-        }
-    }
+    lose_channel_mid_transfer(&r.f, a, |a| &mut a.ini, &mut b.ini);
 }
 
 /// Writes to LBAs 8192.. are held 1.5 s by the disk's fault rule, so they

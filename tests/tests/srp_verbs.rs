@@ -3,7 +3,10 @@
 //! the 56-byte RDMA CM layout Linux sends, gets immediate data, moves data
 //! through direct, indirect and fetched descriptors, joins a second channel
 //! to the nexus, and is refused with the SRP_LOGIN_REJ reason as the
-//! reject's private data.
+//! reject's private data (a login cut short, another IU type, another
+//! target port, an IU length above the target's); a channel lost
+//! mid-transfer loses no acknowledged write and the nexus's other channel
+//! goes on.
 //!
 //! Needs an RDMA device with an IPv4 address (soft-RoCE `rdma_rxe` will do):
 //! `FERRITE_SRP_VERBS=DEVICE,ADDRESS`, for instance `rxe0,10.99.0.1` in the
@@ -18,15 +21,15 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferrite_rdma::verbs::{Context, VerbsCq, VerbsPd};
+use ferrite_rdma::RdmaError;
+use ferrite_rdma::verbs::{Context, VerbsCq, VerbsPd, VerbsQp, VerbsQpAttrs};
 use ferrite_scsi::Lun;
 use ferrite_srp::initiator::{self, InitError, Initiator, InitiatorConfig, Layout};
 use ferrite_srp::iu::{self, LoginLayout};
 use ferrite_tests::{Ferrited, free_port};
-use srp_util::{clear_ua, pattern, port_id_of, rw};
+use srp_util::{BS, clear_ua, lose_channel_mid_transfer, pattern, port_id_of, rw};
 
 const PORT_ID: &str = "0x66657272697465207672627320703030";
-const BS: usize = 512;
 
 /// The device and address from `FERRITE_SRP_VERBS`, if set.
 fn device() -> Option<(String, String)> {
@@ -106,6 +109,41 @@ fn try_login(r: &Rig, cfg: InitiatorConfig) -> Result<Verbs, InitError> {
         _pd: pd,
         _cq: cq,
     })
+}
+
+/// Sends `private_data` as an RDMA CM connect request and returns the
+/// target's SRP_LOGIN_REJ from the reject's private data (which the CM pads
+/// to its own size); fails the test if the target accepted.
+fn refused_raw(r: &Rig, private_data: &[u8]) -> iu::LoginRej {
+    let pd = r.ctx.alloc_pd().unwrap();
+    let cq = r.ctx.create_cq(64).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match VerbsQp::connect(
+            &r.addr,
+            &pd,
+            &cq,
+            &cq,
+            VerbsQpAttrs::default(),
+            &[],
+            private_data,
+            Duration::from_secs(10),
+        ) {
+            Err(RdmaError::Rejected { private_data }) => {
+                assert!(
+                    private_data.len() >= iu::LOGIN_REJ_LEN,
+                    "{private_data:02x?}"
+                );
+                return iu::LoginRej::parse(&private_data).expect("an SRP_LOGIN_REJ");
+            }
+            Ok(_) => panic!(
+                "the target accepted {} bytes of bad private data",
+                private_data.len()
+            ),
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+            Err(e) => panic!("connect to {}: {e}", r.addr),
+        }
+    }
 }
 
 fn login(r: &Rig, cfg: InitiatorConfig) -> Verbs {
@@ -247,6 +285,24 @@ fn refusals_reach_the_initiator_through_rdma_cm() {
         return;
     };
     let r = rig(&dev, &ip);
+    // A login cut short: RDMA CM pads a connect request's private data
+    // with zeros to its 56 bytes, so the target reads a target port id of
+    // zeros and refuses it as another port's (00010003h, the request's tag).
+    let mut req = linux_cfg(0x41).login_req();
+    req.tag = 0x5152_5354_5556_5758;
+    let rej = refused_raw(&r, &req.encode_rdma_cm()[..30]);
+    assert_eq!(
+        (rej.reason, rej.tag),
+        (iu::LoginRejReason::UNABLE_TO_ASSOCIATE, req.tag)
+    );
+    // Another IU type where SRP_LOGIN_REQ belongs: 00010000h.
+    let mut b = req.encode_rdma_cm();
+    b[11] = iu::IuType::CMD.0;
+    let rej = refused_raw(&r, &b);
+    assert_eq!(
+        (rej.reason, rej.tag),
+        (iu::LoginRejReason::UNABLE_TO_ESTABLISH, req.tag)
+    );
     // Another target port's id: 00010003h, from the reject's private data.
     let wrong = InitiatorConfig {
         target_port_id: [0x42; 16],
@@ -272,10 +328,31 @@ fn refusals_reach_the_initiator_through_rdma_cm() {
         try_login(&r, big).map(|_| ()),
         Err(InitError::LoginRejected(0x0001_0002))
     ));
-    let log = r.f.wait_log("SRP login rejected", 2);
-    assert!(log.contains("names another target port"), "{log}");
+    let log = r.f.wait_log("SRP login rejected", 4);
+    assert!(log.contains("IU type 0x02 is not SRP_LOGIN_REQ"), "{log}");
+    assert_eq!(log.matches("names another target port").count(), 2, "{log}");
     assert!(log.contains("IU length 1048644 is above"), "{log}");
     // And a good login still goes through.
     let mut ok = login(&r, linux_cfg(0x41));
     clear_ua(&mut ok.ini);
+}
+
+#[test]
+fn a_channel_lost_mid_transfer_over_rdma_cm_spares_the_other_channel() {
+    let Some((dev, ip)) = device() else {
+        eprintln!("FERRITE_SRP_VERBS unset (no RDMA device): skipping SRP over verbs");
+        return;
+    };
+    let r = rig(&dev, &ip);
+    let mut a = login(&r, linux_cfg(0xc7));
+    clear_ua(&mut a.ini);
+    let mut b = login(
+        &r,
+        InitiatorConfig {
+            multi_channel: true,
+            first_tag: 0x10_0000,
+            ..linux_cfg(0xc7)
+        },
+    );
+    lose_channel_mid_transfer(&r.f, a, |a| &mut a.ini, &mut b.ini);
 }
