@@ -25,6 +25,7 @@ pub mod runtime;
 pub mod scst;
 pub mod server;
 pub mod tree;
+pub mod view;
 
 pub use change::{Change, plan};
 pub use config::{

@@ -34,6 +34,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::Config;
 use crate::runtime::{Runtime, SessionInfo, Stats};
 use crate::tree::{AttrValue, Entry, Tree};
+use crate::view::ViewNode;
 
 /// Longest request line accepted (an `apply` carries a whole configuration).
 pub const MAX_REQUEST: u64 = 16 << 20;
@@ -56,6 +57,22 @@ pub fn default_socket() -> PathBuf {
         return Path::new(&h).join(".local/state/ferrite/ferrited.sock");
     }
     PathBuf::from("/tmp/ferrite/ferrited.sock")
+}
+
+/// The socket's file name inside a state directory.
+pub const STATE_DIR_SOCKET: &str = "ferrited.sock";
+
+/// The control socket, as ferrited and ferritectl both choose it: `socket`
+/// when given (`--socket`, `FERRITE_SOCKET`); else `ferrited.sock` in the
+/// state directory when one is given (`--state-dir`, `FERRITE_STATE_DIR`),
+/// so daemons with state directories of their own have sockets of their
+/// own; else [`default_socket`].
+pub fn socket_path(socket: Option<&Path>, state_dir: Option<&Path>) -> PathBuf {
+    match (socket, state_dir) {
+        (Some(s), _) => s.to_path_buf(),
+        (None, Some(d)) => d.join(STATE_DIR_SOCKET),
+        (None, None) => default_socket(),
+    }
 }
 
 /// One request line.
@@ -90,6 +107,11 @@ pub enum Request {
     Sessions,
     Stats,
     Config,
+    /// The view of a subtree ([`crate::view`]).
+    Tree {
+        #[serde(default)]
+        path: Option<String>,
+    },
 }
 
 /// One answer line. `ok` false carries `error`; the other fields depend on
@@ -113,6 +135,8 @@ pub struct Response {
     pub stats: Option<Stats>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<Box<Config>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree: Option<ViewNode>,
 }
 
 impl Response {
@@ -177,7 +201,7 @@ pub fn handle_line(tree: &Mutex<Tree>, line: &str) -> Response {
         Err(e) => {
             return Response::err(format!(
                 "bad request: {e}; a request is one JSON object per line with \"op\" one of \
-                 ls, get, set, do, save, apply, diff, sessions, stats, config"
+                 ls, get, set, do, save, apply, diff, sessions, stats, config, tree"
             ));
         }
     };
@@ -197,6 +221,11 @@ pub fn handle(tree: &Mutex<Tree>, req: Request) -> Response {
             value: Some(v),
             ..Response::ok()
         }),
+        Request::Tree { path } => crate::view::view(&lock(tree), path.as_deref().unwrap_or("/"))
+            .map(|v| Response {
+                tree: Some(v),
+                ..Response::ok()
+            }),
         Request::Set { path, value } => lock(tree).set(&path, &value).map(Response::message),
         Request::Do { path, command } => lock(tree).run(&path, &command).map(Response::message),
         Request::Save { file } => lock(tree)

@@ -113,13 +113,13 @@ impl Ferrited {
         f
     }
 
-    /// Spawns `cmd` with the state directory and control socket in
-    /// `state_dir`, its stderr collected into the log.
+    /// Spawns `cmd` with the state directory `state_dir`, which also holds
+    /// the control socket (`ferrited.sock`, as ferrited chooses it with
+    /// `--state-dir` alone), its stderr collected into the log.
     fn spawn(mut cmd: Command, state_dir: &Path, addr: SocketAddr) -> Ferrited {
         cmd.arg("--state-dir")
             .arg(state_dir)
-            .arg("--control")
-            .arg(state_dir.join("ferrited.sock"))
+            .env_remove("FERRITE_SOCKET")
             .env(
                 "RUST_LOG",
                 std::env::var("FERRITE_TEST_LOG").unwrap_or_else(|_| "info".into()),
@@ -202,13 +202,15 @@ impl Ferrited {
         }
     }
 
-    /// Runs `ferritectl ARGS` against this ferrited's control socket
-    /// (bounded to 30 s) and returns its output, whatever its status.
+    /// Runs `ferritectl ARGS` against this ferrited (found through its
+    /// state directory, as `ferritectl --state-dir` finds it; bounded to
+    /// 30 s) and returns its output, whatever its status.
     pub fn ctl_output(&self, args: &[&str]) -> Output {
         run_with_timeout(
             Command::new(ferrited_path().with_file_name("ferritectl"))
-                .arg("--socket")
-                .arg(self.control())
+                .arg("--state-dir")
+                .arg(&self.state_dir)
+                .env_remove("FERRITE_SOCKET")
                 .args(args),
             Duration::from_secs(30),
         )

@@ -39,7 +39,9 @@ struct Args {
     listen: Option<SocketAddr>,
     /// Where the embedded default keeps its disk image and where state lives.
     /// Default: /var/lib/ferrite as root, else $XDG_STATE_HOME/ferrite.
-    #[arg(long, value_name = "DIR")]
+    /// Given, it also holds the control socket (DIR/ferrited.sock) unless
+    /// --socket says otherwise; `ferritectl --state-dir DIR` finds it there.
+    #[arg(long, value_name = "DIR", env = "FERRITE_STATE_DIR")]
     state_dir: Option<PathBuf>,
     /// Number of reactor threads (default: from the configuration, else one per CPU).
     #[arg(long)]
@@ -59,11 +61,17 @@ struct Args {
     /// Pin reactor threads to CPUs.
     #[arg(long)]
     pin: bool,
-    /// Control socket for ferritectl. Default: /run/ferrite/ferrited.sock as
-    /// root, else $XDG_RUNTIME_DIR/ferrite/ferrited.sock (or
+    /// Control socket for ferritectl. Default: DIR/ferrited.sock with
+    /// --state-dir DIR, else /run/ferrite/ferrited.sock as root, else
+    /// $XDG_RUNTIME_DIR/ferrite/ferrited.sock (or
     /// ~/.local/state/ferrite/ferrited.sock), where ferritectl looks too.
-    #[arg(long, value_name = "PATH")]
-    control: Option<PathBuf>,
+    #[arg(
+        long,
+        visible_alias = "control",
+        value_name = "PATH",
+        env = "FERRITE_SOCKET"
+    )]
+    socket: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR:PORT/metrics (off by default).
     #[arg(long, value_name = "ADDR:PORT")]
     metrics: Option<SocketAddr>,
@@ -177,10 +185,8 @@ fn main() -> Result<()> {
     if let Some(mb) = args.data_memory_mb {
         cfg.reactor.data_memory_mb = Some(mb);
     }
-    let control = args
-        .control
-        .clone()
-        .unwrap_or_else(ferrite_mgmt::server::default_socket);
+    let control =
+        ferrite_mgmt::server::socket_path(args.socket.as_deref(), args.state_dir.as_deref());
     let save = args
         .config
         .clone()

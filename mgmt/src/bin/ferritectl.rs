@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use clap::{CommandFactory, Parser, Subcommand};
 use ferrite_mgmt::config::Config;
-use ferrite_mgmt::server::{Request, Response, default_socket, request};
+use ferrite_mgmt::server::{Request, Response, request, socket_path};
 use ferrite_mgmt::tree::EntryKind;
 
 #[derive(Parser, Debug)]
@@ -19,9 +19,21 @@ use ferrite_mgmt::tree::EntryKind;
     about = "Manage ferrited: the SCST-shaped object tree over its control socket"
 )]
 struct Cli {
-    /// Control socket of ferrited.
-    #[arg(long, global = true, default_value_os_t = default_socket(), env = "FERRITE_SOCKET")]
-    socket: PathBuf,
+    /// Control socket of ferrited. Default: DIR/ferrited.sock with
+    /// --state-dir DIR, else where ferrited puts it (/run/ferrite/ferrited.sock
+    /// as root).
+    #[arg(
+        long,
+        global = true,
+        visible_alias = "control",
+        value_name = "PATH",
+        env = "FERRITE_SOCKET"
+    )]
+    socket: Option<PathBuf>,
+    /// The state directory ferrited was started with (--state-dir): its
+    /// control socket is there.
+    #[arg(long, global = true, value_name = "DIR", env = "FERRITE_STATE_DIR")]
+    state_dir: Option<PathBuf>,
     /// Print ferrited's JSON answer as is.
     #[arg(long, global = true)]
     json: bool,
@@ -38,6 +50,9 @@ enum Cmd {
         #[arg(short, long)]
         long: bool,
     },
+    /// Show a subtree (default /) one object per line with its key values:
+    /// targets with their portals, LUNs with device and size, sessions.
+    Tree { path: Option<String> },
     /// Read an attribute; on a mgmt leaf, print its commands.
     Get { path: String },
     /// Write an attribute.
@@ -112,6 +127,11 @@ fn print_response(cmd: &Cmd, rsp: &Response) -> Result<()> {
                 } else {
                     writeln!(out, "{name}")?;
                 }
+            }
+        }
+        Cmd::Tree { .. } => {
+            if let Some(v) = &rsp.tree {
+                write!(out, "{}", ferrite_mgmt::view::render(v))?;
             }
         }
         Cmd::Get { .. } => {
@@ -246,6 +266,7 @@ fn run(cli: Cli) -> Result<()> {
             return Ok(());
         }
         Cmd::Ls { path, .. } => Request::Ls { path: path.clone() },
+        Cmd::Tree { path } => Request::Tree { path: path.clone() },
         Cmd::Get { path } => Request::Get { path: path.clone() },
         Cmd::Set { path, value } => Request::Set {
             path: path.clone(),
@@ -273,7 +294,8 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Stats => Request::Stats,
         Cmd::Config => Request::Config,
     };
-    let rsp = call(&cli.socket, &req)?;
+    let socket = socket_path(cli.socket.as_deref(), cli.state_dir.as_deref());
+    let rsp = call(&socket, &req)?;
     if cli.json {
         print!("{}", rsp.to_line());
         if !rsp.ok {
