@@ -256,7 +256,7 @@ fn plan_lu(
     // SBC-4 §4.15, SPC-4 §5.x: with the medium ejected, TEST UNIT READY and
     // every command that reaches the medium get NOT READY, MEDIUM NOT
     // PRESENT (libiscsi's NoMedia.NoMediaSBC).
-    if dev.flags.removable && needs_medium(op) && !dev.shared.medium.present() {
+    if dev.flags.removable && crate::ops::needs_medium(op.0) && !dev.shared.medium.present() {
         return fail(Sense::MEDIUM_NOT_PRESENT);
     }
     match op {
@@ -552,6 +552,11 @@ fn plan_lu(
             }
         }
         Opcode::PERSISTENT_RESERVE_OUT => {
+            // SPC-4 §6.15.2: a service action this device server does not
+            // implement is refused before its parameter list is fetched.
+            if !crate::ops::lists(op.0, cdb[1] & 0x1f) {
+                return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(4)));
+            }
             let param_len = u32::from_be_bytes([cdb[5], cdb[6], cdb[7], cdb[8]]);
             // A longer list than any this device server takes is refused
             // before a byte of it is fetched.
@@ -874,307 +879,6 @@ pub fn unmap_ranges(
     Ok(())
 }
 
-const fn cmd(opcode: u8, usage: &'static [u8]) -> Supported {
-    Supported {
-        opcode,
-        sa: None,
-        usage,
-    }
-}
-
-/// The commands this device server supports, with their CDB usage data
-/// (SPC-4 §6.35.3), for REPORT SUPPORTED OPERATION CODES. UNMAP is listed
-/// only on devices that report logical block provisioning.
-const SUPPORTED: &[Supported] = &[
-    cmd(0x00, &[0x00, 0, 0, 0, 0, 0x04]),
-    cmd(0x03, &[0x03, 0x01, 0, 0, 0xff, 0x04]),
-    cmd(0x08, &[0x08, 0x1f, 0xff, 0xff, 0xff, 0x04]),
-    cmd(0x0a, &[0x0a, 0x1f, 0xff, 0xff, 0xff, 0x04]),
-    cmd(0x12, &[0x12, 0x03, 0xff, 0xff, 0xff, 0x04]),
-    cmd(0x15, &[0x15, 0x11, 0, 0, 0xff, 0x04]),
-    cmd(0x16, &[0x16, 0, 0, 0, 0, 0x04]),
-    cmd(0x17, &[0x17, 0, 0, 0, 0, 0x04]),
-    cmd(0x1a, &[0x1a, 0x08, 0xff, 0xff, 0xff, 0x04]),
-    cmd(0x1b, &[0x1b, 0x01, 0, 0, 0xf3, 0x04]),
-    cmd(0x1e, &[0x1e, 0, 0, 0, 0x03, 0x04]),
-    cmd(0x25, &[0x25, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0x01, 0x04]),
-    cmd(
-        0x28,
-        &[0x28, 0xfa, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0x04],
-    ),
-    cmd(
-        0x2a,
-        &[0x2a, 0xfa, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0x04],
-    ),
-    cmd(
-        0x2e,
-        &[0x2e, 0xf2, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0x04],
-    ),
-    cmd(
-        0x2f,
-        &[0x2f, 0xf6, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0x04],
-    ),
-    cmd(
-        0x34,
-        &[0x34, 0x02, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0x04],
-    ),
-    cmd(
-        0x35,
-        &[0x35, 0, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0x04],
-    ),
-    cmd(0x37, &[0x37, 0, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0x04]),
-    cmd(
-        0x41,
-        &[0x41, 0xfe, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0x04],
-    ),
-    cmd(0x42, &[0x42, 0x01, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04]),
-    // SBC-4 §5.30 SANITIZE: IMMED, AUSE; BLOCK ERASE only where it is
-    // offered (see `data_in`), CRYPTOGRAPHIC ERASE never.
-    Supported {
-        opcode: 0x48,
-        sa: Some(crate::sanitize::sa::OVERWRITE),
-        usage: &[0x48, 0xa1, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04],
-    },
-    Supported {
-        opcode: 0x48,
-        sa: Some(crate::sanitize::sa::BLOCK_ERASE),
-        usage: &[0x48, 0xa2, 0, 0, 0, 0, 0, 0, 0, 0x04],
-    },
-    Supported {
-        opcode: 0x48,
-        sa: Some(crate::sanitize::sa::EXIT_FAILURE_MODE),
-        usage: &[0x48, 0xbf, 0, 0, 0, 0, 0, 0, 0, 0x04],
-    },
-    cmd(0x55, &[0x55, 0x11, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04]),
-    cmd(0x56, &[0x56, 0, 0, 0, 0, 0, 0, 0, 0, 0x04]),
-    cmd(0x57, &[0x57, 0, 0, 0, 0, 0, 0, 0, 0, 0x04]),
-    cmd(0x5a, &[0x5a, 0x18, 0xff, 0xff, 0, 0, 0, 0xff, 0xff, 0x04]),
-    Supported {
-        opcode: 0x5e,
-        sa: Some(0),
-        usage: &[0x5e, 0x00, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04],
-    },
-    Supported {
-        opcode: 0x5e,
-        sa: Some(1),
-        usage: &[0x5e, 0x01, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04],
-    },
-    Supported {
-        opcode: 0x5e,
-        sa: Some(2),
-        usage: &[0x5e, 0x02, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04],
-    },
-    Supported {
-        opcode: 0x5e,
-        sa: Some(3),
-        usage: &[0x5e, 0x03, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04],
-    },
-    Supported {
-        opcode: 0x5f,
-        sa: Some(0),
-        usage: &[0x5f, 0x00, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
-    },
-    Supported {
-        opcode: 0x5f,
-        sa: Some(1),
-        usage: &[0x5f, 0x01, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
-    },
-    Supported {
-        opcode: 0x5f,
-        sa: Some(2),
-        usage: &[0x5f, 0x02, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
-    },
-    Supported {
-        opcode: 0x5f,
-        sa: Some(3),
-        usage: &[0x5f, 0x03, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
-    },
-    Supported {
-        opcode: 0x5f,
-        sa: Some(4),
-        usage: &[0x5f, 0x04, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
-    },
-    Supported {
-        opcode: 0x5f,
-        sa: Some(5),
-        usage: &[0x5f, 0x05, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
-    },
-    Supported {
-        opcode: 0x5f,
-        sa: Some(6),
-        usage: &[0x5f, 0x06, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
-    },
-    Supported {
-        opcode: 0x5f,
-        sa: Some(7),
-        usage: &[0x5f, 0x07, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
-    },
-    // SPC-4 §6.4 EXTENDED COPY (LID1) and §6.23 RECEIVE COPY RESULTS.
-    Supported {
-        opcode: 0x83,
-        sa: Some(0x00),
-        usage: &[
-            0x83, 0x00, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x04,
-        ],
-    },
-    Supported {
-        opcode: 0x84,
-        sa: Some(0x00),
-        usage: &[
-            0x84, 0x00, 0xff, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x04,
-        ],
-    },
-    Supported {
-        opcode: 0x84,
-        sa: Some(0x01),
-        usage: &[
-            0x84, 0x01, 0xff, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x04,
-        ],
-    },
-    Supported {
-        opcode: 0x84,
-        sa: Some(0x03),
-        usage: &[
-            0x84, 0x03, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x04,
-        ],
-    },
-    Supported {
-        opcode: 0x84,
-        sa: Some(0x04),
-        usage: &[
-            0x84, 0x04, 0xff, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x04,
-        ],
-    },
-    cmd(
-        0x88,
-        &[
-            0x88, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0,
-            0x04,
-        ],
-    ),
-    cmd(
-        0x89,
-        &[
-            0x89, 0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0xff, 0x3f, 0x04,
-        ],
-    ),
-    cmd(
-        0x8a,
-        &[
-            0x8a, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0,
-            0x04,
-        ],
-    ),
-    cmd(
-        0x8b,
-        &[
-            0x8b, 0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
-            0x3f, 0x04,
-        ],
-    ),
-    cmd(
-        0x8e,
-        &[
-            0x8e, 0xf2, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0,
-            0x04,
-        ],
-    ),
-    cmd(
-        0x8f,
-        &[
-            0x8f, 0xf6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0,
-            0x04,
-        ],
-    ),
-    cmd(
-        0x90,
-        &[
-            0x90, 0x02, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
-            0x3f, 0x04,
-        ],
-    ),
-    cmd(
-        0x91,
-        &[
-            0x91, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0,
-            0x04,
-        ],
-    ),
-    cmd(
-        0x93,
-        &[
-            0x93, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0,
-            0x04,
-        ],
-    ),
-    cmd(
-        0x9c,
-        &[
-            0x9c, 0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
-            0x3f, 0x04,
-        ],
-    ),
-    Supported {
-        opcode: 0x9e,
-        sa: Some(service_action_in_16::READ_CAPACITY_16),
-        usage: &[
-            0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x04,
-        ],
-    },
-    Supported {
-        opcode: 0x9e,
-        sa: Some(service_action_in_16::GET_LBA_STATUS),
-        usage: &[
-            0x9e, 0x12, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0,
-            0x04,
-        ],
-    },
-    cmd(
-        0xa0,
-        &[0xa0, 0, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x04],
-    ),
-    Supported {
-        opcode: 0xa3,
-        sa: Some(maintenance_in::REPORT_SUPPORTED_OPERATION_CODES),
-        usage: &[
-            0xa3, 0x0c, 0x87, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0x04,
-        ],
-    },
-    Supported {
-        opcode: 0xa3,
-        sa: Some(maintenance_in::REPORT_SUPPORTED_TMFS),
-        usage: &[0xa3, 0x0d, 0x80, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x04],
-    },
-    cmd(
-        0xa8,
-        &[
-            0xa8, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0x04,
-        ],
-    ),
-    cmd(
-        0xaa,
-        &[
-            0xaa, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0x04,
-        ],
-    ),
-    cmd(
-        0xae,
-        &[
-            0xae, 0xf2, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0x04,
-        ],
-    ),
-    cmd(
-        0xaf,
-        &[
-            0xaf, 0xf6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0x04,
-        ],
-    ),
-    cmd(
-        0xb7,
-        &[0xb7, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x04],
-    ),
-];
-
 /// What [`data_in`] needs besides the CDB.
 #[derive(Clone, Copy, Debug)]
 pub struct DataCtx<'a> {
@@ -1305,15 +1009,11 @@ pub fn data_in(cdb: &[u8], ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<u32, 
             let c = ReportOpcodesCdb::decode(cdb)?;
             let thin = lbpme(e);
             let block_erase = crate::sanitize::block_erase_supported(e);
-            let table: Vec<Supported> = SUPPORTED
+            let table: Vec<Supported> = crate::ops::OPS
                 .iter()
-                .filter(|s| thin || s.opcode != Opcode::UNMAP.0)
-                .filter(|s| {
-                    block_erase
-                        || (s.opcode, s.sa)
-                            != (Opcode::SANITIZE.0, Some(crate::sanitize::sa::BLOCK_ERASE))
-                })
-                .copied()
+                .filter(|r| thin || !r.has(crate::ops::THIN))
+                .filter(|r| block_erase || !r.has(crate::ops::BLOCK_ERASE))
+                .map(crate::ops::Op::supported)
                 .collect();
             opcodes::report_supported_opcodes(&c, &table, out)?;
             Ok(c.alloc_len)
@@ -1487,70 +1187,6 @@ fn inquiry_data(c: &InquiryCdb, ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<
     Ok(())
 }
 
-/// True for the commands a pending unit attention does not fail (SAM-5
-/// §5.14, SPC-4 §5.12): INQUIRY, REPORT LUNS, REQUEST SENSE.
-pub fn passes_unit_attention(op: u8) -> bool {
-    matches!(
-        Opcode(op),
-        Opcode::INQUIRY | Opcode::REPORT_LUNS | Opcode::REQUEST_SENSE
-    )
-}
-
-/// True for the commands a logical unit reserved by another nexus still
-/// serves (SPC-2 §5.5.1 table 9 as SPC-4 §5.13 keeps it for RESERVE/RELEASE):
-/// INQUIRY, REPORT LUNS, REQUEST SENSE, RELEASE (a no-op from another
-/// nexus), REPORT SUPPORTED OPERATION CODES and persistent reservation
-/// commands.
-pub fn passes_reservation(op: u8) -> bool {
-    matches!(
-        Opcode(op),
-        Opcode::INQUIRY
-            | Opcode::REPORT_LUNS
-            | Opcode::REQUEST_SENSE
-            | Opcode::RELEASE_6
-            | Opcode::RELEASE_10
-            | Opcode::MAINTENANCE_IN
-            | Opcode::PERSISTENT_RESERVE_IN
-            | Opcode::PERSISTENT_RESERVE_OUT
-    )
-}
-
-/// True for the commands that need the medium (SBC-4 §4.15): with it
-/// ejected they get NOT READY, MEDIUM NOT PRESENT. What still works without
-/// it is what describes or controls the logical unit rather than its
-/// blocks: INQUIRY, REPORT LUNS, REQUEST SENSE, START STOP UNIT, PREVENT
-/// ALLOW MEDIUM REMOVAL, MODE SENSE/SELECT, reservations, REPORT SUPPORTED
-/// OPERATION CODES / TASK MANAGEMENT FUNCTIONS and RECEIVE COPY RESULTS.
-/// READ CAPACITY and GET LBA STATUS describe the medium and need it
-/// (libiscsi's NoMedia.NoMediaSBC).
-pub fn needs_medium(op: Opcode) -> bool {
-    !matches!(
-        op,
-        Opcode::INQUIRY
-            | Opcode::REPORT_LUNS
-            | Opcode::REQUEST_SENSE
-            | Opcode::START_STOP_UNIT
-            | Opcode::PREVENT_ALLOW_MEDIUM_REMOVAL
-            | Opcode::MODE_SENSE_6
-            | Opcode::MODE_SENSE_10
-            | Opcode::MODE_SELECT_6
-            | Opcode::MODE_SELECT_10
-            | Opcode::RESERVE_6
-            | Opcode::RESERVE_10
-            | Opcode::RELEASE_6
-            | Opcode::RELEASE_10
-            | Opcode::PERSISTENT_RESERVE_IN
-            | Opcode::PERSISTENT_RESERVE_OUT
-            | Opcode::MAINTENANCE_IN
-            | Opcode::RECEIVE_COPY_RESULTS
-    )
-}
-
-/// True for the commands answered on a LUN that is not mapped.
-pub fn serves_unmapped_lun(op: u8) -> bool {
-    passes_unit_attention(op)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1600,44 +1236,87 @@ mod tests {
         assert_eq!(first_miscompare(&[], &[1]), None);
     }
 
-    #[test]
-    fn supported_table_is_consistent() {
-        // Sorted, usage data as long as the CDB and starting with the opcode
-        // (and the service action where there is one).
-        assert!(
-            SUPPORTED
-                .windows(2)
-                .all(|w| (w[0].opcode, w[0].sa) < (w[1].opcode, w[1].sa))
-        );
-        for s in SUPPORTED {
-            assert_eq!(Opcode(s.opcode).cdb_len(), Some(s.usage.len()), "{s:?}");
-            assert_eq!(s.usage[0], s.opcode);
-            if let Some(sa) = s.sa {
-                assert_eq!(s.usage[1] & 0x1f, sa);
+    /// A thin 1 MiB device that can deallocate: every command the table
+    /// lists, UNMAP and BLOCK ERASE among them, is offered on it.
+    fn thin_entry() -> LunEntry {
+        use crate::backend::{Backend, BackendError, BackendQueue, Caps, Geometry};
+        use crate::device::{Device, DeviceFlags, DeviceId, Identity};
+        use std::sync::Arc;
+        struct NoStore;
+        impl Backend for NoStore {
+            fn geometry(&self) -> Geometry {
+                Geometry {
+                    block_size: 512,
+                    num_blocks: 2048,
+                    phys_exp: 0,
+                }
             }
+            fn caps(&self) -> Caps {
+                Caps {
+                    unmap: true,
+                    ..Caps::default()
+                }
+            }
+            fn open_queue(&self, _: u32) -> Result<Box<dyn BackendQueue>, BackendError> {
+                Err(BackendError::Invalid("none".into()))
+            }
+        }
+        LunEntry {
+            device: Arc::new(Device::new(
+                DeviceId(1),
+                "d1".to_string(),
+                Arc::new(NoStore),
+                Identity {
+                    vendor: "FERRITE".into(),
+                    product: "disk".into(),
+                    revision: "0.1".into(),
+                    serial: "s1".into(),
+                    naa: 0x6001_4050_0000_0001,
+                    eui64: 0,
+                },
+                DeviceFlags {
+                    thin_provisioned: true,
+                    ..DeviceFlags::default()
+                },
+            )),
+            read_only: false,
         }
     }
 
-    #[test]
-    fn commands_without_medium() {
-        assert!(needs_medium(Opcode::TEST_UNIT_READY));
-        assert!(needs_medium(Opcode::READ_10));
-        assert!(needs_medium(Opcode::READ_CAPACITY_10));
-        assert!(needs_medium(Opcode::SERVICE_ACTION_IN_16));
-        assert!(needs_medium(Opcode::UNMAP));
-        assert!(needs_medium(Opcode::SYNCHRONIZE_CACHE_10));
-        assert!(!needs_medium(Opcode::START_STOP_UNIT));
-        assert!(!needs_medium(Opcode::PREVENT_ALLOW_MEDIUM_REMOVAL));
-        assert!(!needs_medium(Opcode::INQUIRY));
-        assert!(!needs_medium(Opcode::MODE_SENSE_10));
+    /// Whether `plan` knows the command `cdb` starts: anything but INVALID
+    /// COMMAND OPERATION CODE, or, for an opcode with service actions, an
+    /// INVALID FIELD IN CDB at the SERVICE ACTION field.
+    fn planned(cdb: &[u8], e: &LunEntry) -> bool {
+        let sa_field = Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(4));
+        let has_sa = crate::ops::OPS
+            .iter()
+            .any(|r| r.opcode == cdb[0] && r.sa.is_some());
+        !matches!(
+            plan(cdb, Some(e), 0, DataDir::None),
+            Plan::Fail(s, _) if s == Sense::INVALID_COMMAND_OPERATION_CODE || (has_sa && s == sa_field)
+        )
     }
 
     #[test]
-    fn exempt_commands() {
-        assert!(passes_unit_attention(0x12));
-        assert!(passes_unit_attention(0xa0));
-        assert!(passes_unit_attention(0x03));
-        assert!(!passes_unit_attention(0x00));
-        assert!(!serves_unmapped_lun(0x28));
+    fn every_listed_command_is_planned_and_every_planned_one_listed() {
+        let e = thin_entry();
+        for op in 0..=255u8 {
+            let Some(len) = Opcode(op).cdb_len() else {
+                continue;
+            };
+            for sa in 0..32u8 {
+                let mut cdb = vec![0u8; len];
+                cdb[0] = op;
+                cdb[1] = sa;
+                let listed = crate::ops::OPS
+                    .iter()
+                    .any(|r| r.opcode == op && r.sa.is_none_or(|x| x == sa));
+                assert_eq!(
+                    planned(&cdb, &e),
+                    listed,
+                    "opcode {op:#04x} service action {sa:#04x}: planned and listed disagree"
+                );
+            }
+        }
     }
 }

@@ -8,7 +8,10 @@
 //!
 //! Layout: [`cmd`], [`backend`] and [`device`] are the contracts with
 //! fabrics, backends and management; [`emulate`] is the SCSI emulation as
-//! pure functions; [`shard`] is the per-core state machine ([`Shard`],
+//! pure functions, over `ops`, one row per implemented command (its CDB
+//! usage data for REPORT SUPPORTED OPERATION CODES and how it stands
+//! against unit attentions, reservations, a missing medium, a sanitize and
+//! persistent reservations), which every gate reads; [`shard`] is the per-core state machine ([`Shard`],
 //! [`Session`]) that orders, executes, aborts and answers commands;
 //! [`xcopy`] is the copy manager (EXTENDED COPY, RECEIVE COPY RESULTS) the
 //! shard runs copies inside the target with; [`pr`] holds persistent
@@ -27,6 +30,7 @@ pub mod budget;
 pub mod cmd;
 pub mod device;
 pub mod emulate;
+mod ops;
 pub mod pr;
 pub mod sanitize;
 pub mod shard;

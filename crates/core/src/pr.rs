@@ -28,7 +28,9 @@
 use std::io::Write as _;
 use std::path::PathBuf;
 
-use ferrite_scsi::{Opcode, Sense};
+use ferrite_scsi::Sense;
+
+use crate::ops::Pr;
 
 /// PERSISTENT RESERVE OUT service actions (SPC-4 table 197).
 pub mod out_sa {
@@ -241,46 +243,6 @@ pub struct PrState {
     pub aptpl: bool,
 }
 
-/// How a command stands against a persistent reservation (SPC-4 table 66).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Access {
-    /// Allowed whatever the reservation (INQUIRY, PRIN, TUR, ...).
-    Always,
-    /// Reads the medium: conflicts under the exclusive access types.
-    Read,
-    /// Writes the medium or changes the LU: conflicts under every type.
-    Write,
-}
-
-fn access_of(op: u8) -> Access {
-    match Opcode(op) {
-        Opcode::INQUIRY
-        | Opcode::REPORT_LUNS
-        | Opcode::REQUEST_SENSE
-        | Opcode::TEST_UNIT_READY
-        | Opcode::READ_CAPACITY_10
-        | Opcode::SERVICE_ACTION_IN_16
-        | Opcode::MAINTENANCE_IN
-        | Opcode::PERSISTENT_RESERVE_IN
-        | Opcode::PERSISTENT_RESERVE_OUT => Access::Always,
-        Opcode::READ_6
-        | Opcode::READ_10
-        | Opcode::READ_12
-        | Opcode::READ_16
-        | Opcode::VERIFY_10
-        | Opcode::VERIFY_12
-        | Opcode::VERIFY_16
-        | Opcode::PRE_FETCH_10
-        | Opcode::PRE_FETCH_16
-        | Opcode::MODE_SENSE_6
-        | Opcode::MODE_SENSE_10
-        | Opcode::READ_DEFECT_DATA_10
-        | Opcode::READ_DEFECT_DATA_12
-        | Opcode::RECEIVE_COPY_RESULTS => Access::Read,
-        _ => Access::Write,
-    }
-}
-
 impl PrState {
     fn reg_of(&self, n: &PrNexus) -> Option<usize> {
         self.regs.iter().position(|r| r.matches(n))
@@ -313,16 +275,16 @@ impl PrState {
         if self.is_holder(n) {
             return false;
         }
-        let access = access_of(op);
-        if access == Access::Always {
+        let access = crate::ops::of(op).pr;
+        if access == Pr::Always {
             return false;
         }
         let registered = self.reg_of(n).is_some();
         match r.kind {
-            kind::WRITE_EXCLUSIVE => access == Access::Write,
+            kind::WRITE_EXCLUSIVE => access == Pr::Write,
             kind::EXCLUSIVE_ACCESS => true,
             kind::WRITE_EXCLUSIVE_RO | kind::WRITE_EXCLUSIVE_AR => {
-                !registered && access == Access::Write
+                !registered && access == Pr::Write
             }
             _ => !registered,
         }

@@ -27,7 +27,7 @@
 use std::sync::atomic::{AtomicU8, AtomicU16, Ordering};
 use std::time::Duration;
 
-use ferrite_scsi::{Opcode, Sense};
+use ferrite_scsi::Sense;
 
 use crate::cmd::{DataDir, Residual};
 use crate::device::LunEntry;
@@ -430,51 +430,16 @@ impl SanitizeShared {
         match self.state.load(Ordering::Acquire) {
             IDLE => None,
             RUNNING => {
-                let exempt = matches!(
-                    Opcode(op),
-                    Opcode::INQUIRY
-                        | Opcode::REPORT_LUNS
-                        | Opcode::REQUEST_SENSE
-                        | Opcode::MAINTENANCE_IN
-                );
+                let exempt = crate::ops::of(op).has(crate::ops::SANITIZING);
                 (!exempt).then(|| {
                     Sense::SANITIZE_IN_PROGRESS.with_progress(self.progress.load(Ordering::Acquire))
                 })
             }
-            _ => accesses_medium(op).then_some(Sense::MEDIUM_FORMAT_CORRUPTED),
+            _ => crate::ops::of(op)
+                .has(crate::ops::BLOCKS)
+                .then_some(Sense::MEDIUM_FORMAT_CORRUPTED),
         }
     }
-}
-
-/// Commands that read or write logical blocks.
-fn accesses_medium(op: u8) -> bool {
-    matches!(
-        Opcode(op),
-        Opcode::READ_6
-            | Opcode::READ_10
-            | Opcode::READ_12
-            | Opcode::READ_16
-            | Opcode::WRITE_6
-            | Opcode::WRITE_10
-            | Opcode::WRITE_12
-            | Opcode::WRITE_16
-            | Opcode::WRITE_AND_VERIFY_10
-            | Opcode::WRITE_AND_VERIFY_12
-            | Opcode::WRITE_AND_VERIFY_16
-            | Opcode::VERIFY_10
-            | Opcode::VERIFY_12
-            | Opcode::VERIFY_16
-            | Opcode::WRITE_SAME_10
-            | Opcode::WRITE_SAME_16
-            | Opcode::UNMAP
-            | Opcode::COMPARE_AND_WRITE
-            | Opcode::ORWRITE_16
-            | Opcode::WRITE_ATOMIC_16
-            | Opcode::PRE_FETCH_10
-            | Opcode::PRE_FETCH_16
-            | Opcode::SYNCHRONIZE_CACHE_10
-            | Opcode::SYNCHRONIZE_CACHE_16
-    )
 }
 
 #[cfg(test)]

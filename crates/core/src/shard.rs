@@ -908,7 +908,7 @@ impl Shard {
             // SAM-5 §5.14: a pending unit attention fails the next command,
             // except INQUIRY, REPORT LUNS and REQUEST SENSE, and is cleared.
             if early.is_none()
-                && !emulate::passes_unit_attention(op)
+                && !crate::ops::passes_unit_attention(op)
                 && let Some(ua) = st.ua.pop_front()
             {
                 early = Some(Response::check(ua));
@@ -923,7 +923,7 @@ impl Shard {
                 st.raise(ua);
             }
             if early.is_none()
-                && !emulate::passes_unit_attention(op)
+                && !crate::ops::passes_unit_attention(op)
                 && let Some(ua) = st.ua.pop_front()
             {
                 early = Some(Response::check(ua));
@@ -943,13 +943,13 @@ impl Shard {
             // SPC-2 §5.5.1: a logical unit reserved by another I_T nexus
             // answers RESERVATION CONFLICT to all but a few commands.
             if early.is_none()
-                && !emulate::passes_reservation(op)
+                && !crate::ops::passes_reservation(op)
                 && e.device.shared.is_reserved()
                 && e.device.shared.reserved_by_other(&nexus_key(&s.nexus))
             {
                 early = Some(Response::status(ferrite_scsi::Status::RESERVATION_CONFLICT));
             }
-        } else if !emulate::serves_unmapped_lun(op) {
+        } else if !crate::ops::serves_unmapped_lun(op) {
             // SAM-5 (incorrect logical unit selection): a LUN with no logical
             // unit behind it answers LOGICAL UNIT NOT SUPPORTED.
             early = Some(Response::check(Sense::LOGICAL_UNIT_NOT_SUPPORTED));
