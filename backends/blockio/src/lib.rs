@@ -4,7 +4,7 @@
 //! Owns: [`BlockBackend`]: opening, geometry (`BLKGETSIZE64`, `BLKSSZGET`,
 //! `BLKPBSZGET` on devices; the file size otherwise), capabilities, the
 //! `O_DIRECT` alignment rule, thin provisioning. Does not own: the data plane,
-//! which is `ferrite_fileio::queue::UringQueue` configured for direct I/O
+//! which is `ferrite_blockq::queue::UringQueue` configured for direct I/O
 //! (every offset and segment length a multiple of the device's logical block
 //! size; `IoBuf`s are page-aligned, so buffer addresses always are), nor the
 //! ring's unsafe plumbing (`ferrite_reactor::blockring`).
@@ -28,9 +28,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use ferrite_blockq::queue::{QueueConfig, Shared, UnmapVia, UringQueue, ZeroesVia};
+use ferrite_blockq::{check_block_size, phys_exp, probe_punch_hole, seek_mapping};
 use ferrite_core::backend::{Backend, BackendError, BackendQueue, Caps, Geometry};
-use ferrite_fileio::queue::{QueueConfig, Shared, UnmapVia, UringQueue, ZeroesVia};
-use ferrite_fileio::{check_block_size, phys_exp, probe_punch_hole, seek_mapping};
 use ferrite_reactor::blockring;
 use ferrite_reactor::buf::IoBuf;
 

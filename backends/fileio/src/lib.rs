@@ -3,10 +3,9 @@
 //! write-through when configured.
 //!
 //! Owns: [`FileBackend`] (open, geometry, capabilities, thin-provisioning
-//! probe, `SEEK_DATA`/`SEEK_HOLE` mapping, resync) and [`queue::UringQueue`],
-//! the per-core io_uring data plane that `ferrite-blockio` reuses. Does not
-//! own: the ring's unsafe plumbing (`ferrite_reactor::blockring`), nor
-//! anything SCSI.
+//! probe, resync). Does not own: the per-core io_uring data plane and the
+//! file probes it shares with `ferrite-blockio` (`ferrite-blockq`), the
+//! ring's unsafe plumbing (`ferrite_reactor::blockring`), nor anything SCSI.
 //!
 //! Thin provisioning: `Unmap` punches holes (`FALLOC_FL_PUNCH_HOLE |
 //! FALLOC_FL_KEEP_SIZE`), probed at open beyond the end of the file so no data
@@ -14,8 +13,6 @@
 //! filesystems without it (tmpfs). Both read back as zeroes.
 
 #![forbid(unsafe_code)]
-
-pub mod queue;
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsFd;
@@ -27,7 +24,8 @@ use std::sync::atomic::Ordering;
 use ferrite_core::backend::{Backend, BackendError, BackendQueue, Caps, Geometry};
 use ferrite_reactor::blockring;
 
-use crate::queue::{QueueConfig, Shared, UnmapVia, UringQueue, ZeroesVia};
+use ferrite_blockq::queue::{QueueConfig, Shared, UnmapVia, UringQueue, ZeroesVia};
+use ferrite_blockq::{check_block_size, probe_punch_hole, seek_mapping};
 
 /// How to open a file backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,24 +72,6 @@ pub struct FileBackend {
 fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BackendError {
     let what = what.into();
     move |source| BackendError::Io { what, source }
-}
-
-/// Checks a configured block size.
-pub fn check_block_size(bs: u32) -> Result<(), BackendError> {
-    if bs.is_power_of_two() && (512..=65536).contains(&bs) {
-        Ok(())
-    } else {
-        Err(BackendError::Invalid(format!(
-            "block size {bs} is not a power of two between 512 and 65536"
-        )))
-    }
-}
-
-/// Physical-block exponent for a filesystem block of `fs_block` bytes under
-/// logical blocks of `bs` bytes (capped at 4 KiB physical blocks).
-pub fn phys_exp(fs_block: u64, bs: u32) -> u8 {
-    let phys = fs_block.clamp(bs as u64, 4096.max(bs as u64));
-    (phys / bs as u64).trailing_zeros() as u8
 }
 
 impl FileBackend {
@@ -200,55 +180,6 @@ impl FileBackend {
             },
         }
     }
-}
-
-/// Whether holes can be punched in `file`: probed past its end (`size`),
-/// where no data can be lost; `KEEP_SIZE` leaves the size alone.
-pub fn probe_punch_hole(file: &File, size: u64, len: u32) -> bool {
-    blockring::fallocate(
-        file.as_fd(),
-        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-        size,
-        len as u64,
-    )
-    .is_ok()
-}
-
-/// `mapping()` for any file descriptor that knows `SEEK_DATA`/`SEEK_HOLE`:
-/// `(mapped, bytes)` from `offset`, clipped to `capacity` and rounded to
-/// whole blocks of `bs`.
-pub fn seek_mapping(
-    file: &File,
-    capacity: u64,
-    bs: u64,
-    offset: u64,
-    len: u64,
-) -> Option<(bool, u64)> {
-    let end = offset.checked_add(len)?.min(capacity);
-    if offset >= end {
-        return None;
-    }
-    let fd = file.as_fd();
-    let (mapped, stop) = match blockring::seek_data(fd, offset).ok()? {
-        None => (false, end),
-        Some(d) if d > offset => (false, d.min(end)),
-        Some(_) => {
-            let h = blockring::seek_hole(fd, offset).ok()?.unwrap_or(end);
-            (true, h.min(end))
-        }
-    };
-    let mut n = stop - offset;
-    if mapped {
-        // A partly mapped block counts as mapped.
-        n = n.next_multiple_of(bs).min(end - offset);
-    } else {
-        n = n / bs * bs;
-        if n == 0 {
-            // The hole ends inside this block: the block holds data.
-            return Some((true, bs.min(end - offset)));
-        }
-    }
-    Some((mapped, n))
 }
 
 impl Backend for FileBackend {
@@ -893,7 +824,7 @@ mod tests {
         let mut q = b.open_queue(4).unwrap();
         std::fs::remove_file(dir.path().join("lun")).unwrap();
         let mut first_offline = None;
-        for i in 0..2 * queue::VANISH_CHECK_EVERY {
+        for i in 0..2 * ferrite_blockq::queue::VANISH_CHECK_EVERY {
             let d = run(
                 &mut *q,
                 BlockOp::Read {
@@ -908,7 +839,10 @@ mod tests {
             assert_eq!(d.result, Ok(()));
         }
         let i = first_offline.expect("a deleted file was never noticed");
-        assert!(i < queue::VANISH_CHECK_EVERY, "noticed after {i} reads");
+        assert!(
+            i < ferrite_blockq::queue::VANISH_CHECK_EVERY,
+            "noticed after {i} reads"
+        );
     }
 
     #[test]
@@ -937,14 +871,6 @@ mod tests {
             Some((false, 512)),
             "clipped to the capacity"
         );
-    }
-
-    #[test]
-    fn phys_exp_from_fs_block() {
-        assert_eq!(phys_exp(4096, 512), 3);
-        assert_eq!(phys_exp(4096, 4096), 0);
-        assert_eq!(phys_exp(65536, 512), 3);
-        assert_eq!(phys_exp(512, 4096), 0);
     }
 
     #[test]
