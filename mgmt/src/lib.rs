@@ -11,6 +11,8 @@
 //!   implements ([`runtime`]);
 //! - the control socket server ([`server`]) and its JSON-lines protocol;
 //! - the `scst.conf` importer ([`scst`]) and the `ferritectl` binary;
+//! - the manual pages of ferrited and ferritectl, rendered from their clap
+//!   definitions ([`manpage`]);
 //! - the optional Prometheus listener ([`metrics`]) rendering
 //!   [`Runtime::stats`].
 //!
@@ -20,6 +22,7 @@
 
 pub mod change;
 pub mod config;
+pub mod manpage;
 pub mod metrics;
 pub mod runtime;
 pub mod scst;

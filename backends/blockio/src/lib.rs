@@ -41,10 +41,6 @@ pub struct BlockOptions {
     /// (512 for a regular file). Must be a multiple of the device's.
     pub block_size: Option<u32>,
     pub read_only: bool,
-    /// Every write with `RWF_DSYNC` (FUA on the device).
-    pub write_through: bool,
-    /// The device cache is non-volatile: flushes and FUA skip the sync.
-    pub nv_cache: bool,
     /// Create a sparse regular file of this many bytes if `path` does not
     /// exist (never applies to devices).
     pub create_size: Option<u64>,
@@ -197,9 +193,6 @@ impl BlockBackend {
                 },
             )
         };
-        if opts.nv_cache {
-            tracing::info!(path = %shown, "nv_cache: flushes and FUA skip the device sync");
-        }
         let shared = Arc::new(Shared::new(file, capacity, &path));
         Ok(BlockBackend {
             path,
@@ -230,8 +223,6 @@ impl BlockBackend {
         let cfg = QueueConfig {
             block_size: self.block_size,
             read_only: self.opts.read_only,
-            write_through: self.opts.write_through,
-            nv_cache: self.opts.nv_cache,
             direct_align: self.align,
             unmap: self.unmap,
             zeroes: self.zeroes,
@@ -267,7 +258,7 @@ impl Backend for BlockBackend {
                 ZeroesVia::None => false,
             },
             fua: true,
-            write_cache: !self.opts.write_through && self.volatile_cache,
+            write_cache: self.volatile_cache,
             unmap_zeroes: file_thin,
             // O_DIRECT bypasses the page cache: there are no pages to hand.
             read_pipe: false,

@@ -32,11 +32,6 @@ use ferrite_blockq::{check_block_size, probe_punch_hole, seek_mapping};
 pub struct FileOptions {
     /// Logical block size: a power of two, 512 to 65536.
     pub block_size: u32,
-    /// Every write durable before completion (`RWF_DSYNC`); no volatile cache.
-    pub write_through: bool,
-    /// The cache is non-volatile (battery-backed): flushes and FUA skip the
-    /// fsync (SCST's `nv_cache`).
-    pub nv_cache: bool,
     /// Create a sparse file of this many bytes if the file does not exist.
     pub create_size: Option<u64>,
     /// Open read-only; writes, unmaps and write-zeroes fail with EROFS.
@@ -47,8 +42,6 @@ impl Default for FileOptions {
     fn default() -> FileOptions {
         FileOptions {
             block_size: 512,
-            write_through: false,
-            nv_cache: false,
             create_size: None,
             read_only: false,
         }
@@ -125,9 +118,6 @@ impl FileBackend {
         }
         let size = md.len();
         let punch_hole = !opts.read_only && probe_punch_hole(&file, size, opts.block_size);
-        if opts.nv_cache {
-            tracing::info!(path = %shown, "nv_cache: flushes and FUA skip fdatasync");
-        }
         let capacity = size / opts.block_size as u64 * opts.block_size as u64;
         let in_memory = blockring::on_tmpfs(file.as_fd());
         let shared = Arc::new(Shared::new(file, capacity, &path));
@@ -163,8 +153,6 @@ impl FileBackend {
         QueueConfig {
             block_size: self.opts.block_size,
             read_only: self.opts.read_only,
-            write_through: self.opts.write_through,
-            nv_cache: self.opts.nv_cache,
             direct_align: 0,
             unmap: if self.punch_hole {
                 UnmapVia::PunchHole
@@ -200,7 +188,8 @@ impl Backend for FileBackend {
             // with Unsupported; only the punch probe is certain.
             write_zeroes: writable && self.punch_hole,
             fua: true,
-            write_cache: !self.opts.write_through,
+            // The page cache: written data is volatile until a flush.
+            write_cache: true,
             unmap_zeroes: self.punch_hole,
             read_pipe: self.in_memory,
         }
@@ -452,7 +441,7 @@ mod tests {
     }
 
     #[test]
-    fn flush_fua_and_write_through_flags() {
+    fn fua_writes_are_dsync_and_flush_is_fdatasync() {
         let dir = shm_dir();
         let b = create(&dir, MIB, 512);
         let mut q = b.open_uring_queue(4).unwrap();
@@ -476,48 +465,9 @@ mod tests {
         assert_eq!(q.ring_stats().dsync_writes, 1);
         assert_eq!(run(&mut q, BlockOp::Flush).result, Ok(()));
         assert_eq!(q.ring_stats().fsyncs, 1);
-        assert!(b.caps().write_cache);
-
-        let wt = FileBackend::open(
-            dir.path().join("lun"),
-            FileOptions {
-                write_through: true,
-                ..FileOptions::default()
-            },
-        )
-        .unwrap();
-        assert!(!wt.caps().write_cache);
-        let mut q = wt.open_uring_queue(4).unwrap();
-        run(
-            &mut q,
-            BlockOp::Write {
-                offset: 0,
-                buf: SgList::zeroed(512),
-                fua: false,
-            },
-        );
-        assert_eq!(q.ring_stats().dsync_writes, 1);
-
-        let nv = FileBackend::open(
-            dir.path().join("lun"),
-            FileOptions {
-                nv_cache: true,
-                ..FileOptions::default()
-            },
-        )
-        .unwrap();
-        let mut q = nv.open_uring_queue(4).unwrap();
-        run(
-            &mut q,
-            BlockOp::Write {
-                offset: 0,
-                buf: SgList::zeroed(512),
-                fua: true,
-            },
-        );
-        assert_eq!(run(&mut q, BlockOp::Flush).result, Ok(()));
-        assert_eq!(q.ring_stats().dsync_writes, 0);
-        assert_eq!(q.ring_stats().fsyncs, 0);
+        // The page cache is a volatile write cache; whether a device uses
+        // it write-through is the core's policy.
+        assert!(b.caps().write_cache && b.caps().fua);
     }
 
     #[test]

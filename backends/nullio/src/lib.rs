@@ -220,7 +220,9 @@ impl Backend for NullBackend {
             unmap: true,
             write_zeroes: true,
             fua: true,
-            write_cache: false,
+            // `mem` keeps data in RAM, lost with the process as a volatile
+            // cache's would be; without it nothing is kept.
+            write_cache: self.store.is_some(),
             unmap_zeroes: true,
             read_pipe: false,
         }

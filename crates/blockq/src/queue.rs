@@ -3,7 +3,7 @@
 //!
 //! Each queue owns its ring (created in `open_queue`), whose eventfd is the
 //! queue's `notify_fd`. Queue depth is the ring size; a full queue answers
-//! `Busy`. Operations that need no kernel work (a flush with `nv_cache`, a
+//! `Busy`. Operations that need no kernel work (a flush of a read-only file, a
 //! write to a read-only backend, a range past the end) still complete in the
 //! next `poll`, never inline.
 //!
@@ -69,10 +69,6 @@ pub enum ZeroesVia {
 pub struct QueueConfig {
     pub block_size: u32,
     pub read_only: bool,
-    /// Every write with `RWF_DSYNC`.
-    pub write_through: bool,
-    /// Flushes complete without an fsync and FUA adds no `RWF_DSYNC`.
-    pub nv_cache: bool,
     /// O_DIRECT: every segment length and the offset must be multiples of
     /// this (0: no check).
     pub direct_align: u32,
@@ -589,9 +585,10 @@ impl BackendQueue for UringQueue {
                 }
                 // SBC-4 §5.40 WRITE (10): FUA=1 means the data is on the
                 // medium before GOOD status; RWF_DSYNC gives exactly that
-                // for this write. Write-through does it for every write.
-                let dsync = self.cfg.write_through || (fua && !self.cfg.nv_cache);
-                let flags = if dsync { libc::RWF_DSYNC } else { 0 };
+                // for this write. The core sets `fua` (for every write of
+                // a write-through device, for none where nv_cache says the
+                // cache is safe).
+                let flags = if fua { libc::RWF_DSYNC } else { 0 };
                 (
                     OpShape::Write { offset, fua },
                     Pending {
@@ -602,7 +599,7 @@ impl BackendQueue for UringQueue {
                 )
             }
             BlockOp::Flush => {
-                if self.cfg.nv_cache || self.cfg.read_only {
+                if self.cfg.read_only {
                     self.finish_now(tag, Ok(()), None);
                     return Ok(());
                 }
@@ -857,8 +854,6 @@ mod tests {
         let cfg = QueueConfig {
             block_size: 512,
             read_only: false,
-            write_through: false,
-            nv_cache: false,
             direct_align: 0,
             unmap: UnmapVia::None,
             zeroes: ZeroesVia::None,

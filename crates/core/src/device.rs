@@ -524,6 +524,22 @@ impl Device {
         self.shared.medium.prevented()
     }
 
+    /// The FUA a write to this device goes to its backend with: set for
+    /// every write of a write-through device, clear where `nv_cache` says
+    /// the cache is non-volatile, else what the command asked for. The core
+    /// alone decides it; backends honour the FUA they are given
+    /// (`Caps::fua`).
+    pub fn write_fua(&self, asked: bool) -> bool {
+        self.flags.write_through || (asked && !self.flags.nv_cache)
+    }
+
+    /// WCE of the Caching mode page (SBC-4 §6.5.5): the backend keeps
+    /// written data in a volatile cache (`Caps::write_cache`) and the device
+    /// is not write-through, which makes every write durable on its own.
+    pub fn write_cache_enabled(&self) -> bool {
+        !self.flags.write_through && self.backend.caps().write_cache
+    }
+
     /// Software write protect (Control mode page SWP, SPC-4 §7.5.7).
     pub fn swp(&self) -> bool {
         self.shared.mode.load(Ordering::Acquire) & MODE_SWP != 0

@@ -363,9 +363,7 @@ fn plan_lu(
                 Ok(c) => c,
                 Err(s) => return fail(s),
             };
-            // FUA is implied on a write-through device.
-            let fua = c.fua() && !dev.flags.write_through;
-            plan_write(&c, len, e, expected_len, dir, fua)
+            plan_write(&c, len, e, expected_len, dir, c.fua())
         }
         Opcode::WRITE_AND_VERIFY_10 | Opcode::WRITE_AND_VERIFY_12 | Opcode::WRITE_AND_VERIFY_16 => {
             let c = match BlockCdb::decode(cdb) {
@@ -376,7 +374,7 @@ fn plan_lu(
             // a write that is durable when it completes (FUA) is what reading
             // it back would prove. BYTCHK compares the Data-Out with what was
             // just written from it, which cannot differ.
-            plan_write(&c, len, e, expected_len, dir, !dev.flags.write_through)
+            plan_write(&c, len, e, expected_len, dir, true)
         }
         Opcode::VERIFY_10 | Opcode::VERIFY_12 | Opcode::VERIFY_16 => {
             let c = match BlockCdb::decode(cdb) {
@@ -462,8 +460,7 @@ fn plan_lu(
             if cdb[14] & 0x07 != 0 {
                 return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(14, Some(0)));
             }
-            let fua = c.fua() && !dev.flags.write_through;
-            match plan_write(&c, len, e, expected_len, dir, fua) {
+            match plan_write(&c, len, e, expected_len, dir, c.fua()) {
                 Plan::Write {
                     offset,
                     len,
@@ -502,8 +499,7 @@ fn plan_lu(
             if c.blocks as u64 > max_atomic_blocks(geo.block_size) as u64 {
                 return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(12, None));
             }
-            let fua = c.fua() && !dev.flags.write_through;
-            match plan_write(&c, len, e, expected_len, dir, fua) {
+            match plan_write(&c, len, e, expected_len, dir, c.fua()) {
                 Plan::Write {
                     offset,
                     len,
@@ -698,7 +694,7 @@ fn plan_compare_and_write(cdb: &[u8], e: &LunEntry, expected_len: u32, dir: Data
         offset: lba * bs,
         len: (blocks * bs) as u32,
         data_len: need as u32,
-        fua: flags & 0x08 != 0 && !dev.flags.write_through,
+        fua: flags & 0x08 != 0,
         kind: Rmw::CompareAndWrite,
         residual: Residual::None,
     }
@@ -940,7 +936,7 @@ pub fn data_in(cdb: &[u8], ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<u32, 
                 num_blocks: g.num_blocks,
                 block_size: g.block_size,
                 write_protect: e.write_protected(),
-                write_cache: !e.device.flags.write_through,
+                write_cache: e.device.write_cache_enabled(),
                 d_sense: e.device.d_sense(),
                 swp: e.device.swp(),
             };

@@ -1613,7 +1613,7 @@ impl Shard {
             );
             return;
         };
-        match q.submit(tag, op) {
+        match q.submit(tag, with_policy(&dev, op)) {
             Ok(()) => self.cmds[key].state = CmdState::Exec,
             Err(Busy(op)) => {
                 // SPDK/STYLE rule 5: a full queue is a waiting state.
@@ -1656,7 +1656,7 @@ impl Shard {
                 progress = true;
                 continue;
             };
-            match q.submit(tag, op) {
+            match q.submit(tag, with_policy(&dev, op)) {
                 Ok(()) => {
                     self.cmds[key].state = CmdState::Exec;
                     progress = true;
@@ -1736,7 +1736,7 @@ impl Shard {
             num_blocks: g.num_blocks,
             block_size: g.block_size,
             write_protect: e.write_protected(),
-            write_cache: !dev.flags.write_through,
+            write_cache: dev.write_cache_enabled(),
             d_sense: dev.d_sense(),
             swp: dev.swp(),
         };
@@ -2070,7 +2070,7 @@ impl Shard {
                 progress = true;
                 continue;
             };
-            match q.submit(tag, op) {
+            match q.submit(tag, with_policy(&dev, op)) {
                 Ok(()) => {
                     self.sanitizing[k].in_flight = true;
                     progress = true;
@@ -2978,7 +2978,7 @@ impl Shard {
                         }
                         continue;
                     }
-                    Some(q) => match q.submit(tag, op) {
+                    Some(q) => match q.submit(tag, with_policy(&dev, op)) {
                         Ok(()) => None,
                         Err(Busy(op)) => Some(op),
                     },
@@ -3182,6 +3182,20 @@ impl Session<'_> {
                 out.append(&mut s.actions);
             }
         }
+    }
+}
+
+/// `op` as the backend of `dev` gets it: a write carries the FUA the
+/// device's policy gives it ([`Device::write_fua`]), whatever path made
+/// it (a command, a WRITE SAME fill, a sanitize overwrite, a copy).
+fn with_policy(dev: &Device, op: BlockOp) -> BlockOp {
+    match op {
+        BlockOp::Write { offset, buf, fua } => BlockOp::Write {
+            offset,
+            buf,
+            fua: dev.write_fua(fua),
+        },
+        op => op,
     }
 }
 
@@ -3545,5 +3559,95 @@ mod tests {
         // Nothing more on the next poll: one resize, one event.
         shard.poll(now);
         assert!(shard.session(with_aen).unwrap().poll_action().is_none());
+    }
+
+    #[test]
+    fn the_core_alone_sets_a_writes_fua_and_the_caching_page_follows_the_backend() {
+        let dev = |flags: DeviceFlags| {
+            Device::new(
+                DeviceId(920),
+                "policy",
+                Arc::new(NoIo),
+                Identity {
+                    vendor: "FERRITE".into(),
+                    product: "t".into(),
+                    revision: "1".into(),
+                    serial: "p".into(),
+                    naa: 0x5001_4050_0000_0920,
+                    eui64: 0,
+                },
+                flags,
+            )
+        };
+        let fua_of = |d: &Device, asked: bool| match with_policy(
+            d,
+            BlockOp::Write {
+                offset: 0,
+                buf: SgList::zeroed(512),
+                fua: asked,
+            },
+        ) {
+            BlockOp::Write { fua, .. } => fua,
+            other => panic!("{other:?}"),
+        };
+        let plain = dev(DeviceFlags::default());
+        assert!(!fua_of(&plain, false) && fua_of(&plain, true));
+        // Write-through: every write, whichever path made it, is durable
+        // when it completes, also after a change at run time (the backend
+        // is the same; only the device's flags differ).
+        let wt = dev(DeviceFlags {
+            write_through: true,
+            ..DeviceFlags::default()
+        });
+        assert!(fua_of(&wt, false) && fua_of(&wt, true));
+        // nv_cache: FUA is dropped; write-through still wins.
+        let nv = dev(DeviceFlags {
+            nv_cache: true,
+            ..DeviceFlags::default()
+        });
+        assert!(!fua_of(&nv, true));
+        let both = dev(DeviceFlags {
+            nv_cache: true,
+            write_through: true,
+            ..DeviceFlags::default()
+        });
+        assert!(fua_of(&both, false));
+        // Other operations pass unchanged.
+        assert!(matches!(with_policy(&wt, BlockOp::Flush), BlockOp::Flush));
+        // WCE: the backend's volatile cache (NoIo has none), never with
+        // write-through.
+        assert!(!plain.write_cache_enabled());
+        struct Cached;
+        impl Backend for Cached {
+            fn geometry(&self) -> Geometry {
+                NoIo.geometry()
+            }
+            fn caps(&self) -> Caps {
+                Caps {
+                    write_cache: true,
+                    ..Caps::default()
+                }
+            }
+            fn open_queue(&self, d: u32) -> Result<Box<dyn BackendQueue>, BackendError> {
+                NoIo.open_queue(d)
+            }
+        }
+        let cached = |flags| {
+            Device::new(
+                DeviceId(921),
+                "c",
+                Arc::new(Cached),
+                plain.identity.clone(),
+                flags,
+            )
+        };
+        assert!(cached(DeviceFlags::default()).write_cache_enabled());
+        assert!(
+            !cached(DeviceFlags {
+                write_through: true,
+                ..DeviceFlags::default()
+            })
+            .write_cache_enabled()
+        );
     }
 }

@@ -505,7 +505,8 @@ fn fua_reaches_the_backend_and_dpo_is_accepted() {
     let log = h.ctl.lock().unwrap().log.clone();
     assert_eq!(log[0], ("W", 0, 512, true));
     assert_eq!(log[1], ("W", 0, 512, false));
-    // Write-through: FUA is implied, not passed.
+    // Write-through: the core sets FUA on every write, asked for or not
+    // (the backend only honours what it is given).
     let mut h = H::with(
         DeviceFlags {
             write_through: true,
@@ -515,7 +516,22 @@ fn fua_reaches_the_backend_and_dpo_is_accepted() {
     );
     h.run(&[0; 6], DataDir::None, 0, &[]);
     good(&h.run(&rw10(0x2a, 0, 1, 0x08), DataDir::Write, BS, &[1; 512]));
-    assert_eq!(h.ctl.lock().unwrap().log[0], ("W", 0, 512, false));
+    good(&h.run(&rw10(0x2a, 0, 1, 0x00), DataDir::Write, BS, &[1; 512]));
+    let log = h.ctl.lock().unwrap().log.clone();
+    assert_eq!(log[0], ("W", 0, 512, true));
+    assert_eq!(log[1], ("W", 0, 512, true));
+    // nv_cache: FUA is not passed, and SYNCHRONIZE CACHE does no flush.
+    let mut h = H::with(
+        DeviceFlags {
+            nv_cache: true,
+            ..Default::default()
+        },
+        false,
+    );
+    h.run(&[0; 6], DataDir::None, 0, &[]);
+    good(&h.run(&rw10(0x2a, 0, 1, 0x08), DataDir::Write, BS, &[1; 512]));
+    good(&h.run(&[0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0], DataDir::None, 0, &[]));
+    assert_eq!(h.ctl.lock().unwrap().log, vec![("W", 0, 512, false)]);
 }
 
 #[test]

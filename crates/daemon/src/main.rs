@@ -1,8 +1,11 @@
 //! ferrited: the composition root. Reads the configuration (or builds the
 //! embedded default), opens backends, starts one reactor per core, listens on
-//! the iSCSI portals and shuts down cleanly on SIGINT/SIGTERM.
+//! the iSCSI portals and shuts down cleanly on SIGINT/SIGTERM. Under systemd
+//! (`Type=notify`) it reports readiness and shutdown ([`notify`]).
 #![forbid(unsafe_code)]
 
+mod notify;
+mod origin;
 mod portal;
 mod runtime;
 mod srp;
@@ -31,7 +34,11 @@ use crate::worker::{CoreWorker, Msg};
 #[derive(Parser, Debug)]
 #[command(name = "ferrited", version)]
 struct Args {
-    /// Start from this JSON configuration instead of the embedded default.
+    /// Start from this JSON configuration. Without it: /etc/ferrite/ferrite.json
+    /// when that file exists and no --state-dir is given, else the embedded
+    /// default. `ferritectl save` writes the configuration back where it came
+    /// from (the embedded default: to /etc/ferrite/ferrite.json as root when
+    /// /etc/ferrite exists, else to ferrite.json in the state directory).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Listen on this portal instead of the configured ones (ADDR:PORT).
@@ -75,6 +82,89 @@ struct Args {
     /// Serve Prometheus metrics at http://ADDR:PORT/metrics (off by default).
     #[arg(long, value_name = "ADDR:PORT")]
     metrics: Option<SocketAddr>,
+    /// Print the manual page (roff) and exit; for packaging.
+    #[arg(long, hide = true)]
+    print_man: bool,
+    /// Print a shell completion script and exit; for packaging.
+    #[arg(long, hide = true, value_name = "SHELL")]
+    print_completions: Option<clap_complete::Shell>,
+}
+
+/// ferrited(8): the options from the clap definition, and the files, the
+/// environment and the service around them.
+fn print_man() -> Result<()> {
+    use ferrite_mgmt::manpage::Section;
+    let files = [
+        (
+            origin::SYSTEM_CONFIG,
+            "The configuration, read at start when it exists and no --config or \
+             --state-dir is given; ferritectl save writes it.",
+        ),
+        (
+            "/var/lib/ferrite",
+            "The state directory as root: the embedded default's disk image \
+             (disk0.img) and persistent reservations (devices/NAME/pr_state). \
+             Not root: $XDG_STATE_HOME/ferrite.",
+        ),
+        (
+            ferrite_mgmt::server::DEFAULT_SOCKET,
+            "The control socket for ferritectl(1) as root.",
+        ),
+        (
+            "/lib/systemd/system/ferrited.service",
+            "The systemd unit of the Debian package (Type=notify).",
+        ),
+    ];
+    let env = [
+        ("FERRITE_SOCKET", "The control socket, as --socket."),
+        ("FERRITE_STATE_DIR", "The state directory, as --state-dir."),
+        (
+            "NOTIFY_SOCKET",
+            "Set by systemd for Type=notify: READY=1 is sent there once the \
+             portals are bound and the control socket is ready, STOPPING=1 when \
+             shutting down.",
+        ),
+        (
+            "RUST_LOG",
+            "Log filter (default info); logs go to standard error.",
+        ),
+    ];
+    let signals = [(
+        "SIGINT, SIGTERM",
+        "Stop cleanly: sessions end, devices are flushed and closed.",
+    )];
+    let see = [(
+        "",
+        "ferritectl(1) manages the running daemon; docs/packaging.md and \
+         docs/management.md in the source.",
+    )];
+    let sections = [
+        Section {
+            title: "FILES",
+            items: &files,
+        },
+        Section {
+            title: "ENVIRONMENT",
+            items: &env,
+        },
+        Section {
+            title: "SIGNALS",
+            items: &signals,
+        },
+        Section {
+            title: "SEE ALSO",
+            items: &see,
+        },
+    ];
+    let mut out = std::io::stdout().lock();
+    ferrite_mgmt::manpage::render(
+        <Args as clap::CommandFactory>::command(),
+        "8",
+        &sections,
+        &mut out,
+    )?;
+    std::io::Write::flush(&mut out)?;
+    Ok(())
 }
 
 fn is_root() -> bool {
@@ -156,12 +246,30 @@ fn main() -> Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let args = Args::parse();
+    if args.print_man {
+        return print_man();
+    }
+    if let Some(shell) = args.print_completions {
+        let mut c = <Args as clap::CommandFactory>::command();
+        clap_complete::generate(shell, &mut c, "ferrited", &mut std::io::stdout());
+        return Ok(());
+    }
     raise_nofile_limit();
     let state_dir = args.state_dir.clone().unwrap_or_else(default_state_dir);
     let default_listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 3260));
-    let mut cfg = match &args.config {
-        Some(p) => Config::load(p).map_err(|e| anyhow::anyhow!("{e}"))?,
-        None => {
+    let choice = origin::Facts::probe(
+        args.config.as_deref(),
+        args.state_dir.is_some(),
+        &state_dir,
+        is_root(),
+    )
+    .choose();
+    let mut cfg = match &choice.origin {
+        origin::Origin::File(p) => {
+            tracing::info!(config = %p.display(), "configuration");
+            Config::load(p).map_err(|e| anyhow::anyhow!("{e}"))?
+        }
+        origin::Origin::Embedded => {
             std::fs::create_dir_all(&state_dir)
                 .with_context(|| format!("creating state directory {}", state_dir.display()))?;
             tracing::info!(state_dir = %state_dir.display(), "no configuration given: starting the embedded default");
@@ -187,10 +295,7 @@ fn main() -> Result<()> {
     }
     let control =
         ferrite_mgmt::server::socket_path(args.socket.as_deref(), args.state_dir.as_deref());
-    let save = args
-        .config
-        .clone()
-        .unwrap_or_else(|| state_dir.join("ferrite.json"));
+    let save = choice.save;
     run(cfg, args.pin, &control, save, args.metrics, &state_dir)
 }
 
@@ -290,6 +395,10 @@ fn run(
         .map_err(|e| anyhow::anyhow!("control socket {}: {e}", control.display()))?;
     tracing::info!(socket = %control.display(), "control socket ready");
     tracing::info!(cores, "ferrited running");
+    // Portals and SRP ports are bound (listening: connections queue until a
+    // reactor accepts them) and the control socket answers.
+    let notifier = notify::Notifier::from_env();
+    notifier.notify("READY=1");
 
     // The most data memory in use since the allocator last gave free memory
     // back: once a burst of buffers has passed, their memory leaves the
@@ -313,6 +422,7 @@ fn run(
         }
     }
     tracing::info!("shutting down");
+    notifier.notify("STOPPING=1");
     server.shutdown();
     drop(metrics);
     for tx in &txs {

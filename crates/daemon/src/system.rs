@@ -75,8 +75,6 @@ pub fn open_backend(d: &DeviceConfig) -> Result<Arc<dyn Backend>> {
             let opts = BlockOptions {
                 block_size: Some(d.blocksize),
                 read_only: d.read_only,
-                write_through: d.write_through,
-                nv_cache: d.nv_cache,
                 create_size: d.size,
             };
             Arc::new(
@@ -91,8 +89,6 @@ pub fn open_backend(d: &DeviceConfig) -> Result<Arc<dyn Backend>> {
                 .with_context(|| format!("device {}: filename is required", d.name))?;
             let opts = FileOptions {
                 block_size: d.blocksize,
-                write_through: d.write_through,
-                nv_cache: d.nv_cache,
                 create_size: d.size,
                 read_only: d.read_only,
             };

@@ -92,6 +92,52 @@ enum Cmd {
     },
     /// Print a shell completion script.
     Completions { shell: clap_complete::Shell },
+    /// Print this manual page (roff), for packaging.
+    #[command(hide = true)]
+    Man,
+}
+
+/// ferritectl(1)'s sections beyond the options and commands.
+fn print_man() -> Result<()> {
+    let files = [
+        (
+            ferrite_mgmt::server::DEFAULT_SOCKET,
+            "The control socket of the system's ferrited (ferrited.service), \
+             where ferritectl run as root looks when neither --socket nor \
+             --state-dir is given.",
+        ),
+        (
+            "/etc/ferrite/ferrite.json",
+            "The configuration the system's ferrited starts from when it \
+             exists, and where ferritectl save writes it back.",
+        ),
+    ];
+    let env = [
+        ("FERRITE_SOCKET", "The control socket, as --socket."),
+        ("FERRITE_STATE_DIR", "The state directory, as --state-dir."),
+    ];
+    let see = [(
+        "",
+        "ferrited(8), the Ferrite documentation: docs/management.md in the source.",
+    )];
+    let sections = [
+        ferrite_mgmt::manpage::Section {
+            title: "FILES",
+            items: &files,
+        },
+        ferrite_mgmt::manpage::Section {
+            title: "ENVIRONMENT",
+            items: &env,
+        },
+        ferrite_mgmt::manpage::Section {
+            title: "SEE ALSO",
+            items: &see,
+        },
+    ];
+    let mut out = std::io::stdout().lock();
+    ferrite_mgmt::manpage::render(Cli::command(), "1", &sections, &mut out)?;
+    out.flush()?;
+    Ok(())
 }
 
 fn load_for_send(file: &Path) -> Result<Config> {
@@ -243,6 +289,7 @@ fn run(cli: Cli) -> Result<()> {
             clap_complete::generate(*shell, &mut c, "ferritectl", &mut std::io::stdout());
             return Ok(());
         }
+        Cmd::Man => return print_man(),
         Cmd::Check { file } => {
             load_for_send(file)?;
             println!("{}: valid", file.display());
@@ -321,6 +368,7 @@ fn main() -> ExitCode {
             ) {
                 let names: Vec<String> = Cli::command()
                     .get_subcommands()
+                    .filter(|c| !c.is_hide_set())
                     .map(|c| c.get_name().to_string())
                     .collect();
                 eprintln!("valid commands: {}", names.join(", "));
