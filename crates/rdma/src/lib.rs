@@ -11,12 +11,18 @@
 //! - [`verbs`] (cargo feature `verbs`, on by default; the workspace's
 //!   dependency entry turns defaults off, so a crate that wants it says
 //!   `features = ["verbs"]`, as `ferrite-srp` does by default): libibverbs
-//!   and librdmacm through `rdma-sys` (building it needs libibverbs-dev,
-//!   librdmacm-dev, libclang-dev, clang and pkg-config). On a machine without an HCA,
-//!   [`verbs::devices`] returns an empty list and the caller logs one line,
-//!   `RDMA fabrics idle: no RDMA device found` (see [`log_idle_if_empty`]).
-//!   Run against soft-RoCE (`rdma_rxe`) in the kernel lab, with the Linux
-//!   SRP initiator and the project's own.
+//!   and librdmacm, declared by this crate (`verbs/sys.rs`, only what the
+//!   provider uses) and opened at run time with `dlopen`. Building it needs
+//!   nothing beyond Rust, and a binary with it links neither library: on a
+//!   host without rdma-core the provider's entry points ([`verbs::devices`],
+//!   `Context::open`, `Context::cm_devices`, `VerbsListener::bind`) return
+//!   [`RdmaError::LibraryMissing`] naming the library, and the daemon logs
+//!   one line, `RDMA fabrics idle: libibverbs.so.1 not found (install
+//!   rdma-core / libibverbs1 and librdmacm1): ...`. With rdma-core but
+//!   without an HCA, [`verbs::devices`] returns an empty list and the line
+//!   is `RDMA fabrics idle: no RDMA device found` (see
+//!   [`log_idle_if_empty`]). Run against soft-RoCE (`rdma_rxe`) in the
+//!   kernel lab, with the Linux SRP initiator and the project's own.
 //! - [`soft`]: **a test and development provider.** The same semantics over
 //!   a Unix or TCP socket per queue pair (rkey and bounds checks, ordering,
 //!   RNR, completion errors, flush on disconnect, private data on
@@ -27,7 +33,8 @@
 //! [`CompletionQueue::fd`] and calls [`CompletionQueue::poll_cq`]).
 //!
 //! `unsafe` is allowed in this crate only where memory is handed to a
-//! provider; every block carries a `SAFETY:` comment.
+//! provider or the provider's C libraries are loaded and called; every
+//! block carries a `SAFETY:` comment.
 
 pub mod soft;
 #[cfg(feature = "verbs")]
@@ -210,6 +217,23 @@ pub enum RdmaError {
     BadState,
     #[error("memory region too large")]
     TooLarge,
+    /// A shared library the `verbs` provider needs could not be opened
+    /// (not installed, or not loadable: `detail` is the loader's reason).
+    /// The provider is idle; nothing else is affected.
+    #[error("{library} not found (install rdma-core / libibverbs1 and librdmacm1): {detail}")]
+    LibraryMissing {
+        /// The soname: `libibverbs.so.1` or `librdmacm.so.1`.
+        library: &'static str,
+        detail: String,
+    },
+    /// The library is there but lacks an entry point the `verbs` provider
+    /// calls (at the symbol version it was written for).
+    #[error("{library} has no {symbol} (symbol version {version}): rdma-core too old or broken")]
+    SymbolMissing {
+        library: &'static str,
+        symbol: &'static str,
+        version: &'static str,
+    },
 }
 
 /// One registered segment of a [`MemoryRegion`]: where it is and its keys.
