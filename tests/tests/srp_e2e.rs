@@ -1,6 +1,7 @@
 //! SRP end to end against a real ferrited: the project's SRP initiator over
 //! the soft RDMA provider (a Unix socket), beside the iSCSI initiator on the
-//! same LUN. Also the start-up line of a machine without an HCA.
+//! same LUN. Also the start-up line of a machine without an HCA, and of one
+//! without rdma-core.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
@@ -179,9 +180,132 @@ fn no_hca_is_logged_once_and_iscsi_still_serves() {
         eprintln!("this machine has an RDMA device; the idle line is not expected");
         return;
     }
+    // Without rdma-core the one idle line names the missing library instead
+    // (the test below hides rdma-core where it is installed).
+    let why = match ferrite_rdma::verbs::devices() {
+        Err(ferrite_rdma::RdmaError::LibraryMissing { .. }) => "RDMA fabrics idle: lib",
+        _ => "RDMA fabrics idle: no RDMA device found",
+    };
+    assert_eq!(log.matches("RDMA fabrics idle").count(), 1, "{log}");
+    assert_eq!(log.matches(why).count(), 1, "{log}");
+}
+
+/// ferrited on a host without rdma-core: it starts, says once that the RDMA
+/// fabrics are idle because libibverbs.so.1 is missing, and serves iSCSI.
+/// Where rdma-core is installed, its two libraries are hidden behind empty
+/// files in a private mount namespace (`unshare -m`, which needs root: the
+/// test skips with a message without it).
+#[test]
+fn without_rdma_core_the_idle_line_names_the_library_and_iscsi_still_serves() {
+    let dirs = [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+    ];
+    let installed: Vec<PathBuf> = dirs
+        .iter()
+        .flat_map(|d| ["libibverbs.so.1", "librdmacm.so.1"].map(|l| Path::new(d).join(l)))
+        .filter(|p| p.exists())
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut cmd = if installed.is_empty() {
+        std::process::Command::new(ferrite_tests::ferrited_path())
+    } else {
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, b"").unwrap();
+        let mut hide = String::from("set -e\n");
+        for lib in &installed {
+            hide.push_str(&format!(
+                "mount --bind '{}' '{}'\n",
+                empty.display(),
+                lib.display()
+            ));
+        }
+        let probe = std::process::Command::new("unshare")
+            .args(["-m", "sh", "-c", &hide])
+            .stderr(std::process::Stdio::null())
+            .status();
+        if !probe.is_ok_and(|s| s.success()) {
+            eprintln!(
+                "rdma-core is installed and cannot be hidden (unshare -m needs root): skipped"
+            );
+            return;
+        }
+        hide.push_str("exec \"$@\"\n");
+        let mut c = std::process::Command::new("unshare");
+        c.args(["-m", "sh", "-c", &hide, "sh"])
+            .arg(ferrite_tests::ferrited_path());
+        c
+    };
+    let mut child = cmd
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--state-dir")
+        .arg(dir.path())
+        .env_remove("FERRITE_SOCKET")
+        .env("RUST_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn ferrited");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut log = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !log.iter().any(|l: &String| l.contains("ferrited running")) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => log.push(line),
+            Err(_) => {
+                let _ = child.kill();
+                panic!("ferrited did not start:\n{}", log.join("\n"));
+            }
+        }
+    }
+    let mut i = ferrite_iscsi::initiator::connect(
+        ([127, 0, 0, 1], port).into(),
+        IscsiCfg {
+            target_name: Some("iqn.2026-11.org.ferrite:default".into()),
+            ..IscsiCfg::default()
+        },
+    )
+    .unwrap();
+    i.t.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let r = i
+        .command(&IscsiCmd {
+            cdb: &[0x12, 0, 0, 0, 36, 0],
+            read_len: 36,
+            attr: 1,
+            ..IscsiCmd::default()
+        })
+        .unwrap();
+    assert_eq!(r.status, 0);
+    assert_eq!(&r.data[8..15], b"FERRITE");
+    drop(i);
+    let _ = child.kill();
+    let _ = child.wait();
+    log.extend(rx.try_iter());
+    let log = log.join("\n");
+    assert_eq!(log.matches("RDMA fabrics idle").count(), 1, "{log}");
     assert_eq!(
-        log.matches("RDMA fabrics idle: no RDMA device found")
-            .count(),
+        log.matches(
+            "RDMA fabrics idle: libibverbs.so.1 not found (install rdma-core / libibverbs1 and librdmacm1)"
+        )
+        .count(),
         1,
         "{log}"
     );

@@ -273,8 +273,11 @@ fn bind_listener(t: &SrpTargetConfig, hcas: usize) -> Result<Option<PortListener
     }
 }
 
-/// Counts RDMA devices, logging `RDMA fabrics idle: no RDMA device found`
-/// when there is none (once per daemon start: this is called once).
+/// Counts RDMA devices, logging once why the RDMA fabrics are idle when
+/// they are (once per daemon start: this is called once): `RDMA fabrics
+/// idle: no RDMA device found`, or, on a host without rdma-core, `RDMA
+/// fabrics idle: libibverbs.so.1 not found (install rdma-core / libibverbs1
+/// and librdmacm1): ...` (librdmacm.so.1 likewise).
 fn rdma_device_count() -> usize {
     match ferrite_rdma::verbs::devices() {
         Ok(d) => {
@@ -287,7 +290,7 @@ fn rdma_device_count() -> usize {
             d.len()
         }
         Err(e) => {
-            tracing::info!(error = %e, "RDMA fabrics idle: no RDMA device found");
+            tracing::info!("RDMA fabrics idle: {e}");
             0
         }
     }
