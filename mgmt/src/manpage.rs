@@ -30,7 +30,7 @@ pub fn render(
     extra: &[Section<'_>],
     w: &mut dyn Write,
 ) -> io::Result<()> {
-    let mut cmd = cmd.disable_help_subcommand(true);
+    let mut cmd = annotate(cmd.disable_help_subcommand(true));
     cmd.build();
     let name = cmd.get_name().to_string();
     let man = clap_mangen::Man::new(cmd.clone())
@@ -66,6 +66,32 @@ pub fn render(
         roff.text([roman(format!("{name} {v}"))]);
     }
     roff.to_writer(w)
+}
+
+/// Appends `[alias: --x]` and `[env: VAR]` to each option's help, as
+/// `--help` shows them (clap_mangen does not).
+fn annotate(cmd: clap::Command) -> clap::Command {
+    cmd.mut_args(|a| {
+        let mut extra = Vec::new();
+        for alias in a.get_visible_aliases().unwrap_or_default() {
+            extra.push(format!("[alias: --{alias}]"));
+        }
+        if let Some(env) = a.get_env()
+            && !a.is_hide_env_set()
+        {
+            extra.push(format!("[env: {}]", env.to_string_lossy()));
+        }
+        if extra.is_empty() {
+            return a;
+        }
+        let help = a
+            .get_long_help()
+            .or_else(|| a.get_help())
+            .map(|h| h.to_string())
+            .unwrap_or_default();
+        a.long_help(format!("{help} {}", extra.join(" ")))
+    })
+    .mut_subcommands(annotate)
 }
 
 /// One subcommand: its usage line, its help, then its arguments.
@@ -152,7 +178,7 @@ mod tests {
     #[command(name = "demo", version = "1.2.3")]
     struct Demo {
         /// Where to look.
-        #[arg(long, value_name = "DIR")]
+        #[arg(long, value_name = "DIR", visible_alias = "spot", env = "DEMO_PLACE")]
         place: Option<String>,
         /// Not for people.
         #[arg(long, hide = true)]
@@ -195,6 +221,7 @@ mod tests {
         let p = page();
         assert!(p.contains(".TH demo 8"), "{p}");
         assert!(p.contains("\\-\\-place"), "{p}");
+        assert!(p.contains("[alias: \\-\\-spot] [env: DEMO_PLACE]"), "{p}");
         assert!(p.contains(".SH COMMANDS"), "{p}");
         assert!(p.contains("demo show"), "{p}");
         assert!(p.contains("One line each"), "{p}");
