@@ -1593,6 +1593,16 @@ mod tests {
         for d in &devs {
             assert!(!d.name.is_empty());
             assert!(d.ports >= 1, "{d:?}");
+            // The port attributes come back where the declared layout puts
+            // them: a known state (DOWN to ACTIVE_DEFER), a known link
+            // layer, a message size limit.
+            let ctx = Context::open(&d.name).expect("a listed device opens");
+            assert_eq!(ctx.name(), d.name);
+            let p = ctx.query_port(1).expect("port 1");
+            assert!((1..=5).contains(&p.state), "{d:?} {p:?}");
+            assert!(p.link_layer <= 2, "{d:?} {p:?}");
+            assert!(p.max_msg_sz > 0, "{d:?} {p:?}");
+            eprintln!("{d:?}: port 1 {p:?}");
         }
     }
 
