@@ -184,7 +184,7 @@ fn bad_requests_get_clear_errors_and_change_nothing() {
         ),
         (vec!["get", "/nope"], "valid"),
         (vec!["set", "/devices/n0/size"], "VALUE"),
-        (vec!["frob"], "valid commands: ls, get"),
+        (vec!["frob"], "valid commands: ls, tree, get"),
         (vec!["apply", "/nonexistent.json"], "/nonexistent.json"),
     ] {
         let o = f.ctl(&args);
