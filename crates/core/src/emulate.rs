@@ -1235,40 +1235,14 @@ mod tests {
     /// A thin 1 MiB device that can deallocate: every command the table
     /// lists, UNMAP and BLOCK ERASE among them, is offered on it.
     fn thin_entry() -> LunEntry {
-        use crate::backend::{Backend, BackendError, BackendQueue, Caps, Geometry};
-        use crate::device::{Device, DeviceFlags, DeviceId, Identity};
-        use std::sync::Arc;
-        struct NoStore;
-        impl Backend for NoStore {
-            fn geometry(&self) -> Geometry {
-                Geometry {
-                    block_size: 512,
-                    num_blocks: 2048,
-                    phys_exp: 0,
-                }
-            }
-            fn caps(&self) -> Caps {
+        use crate::backend::Caps;
+        use crate::device::DeviceFlags;
+        LunEntry {
+            device: std::sync::Arc::new(crate::testing::device(
+                1,
                 Caps {
                     unmap: true,
                     ..Caps::default()
-                }
-            }
-            fn open_queue(&self, _: u32) -> Result<Box<dyn BackendQueue>, BackendError> {
-                Err(BackendError::Invalid("none".into()))
-            }
-        }
-        LunEntry {
-            device: Arc::new(Device::new(
-                DeviceId(1),
-                "d1".to_string(),
-                Arc::new(NoStore),
-                Identity {
-                    vendor: "FERRITE".into(),
-                    product: "disk".into(),
-                    revision: "0.1".into(),
-                    serial: "s1".into(),
-                    naa: 0x6001_4050_0000_0001,
-                    eui64: 0,
                 },
                 DeviceFlags {
                     thin_provisioned: true,

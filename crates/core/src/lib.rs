@@ -35,6 +35,8 @@ pub mod pr;
 pub mod sanitize;
 pub mod shard;
 pub mod stats;
+#[cfg(test)]
+mod testing;
 pub mod xcopy;
 
 pub use cmd::{

@@ -3563,22 +3563,7 @@ mod tests {
 
     #[test]
     fn the_core_alone_sets_a_writes_fua_and_the_caching_page_follows_the_backend() {
-        let dev = |flags: DeviceFlags| {
-            Device::new(
-                DeviceId(920),
-                "policy",
-                Arc::new(NoIo),
-                Identity {
-                    vendor: "FERRITE".into(),
-                    product: "t".into(),
-                    revision: "1".into(),
-                    serial: "p".into(),
-                    naa: 0x5001_4050_0000_0920,
-                    eui64: 0,
-                },
-                flags,
-            )
-        };
+        let dev = |flags| crate::testing::device(920, Caps::default(), flags);
         let fua_of = |d: &Device, asked: bool| match with_policy(
             d,
             BlockOp::Write {
@@ -3617,29 +3602,12 @@ mod tests {
         // WCE: the backend's volatile cache (NoIo has none), never with
         // write-through.
         assert!(!plain.write_cache_enabled());
-        struct Cached;
-        impl Backend for Cached {
-            fn geometry(&self) -> Geometry {
-                NoIo.geometry()
-            }
-            fn caps(&self) -> Caps {
-                Caps {
-                    write_cache: true,
-                    ..Caps::default()
-                }
-            }
-            fn open_queue(&self, d: u32) -> Result<Box<dyn BackendQueue>, BackendError> {
-                NoIo.open_queue(d)
-            }
-        }
         let cached = |flags| {
-            Device::new(
-                DeviceId(921),
-                "c",
-                Arc::new(Cached),
-                plain.identity.clone(),
-                flags,
-            )
+            let caps = Caps {
+                write_cache: true,
+                ..Caps::default()
+            };
+            crate::testing::device(921, caps, flags)
         };
         assert!(cached(DeviceFlags::default()).write_cache_enabled());
         assert!(
