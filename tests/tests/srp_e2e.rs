@@ -492,6 +492,127 @@ fn abort_task_and_lun_reset_with_commands_in_flight() {
     assert!(s.ini.closed().is_none());
 }
 
+/// The core each SRP nexus of the port runs on, from `ferritectl sessions`
+/// (its channels read "soft core N qpn ..."), by initiator id byte.
+fn srp_cores(f: &Ferrited, ids: &[u8]) -> Vec<Option<usize>> {
+    let out = f.ctl(&["sessions"]);
+    ids.iter()
+        .map(|id| {
+            let hex = format!("0x{}", format!("{id:02x}").repeat(16));
+            let line = out
+                .lines()
+                .find(|l| l.starts_with("srp ") && l.contains(&hex))?;
+            let at = line.find("core ")? + 5;
+            line[at..]
+                .split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+/// SAM-5 §6.3.3: a LOGICAL UNIT RESET over SRP covers every nexus of the
+/// logical unit on every core: writes another nexus has in flight on the
+/// other core are aborted (never answered), that nexus sees BUS DEVICE
+/// RESET FUNCTION OCCURRED, and the TMF response waits until those writes
+/// have left the device.
+#[test]
+fn lun_reset_over_srp_drains_every_core() {
+    let r = rig(Some(SLOW));
+    let mut a = srp_login(&r.sock, 0x21);
+    clear_ua(&mut a.ini);
+    // Nexuses are dealt to the cores in turn: log in until one runs on a
+    // core other than A's.
+    let mut others = Vec::new();
+    let mut b = None;
+    for id in 0x22..0x26u8 {
+        let mut s = srp_login(&r.sock, id);
+        clear_ua(&mut s.ini);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let cores = loop {
+            let c = srp_cores(&r.f, &[0x21, id]);
+            if c.iter().all(Option::is_some) || Instant::now() > deadline {
+                break c;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(
+            cores.iter().all(Option::is_some),
+            "cores of nexuses: {cores:?}"
+        );
+        if cores[0] != cores[1] {
+            b = Some(s);
+            break;
+        }
+        others.push(s);
+    }
+    let mut b = b.expect("two cores: a nexus on each");
+    let start = Instant::now();
+    let mut slow = Vec::new();
+    for k in 0..4u64 {
+        slow.push(
+            b.ini
+                .submit(
+                    Lun(0),
+                    &rw(0x8a, 8192 + k * 8, 8),
+                    Some(&pattern(7, 4096)),
+                    0,
+                    Layout::default(),
+                    iu::TASK_ATTR_SIMPLE,
+                )
+                .unwrap(),
+        );
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let rsp = a.ini.task_mgmt(Lun(0), TskFunc::LUN_RESET, 0).unwrap();
+    let took = start.elapsed();
+    assert_eq!(
+        rsp.resp_data.get(3).copied(),
+        Some(RspCode::COMPLETE.0),
+        "{rsp:?}"
+    );
+    // The device holds each write 1.5 s: the response came after them.
+    assert!(
+        took >= Duration::from_millis(1400),
+        "answered after {took:?}"
+    );
+    // Aborted on B's core: no response ever.
+    std::thread::sleep(Duration::from_millis(300));
+    for t in &slow {
+        assert!(!b.ini.has_response(*t), "a write of the reset LU answered");
+    }
+    let c = b
+        .ini
+        .command(Lun(0), &[0u8; 6], None, 0, Layout::default())
+        .unwrap();
+    assert_eq!(c.rsp.status, 2, "{:?}", c.rsp);
+    assert_eq!(
+        c.rsp.sense.get(2).map(|k| k & 0x0f),
+        Some(0x06),
+        "{:?}",
+        c.rsp
+    );
+    assert_eq!(
+        c.rsp.sense.get(12..14),
+        Some(&[0x29, 0x03][..]),
+        "{:?}",
+        c.rsp
+    );
+    // Both nexuses go on.
+    clear_ua(&mut a.ini);
+    clear_ua(&mut b.ini);
+    for s in [&mut a, &mut b] {
+        let c = s
+            .ini
+            .command(Lun(0), &rw(0x88, 0, 8), None, 4096, Layout::default())
+            .unwrap();
+        assert_eq!(c.rsp.status, 0);
+        assert!(s.ini.closed().is_none());
+    }
+    drop(others);
+}
+
 #[test]
 fn resize_sends_an_aer_and_logout_reconnect_works() {
     let r = rig(None);

@@ -7,10 +7,15 @@
 //! actions each session queues. Commands live in one slab; their life is the
 //! [`CmdState`] enum advanced in [`Shard::advance`].
 //!
-//! Resets that span cores: a TMF acts on this shard's sessions; the daemon
-//! carries LOGICAL UNIT RESET and TARGET RESET to the other cores by message,
-//! where [`Shard::remote_reset`] applies them and [`Shard::drained_resets`]
-//! reports when their aborted commands are gone.
+//! Resets that span cores: the core decides which task management crosses
+//! cores, for every fabric alike. A LOGICAL UNIT RESET or TARGET RESET a
+//! session of this shard receives is applied here and, when the shard has
+//! other cores beside it ([`Shard::set_other_cores`]), handed out by
+//! [`Shard::take_spanning_resets`]; the daemon carries each to the other
+//! cores by message, where [`Shard::remote_reset`] applies it and
+//! [`Shard::drained_resets`] reports when its aborted commands are gone.
+//! The TMF response is held in the core until every other core has drained
+//! ([`Shard::spanning_reset_drained`]), so a fabric only sends what it polls.
 //!
 //! Does not own: the transport (fabrics), storage (backends), or the
 //! messages between cores.
@@ -302,6 +307,9 @@ enum Waiter {
         id: TmfId,
         tag: TaskTag,
         rsp: TmfResponse,
+        /// Set when other cores apply the reset too: the response also
+        /// waits for them.
+        span: Option<SpanningResetId>,
     },
     /// A reset another core started ([`Shard::remote_reset`]).
     Remote(RemoteResetId),
@@ -330,6 +338,23 @@ pub enum ResetScope {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RemoteResetId(pub u32);
 
+/// A reset received by a session of this shard that every other core must
+/// apply too (SAM-5 §6.3: a logical unit or target reset covers every I_T
+/// nexus, wherever it runs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SpanningResetId(pub u32);
+
+/// The TMF response of a spanning reset, held until both this shard's
+/// aborted commands and every other core's have drained.
+struct HeldTmf {
+    span: SpanningResetId,
+    session: SessionId,
+    /// The response, once this shard's part drained.
+    done: Option<Action>,
+    /// Every other core reported its part drained.
+    others_drained: bool,
+}
+
 struct DevQueue {
     q: Option<Box<dyn BackendQueue>>,
     logged: bool,
@@ -350,6 +375,13 @@ pub struct Shard {
     range_wait: VecDeque<usize>,
     tmfs: Vec<PendingTmf>,
     next_remote: u32,
+    /// How many other cores run sessions (0: resets never span cores).
+    other_cores: usize,
+    next_span: u32,
+    /// Spanning resets not yet taken by the daemon.
+    spanning: Vec<(SpanningResetId, ResetScope)>,
+    /// TMF responses waiting for other cores.
+    held: Vec<HeldTmf>,
     /// Remote resets whose aborted commands have all drained.
     remote_done: Vec<RemoteResetId>,
     ready: Vec<SessionId>,
@@ -511,6 +543,10 @@ impl Shard {
             range_wait: VecDeque::new(),
             tmfs: Vec::new(),
             next_remote: 1,
+            other_cores: 0,
+            next_span: 1,
+            spanning: Vec::new(),
+            held: Vec::new(),
             remote_done: Vec::new(),
             ready: Vec::new(),
             done: Vec::with_capacity(QUEUE_DEPTH as usize),
@@ -623,6 +659,7 @@ impl Shard {
         }
         self.tmfs
             .retain(|t| !matches!(t.waiter, Waiter::Tmf { session, .. } if session == id));
+        self.held.retain(|h| h.session != id);
         let keys: Vec<usize> = self
             .cmds
             .iter()
@@ -2487,6 +2524,7 @@ impl Shard {
         let lun = req.lun;
         let target = s.nexus.target.clone();
         let live = |c: &Cmd| !c.aborted && c.state != CmdState::Respond;
+        let mut spans: Option<ResetScope> = None;
         let (rsp, wait) = match req.func {
             // SAM-5 §7.3: ACA is not supported (NormACA = 0).
             TmfFunction::ClearAca => (TmfResponse::Rejected, SmallVec::new()),
@@ -2571,6 +2609,7 @@ impl Shard {
                     let w =
                         self.abort_where(|c| c.entry.as_ref().is_some_and(|e| e.device.id == dev));
                     self.xcopy_reset(dev);
+                    spans = Some(ResetScope::LogicalUnit(dev));
                     (TmfResponse::Complete, w)
                 }
             },
@@ -2607,19 +2646,64 @@ impl Shard {
                     |_| true,
                     Sense::POWER_ON_RESET,
                 );
+                spans = Some(ResetScope::Target(target.clone()));
                 (TmfResponse::Complete, w)
             }
         };
+        let span = spans.filter(|_| self.other_cores > 0).map(|scope| {
+            let span = SpanningResetId(self.next_span);
+            self.next_span = self.next_span.wrapping_add(1);
+            self.spanning.push((span, scope));
+            self.held.push(HeldTmf {
+                span,
+                session: sid,
+                done: None,
+                others_drained: false,
+            });
+            span
+        });
         self.wait_for(
             Waiter::Tmf {
                 session: sid,
                 id,
                 tag: req.tag,
                 rsp,
+                span,
             },
             wait,
         );
         id
+    }
+
+    /// Tells the shard how many other cores run sessions: with none, a
+    /// reset is this shard's alone and its response goes out once it
+    /// drained here.
+    pub fn set_other_cores(&mut self, n: usize) {
+        self.other_cores = n;
+    }
+
+    /// Moves the resets this shard's sessions received that the other cores
+    /// must apply ([`Shard::remote_reset`] there) into `out`. Each one's TMF
+    /// response waits for [`Shard::spanning_reset_drained`].
+    pub fn take_spanning_resets(&mut self, out: &mut Vec<(SpanningResetId, ResetScope)>) {
+        out.append(&mut self.spanning);
+    }
+
+    /// Every other core drained its part of reset `span`: its TMF response
+    /// goes out once this shard's part drained too (a core that is gone
+    /// counts as drained).
+    pub fn spanning_reset_drained(&mut self, span: SpanningResetId) {
+        let Some(pos) = self.held.iter().position(|h| h.span == span) else {
+            return;
+        };
+        if self.held[pos].done.is_some() {
+            let h = self.held.remove(pos);
+            if let Some(a) = h.done {
+                self.push_action(h.session, a);
+            }
+        } else {
+            self.held[pos].others_drained = true;
+        }
     }
 
     /// Finishes `waiter` once `wait` has drained (at once if it is empty).
@@ -2641,7 +2725,18 @@ impl Shard {
                 id,
                 tag,
                 rsp,
-            } => self.push_action(session, Action::TmfDone { id, tag, rsp }),
+                span,
+            } => {
+                let a = Action::TmfDone { id, tag, rsp };
+                match span.and_then(|s| self.held.iter().position(|h| h.span == s)) {
+                    Some(pos) if !self.held[pos].others_drained => self.held[pos].done = Some(a),
+                    Some(pos) => {
+                        self.held.remove(pos);
+                        self.push_action(session, a);
+                    }
+                    None => self.push_action(session, a),
+                }
+            }
             Waiter::Remote(id) => self.remote_done.push(id),
         }
     }
@@ -3384,6 +3479,87 @@ mod tests {
         assert_eq!(sense(&tur(&mut busy, now, third, 0)), Some((6, 0x29, 0)));
         let (r, _) = run(&mut busy, now, third, &EJECT);
         assert_eq!(r.status, ferrite_scsi::Status::RESERVATION_CONFLICT);
+    }
+
+    /// Polls `sid`'s actions for a TMF response.
+    fn tmf_done(shard: &mut Shard, sid: SessionId) -> Option<TmfResponse> {
+        let mut s = shard.session(sid).unwrap();
+        let mut rsp = None;
+        while let Some(a) = s.poll_action() {
+            if let Action::TmfDone { rsp: r, .. } = a {
+                rsp = Some(r);
+            }
+        }
+        rsp
+    }
+
+    #[test]
+    fn the_core_carries_lu_and_target_resets_to_every_other_core_and_holds_the_response() {
+        let (_dev, map) = removable_map(DeviceFlags::default());
+        let now = Instant::now();
+        let mut core0 = Shard::new(0, BufPool::new(4096, 8));
+        let mut core1 = Shard::new(1, BufPool::new(4096, 8));
+        core0.set_other_cores(1);
+        core1.set_other_cores(1);
+        let a = core0.open_session(now, nexus(1), map.clone(), false);
+        let c = core1.open_session(now, nexus(3), map.clone(), false);
+        assert_eq!(sense(&tur(&mut core0, now, a, 0)), Some((6, 0x29, 0)));
+        assert_eq!(sense(&tur(&mut core1, now, c, 0)), Some((6, 0x29, 0)));
+        for (func, ua) in [
+            (TmfFunction::LogicalUnitReset, (6, 0x29, 0x03)),
+            (TmfFunction::TargetReset, (6, 0x29, 0x00)),
+        ] {
+            let req = TmfRequest {
+                func,
+                lun: Lun(0),
+                tag: TaskTag(77),
+            };
+            core0.session(a).unwrap().task_mgmt(now, req);
+            // Drained here, but the other core has not applied it yet.
+            assert_eq!(tmf_done(&mut core0, a), None);
+            let mut out = Vec::new();
+            core0.take_spanning_resets(&mut out);
+            assert_eq!(out.len(), 1, "{func:?} crosses cores");
+            let (span, scope) = out.pop().unwrap();
+            let remote = core1.remote_reset(now, scope);
+            let mut drained = Vec::new();
+            core1.drained_resets(&mut drained);
+            assert_eq!(drained, vec![remote]);
+            core0.spanning_reset_drained(span);
+            assert_eq!(tmf_done(&mut core0, a), Some(TmfResponse::Complete));
+            // The nexus on the other core saw the reset.
+            assert_eq!(sense(&tur(&mut core1, now, c, 0)), Some(ua));
+            assert_eq!(sense(&tur(&mut core1, now, c, 0)), None);
+        }
+        // Task management of one nexus stays on its core.
+        assert_eq!(
+            tmf(&mut core0, now, a, TmfFunction::AbortTaskSet),
+            TmfResponse::Complete
+        );
+        let mut out = Vec::new();
+        core0.take_spanning_resets(&mut out);
+        assert!(out.is_empty());
+        // A session that ends while its reset is held forgets the response.
+        let req = TmfRequest {
+            func: TmfFunction::LogicalUnitReset,
+            lun: Lun(0),
+            tag: TaskTag(78),
+        };
+        core0.session(a).unwrap().task_mgmt(now, req);
+        core0.take_spanning_resets(&mut out);
+        core0.close_session(now, a);
+        core0.spanning_reset_drained(out[0].0);
+        assert!(core0.held.is_empty());
+        // A shard alone answers at once.
+        let mut alone = Shard::new(0, BufPool::new(4096, 8));
+        let b = alone.open_session(now, nexus(2), map, false);
+        assert_eq!(
+            tmf(&mut alone, now, b, TmfFunction::LogicalUnitReset),
+            TmfResponse::Complete
+        );
+        out.clear();
+        alone.take_spanning_resets(&mut out);
+        assert!(out.is_empty());
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferrite_core::shard::{SessionId, Shard};
+use ferrite_core::shard::{SessionId, Shard, SpanningResetId};
 use ferrite_iscsi::tcp::{SessionLink, TOKEN_RECV, TOKEN_SEND, TcpConn};
 use ferrite_mgmt::config::LATENCY_BOUND_DEPTH;
 use ferrite_reactor::buf::BufPool;
@@ -55,10 +55,10 @@ pub enum Msg {
     RemoteReset {
         scope: ferrite_core::shard::ResetScope,
         origin: usize,
-        token: u64,
+        token: SpanningResetId,
     },
     /// A core finished its part of reset `token`.
-    ResetDrained { token: u64 },
+    ResetDrained { token: SpanningResetId },
     /// Publish this core's counters now, answering this question of the
     /// stats board ([`crate::stats::StatsBoard::ask`]).
     PublishStats(u64),
@@ -103,13 +103,13 @@ pub struct CoreWorker {
     next_stats: Option<Instant>,
     /// Work happened since the counters were last published.
     stats_dirty: bool,
-    /// Resets started here, by token: (connection, TMF tag, cores still to report).
-    pending_resets: FxHashMap<u64, (usize, ferrite_core::TaskTag, usize)>,
-    next_reset_token: u64,
-    /// Tokens to count as drained on the next poll (no other core to ask).
-    reset_drained_later: Vec<u64>,
+    /// Resets a session here received that the other cores apply: how many
+    /// cores are still to report theirs drained.
+    pending_resets: FxHashMap<SpanningResetId, usize>,
     /// Resets other cores started, applied here: who to tell when drained.
-    remote_resets: FxHashMap<ferrite_core::shard::RemoteResetId, (usize, u64)>,
+    remote_resets: FxHashMap<ferrite_core::shard::RemoteResetId, (usize, SpanningResetId)>,
+    /// Scratch for the spanning resets taken from the shard.
+    spanning: Vec<(SpanningResetId, ferrite_core::shard::ResetScope)>,
     /// Normal sessions running here, by TSIH, and the connections (slab
     /// keys) of each: MC/S joins and pumping a session's connections together.
     links: FxHashMap<u16, SessionLink>,
@@ -177,9 +177,11 @@ impl CoreWorker {
         snapshot: Arc<Snapshot>,
         registry: Arc<Registry>,
     ) -> CoreWorker {
+        let mut shard = Shard::new(core, BufPool::new(256 * 1024, 1024));
+        shard.set_other_cores(peers.len().saturating_sub(1));
         CoreWorker {
             core,
-            shard: Shard::new(core, BufPool::new(256 * 1024, 1024)),
+            shard,
             conns: Slab::new(),
             by_session: FxHashMap::default(),
             listeners: listeners.into_iter().map(Some).collect(),
@@ -198,9 +200,8 @@ impl CoreWorker {
             next_stats: None,
             stats_dirty: false,
             pending_resets: FxHashMap::default(),
-            next_reset_token: 0,
-            reset_drained_later: Vec::new(),
             remote_resets: FxHashMap::default(),
+            spanning: Vec::new(),
             links: FxHashMap::default(),
             groups: FxHashMap::default(),
             depth: DepthWatch::default(),
@@ -221,46 +222,60 @@ impl CoreWorker {
         self
     }
 
+    /// Carries the resets the shard's sessions received, on any fabric, to
+    /// every other core (SAM-5 §6.3); the shard holds each TMF response
+    /// until all of them drained.
+    fn forward_spanning_resets(&mut self) {
+        self.shard.take_spanning_resets(&mut self.spanning);
+        for (token, scope) in std::mem::take(&mut self.spanning) {
+            let mut others = 0;
+            for (core, peer) in self.peers.iter().enumerate() {
+                if core == self.core {
+                    continue;
+                }
+                let msg = Msg::RemoteReset {
+                    scope: scope.clone(),
+                    origin: self.core,
+                    token,
+                };
+                // A core that is gone holds no task.
+                if peer.send(msg).is_ok() {
+                    others += 1;
+                }
+            }
+            if others == 0 {
+                self.shard.spanning_reset_drained(token);
+            } else {
+                self.pending_resets.insert(token, others);
+            }
+        }
+    }
+
     /// One more core finished its part of reset `token`; the last one
     /// releases the TMF response.
-    fn reset_drained(&mut self, ctx: &mut Ctx, token: u64) {
-        let Some(p) = self.pending_resets.get_mut(&token) else {
+    fn reset_drained(&mut self, token: SpanningResetId) {
+        let Some(left) = self.pending_resets.get_mut(&token) else {
             return;
         };
-        p.2 = p.2.saturating_sub(1);
-        if p.2 > 0 {
-            return;
+        *left = left.saturating_sub(1);
+        if *left == 0 {
+            self.pending_resets.remove(&token);
+            self.shard.spanning_reset_drained(token);
         }
-        let (key, tag, _) = *p;
-        self.pending_resets.remove(&token);
-        let portal = CorePortal {
-            snapshot: &self.snapshot,
-            registry: &self.registry,
-            core: self.core,
-            links: &self.links,
-        };
-        if let Some(conn) = self.conns.get_mut(key) {
-            conn.release_tmf(ctx, key as u64, tag, &mut self.shard, &portal);
-        }
-        self.after_conn(ctx, key);
     }
 
     /// Reports drained remote resets to the cores that started them.
-    fn forward_drained_resets(&mut self, ctx: &mut Ctx) {
+    fn forward_drained_resets(&mut self) {
         let mut ids = Vec::new();
         self.shard.drained_resets(&mut ids);
         for id in ids {
             if let Some((origin, token)) = self.remote_resets.remove(&id) {
                 if origin == self.core {
-                    self.reset_drained(ctx, token);
+                    self.reset_drained(token);
                 } else if let Some(p) = self.peers.get(origin) {
                     let _ = p.send(Msg::ResetDrained { token });
                 }
             }
-        }
-        for token in std::mem::take(&mut self.reset_drained_later) {
-            // Counted once per missing core.
-            self.reset_drained(ctx, token);
         }
     }
 
@@ -552,34 +567,6 @@ impl CoreWorker {
     }
 
     fn settle(&mut self, key: usize) {
-        let Some(c) = self.conns.get_mut(key) else {
-            return;
-        };
-        // Resets that span cores (SAM-5 §7.11): every other core applies its
-        // part; the TMF response waits for all of them.
-        for (tag, scope) in c.take_remote_resets() {
-            let others = self.peers.len().saturating_sub(1);
-            self.next_reset_token += 1;
-            let token = self.next_reset_token;
-            self.pending_resets.insert(token, (key, tag, others));
-            for (core, peer) in self.peers.iter().enumerate() {
-                if core != self.core
-                    && peer
-                        .send(Msg::RemoteReset {
-                            scope: scope.clone(),
-                            origin: self.core,
-                            token,
-                        })
-                        .is_err()
-                {
-                    // A core that is gone holds no task.
-                    self.reset_drained_later.push(token);
-                }
-            }
-            if others == 0 {
-                self.reset_drained_later.push(token);
-            }
-        }
         // RFC 7143 §11.5.1: after a TARGET COLD RESET response the target
         // drops every connection of the target, on every core.
         if let Some(target) = self.conns.get_mut(key).and_then(|c| c.take_cold_reset()) {
@@ -741,7 +728,7 @@ impl Worker for CoreWorker {
                 let id = self.shard.remote_reset(ctx.now(), scope);
                 self.remote_resets.insert(id, (origin, token));
             }
-            Msg::ResetDrained { token } => self.reset_drained(ctx, token),
+            Msg::ResetDrained { token } => self.reset_drained(token),
             Msg::PublishStats(question) => self.publish_stats_now(ctx.now(), question),
             Msg::AbortPreempted(dev, nexuses) => {
                 self.shard.abort_preempted(dev, &nexuses);
@@ -795,7 +782,8 @@ impl Worker for CoreWorker {
             progress = true;
         }
         self.forward_preempted();
-        self.forward_drained_resets(ctx);
+        self.forward_spanning_resets();
+        self.forward_drained_resets();
         self.ready.clear();
         self.shard.ready_sessions(&mut self.ready);
         let portal = CorePortal {
@@ -848,6 +836,7 @@ impl Worker for CoreWorker {
             &self.snapshot.srp_targets,
             &self.peers,
         );
+        self.forward_spanning_resets();
         self.next_timer = self
             .conns
             .iter()

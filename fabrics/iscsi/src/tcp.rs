@@ -27,8 +27,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use ferrite_core::device::{LunMap, NexusWatch};
-use ferrite_core::shard::{Nexus, ResetScope, SessionId, Shard};
-use ferrite_core::{Abort, Action, TaskTag, TmfFunction};
+use ferrite_core::shard::{Nexus, SessionId, Shard};
+use ferrite_core::{Abort, Action, TaskTag};
 use ferrite_reactor::ring::{Ctx, TxSeg, advance};
 use ferrite_reactor::sock::tcp_left_established;
 
@@ -221,13 +221,6 @@ pub struct TcpConn {
     /// Target, initiator and LUN map of the normal session, once logged in.
     nexus: Option<(String, String, Arc<LunMap>)>,
     closing: bool,
-    /// LU and target resets that other cores must carry out too: the
-    /// worker takes them ([`TcpConn::take_remote_resets`]) and sends them.
-    remote_resets: Vec<(TaskTag, ResetScope)>,
-    /// TMF responses held until every other core reported its part of the
-    /// reset drained (SAM-5 §7.11: the response follows the last affected
-    /// task), with the response once the local part is done.
-    held_tmfs: Vec<(TaskTag, Option<ferrite_core::Action>)>,
     shut: bool,
     /// Nothing is sent before this instant (backoff after a failed login).
     hold_tx: Option<Instant>,
@@ -274,8 +267,6 @@ impl TcpConn {
             tsih: None,
             nexus: None,
             closing: false,
-            remote_resets: Vec::new(),
-            held_tmfs: Vec::new(),
             shut: false,
             hold_tx: None,
             link: None,
@@ -411,12 +402,6 @@ impl TcpConn {
         self.session
     }
 
-    /// Resets this connection's initiator started that other cores must
-    /// apply; the TMF response is held until [`TcpConn::release_tmf`].
-    pub fn take_remote_resets(&mut self) -> Vec<(TaskTag, ResetScope)> {
-        std::mem::take(&mut self.remote_resets)
-    }
-
     /// RFC 7143 §11.9.1 AsyncEvent 1: asks the initiator to log out within
     /// the login timeout; past it the connection is dropped (AsyncEvent 3).
     pub fn request_logout(&mut self, now: Instant) {
@@ -427,25 +412,6 @@ impl TcpConn {
     /// connection answered a TARGET COLD RESET (RFC 7143 §11.5.1), once.
     pub fn take_cold_reset(&mut self) -> Option<String> {
         self.cold_reset.take()
-    }
-
-    /// Every other core drained its part of the reset with this tag: the
-    /// response goes out once the local part is done too.
-    pub fn release_tmf(
-        &mut self,
-        ctx: &mut Ctx,
-        key: u64,
-        tag: TaskTag,
-        shard: &mut Shard,
-        portal: &dyn Portal,
-    ) {
-        if let Some(pos) = self.held_tmfs.iter().position(|(t, _)| *t == tag) {
-            let (_, done) = self.held_tmfs.remove(pos);
-            if let Some(a) = done {
-                self.conn.handle_action(ctx.now(), a);
-            }
-            self.pump(ctx, key, shard, portal);
-        }
     }
 
     /// Target name, initiator name and LUN map of the logged-in session.
@@ -721,15 +687,8 @@ impl TcpConn {
         }
     }
 
-    /// Hands a core action to this connection's `Conn` (a TMF response
-    /// waiting for other cores is held).
+    /// Hands a core action to this connection's `Conn`.
     fn deliver(&mut self, now: Instant, a: Action) {
-        if let Action::TmfDone { tag, .. } = &a
-            && let Some(h) = self.held_tmfs.iter_mut().find(|(t, _)| t == tag)
-        {
-            h.1 = Some(a);
-            return;
-        }
         self.conn.handle_action(now, a);
     }
 
@@ -954,22 +913,6 @@ impl TcpConn {
                 }
             }
             ConnEvent::TaskMgmt(req) => {
-                let scope = match req.func {
-                    TmfFunction::LogicalUnitReset => self
-                        .nexus
-                        .as_ref()
-                        .and_then(|(_, _, luns)| luns.get(req.lun))
-                        .map(|e| ResetScope::LogicalUnit(e.device.id)),
-                    TmfFunction::TargetReset => self
-                        .nexus
-                        .as_ref()
-                        .map(|(t, _, _)| ResetScope::Target(t.clone())),
-                    _ => None,
-                };
-                if let Some(scope) = scope {
-                    self.remote_resets.push((req.tag, scope));
-                    self.held_tmfs.push((req.tag, None));
-                }
                 if let Some(mut s) = self.session.and_then(|s| shard.session(s)) {
                     s.task_mgmt(now, req);
                 }
