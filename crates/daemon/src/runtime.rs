@@ -693,7 +693,7 @@ impl Runtime for DaemonRuntime {
                 }
             }
             for (name, t) in &st.srp_targets {
-                v.extend(t.board.sessions(name));
+                v.extend(crate::srp::sessions(name, t));
             }
         }
         v

@@ -834,7 +834,7 @@ impl Worker for CoreWorker {
             now,
             &mut self.shard,
             &self.snapshot.srp_targets,
-            &self.peers,
+            &crate::srp::Peers(&self.peers),
         );
         self.forward_spanning_resets();
         self.next_timer = self

@@ -9,15 +9,20 @@
 //! SRP_TSK_MGMT, SRP_RSP with sense and residuals, SRP_CRED_REQ,
 //! SRP_AER_REQ, logouts), a
 //! provider-neutral driver that runs a channel on a queue pair ([`target`]),
-//! and an initiator library over the same RDMA surface ([`initiator`]) used
-//! by the end-to-end tests and tools.
+//! the reactor driver that binds target ports, applies the login policy
+//! (the shared access rule, LUN maps, multi-channel) and pumps every
+//! channel of a core into its core sessions ([`driver`]), and an initiator
+//! library over the same RDMA surface ([`initiator`]) used by the
+//! end-to-end tests and tools.
 //!
 //! Does not own: SCSI semantics (the core answers every command; the channel
 //! turns IUs into `CmdRequest`/`TmfRequest` and core `Action`s into RDMA
-//! transfers and IUs), the RDMA providers (`ferrite-rdma`), the reactor, the
-//! target tree (`/targets/srp/<port>/...` in `mgmt`) or the daemon wiring.
+//! transfers and IUs), the RDMA providers (`ferrite-rdma`), the reactor loop,
+//! the target tree (`/targets/srp/<port>/...` in `mgmt`), the messages
+//! between cores or the configuration format (the daemon builds
+//! [`driver::PortConfig`]s from it).
 //!
-//! # Driver-facing API (for the daemon's SRP fabric)
+//! # Driver-facing API (what [`driver`] does with a channel)
 //!
 //! One target port per HCA port: a listener (`ferrite_rdma::verbs::
 //! VerbsListener`, or `soft::SoftListener` in tests) on the reactor that
@@ -70,6 +75,7 @@
 #![forbid(unsafe_code)]
 
 pub mod channel;
+pub mod driver;
 pub mod initiator;
 pub mod iu;
 pub mod target;
