@@ -16,8 +16,7 @@ use std::time::{Duration, Instant};
 
 use ferrite_mgmt::runtime::SessionInfo;
 
-use ferrite_iscsi::pdu::LoginStatus;
-use ferrite_iscsi::tcp::{Grant, Portal, SessionLink, SessionRequest};
+use ferrite_iscsi::tcp::{Grant, Portal, Refusal, SessionLink, SessionRequest};
 
 use crate::system::Snapshot;
 
@@ -217,15 +216,12 @@ pub struct CorePortal<'a> {
 }
 
 impl Portal for CorePortal<'_> {
-    fn session_request(&self, req: &SessionRequest<'_>) -> Result<Grant, LoginStatus> {
+    fn session_request(&self, req: &SessionRequest<'_>) -> Result<Grant, Refusal> {
         if req.tsih != 0 {
             return self.join_request(req);
         }
         if req.discovery {
-            let tsih = self
-                .registry
-                .allocate()
-                .ok_or(LoginStatus::OUT_OF_RESOURCES)?;
+            let tsih = self.registry.allocate().ok_or(Refusal::OutOfResources)?;
             return Ok(Grant {
                 tsih,
                 luns: None,
@@ -233,20 +229,20 @@ impl Portal for CorePortal<'_> {
             });
         }
         let Some(name) = req.target else {
-            return Err(LoginStatus::MISSING_PARAMETER);
+            return Err(Refusal::MissingTarget);
         };
         let Some(target) = self.snapshot.iscsi_targets.get(name) else {
-            return Err(LoginStatus::NOT_FOUND);
+            return Err(Refusal::NoSuchTarget);
         };
         if !target.enabled {
-            return Err(LoginStatus::SERVICE_UNAVAILABLE);
+            return Err(Refusal::Unavailable);
         }
         self.check_portal(name, req)?;
         if !target.admits(req.initiator) {
             tracing::warn!(initiator = req.initiator, peer = %req.peer, target = name,
                 "initiator outside the target's ACL");
             // RFC 7143 §11.13.5: 0202, the initiator is not allowed access.
-            return Err(LoginStatus::AUTHORIZATION_FAILURE);
+            return Err(Refusal::NotAdmitted);
         }
         let luns = target.map_for(req.initiator);
         let isid = req.isid.iter().fold(0u64, |a, b| a << 8 | u64::from(*b));
@@ -262,10 +258,7 @@ impl Portal for CorePortal<'_> {
             );
             self.registry.reinstate(old);
         }
-        let tsih = self
-            .registry
-            .allocate()
-            .ok_or(LoginStatus::OUT_OF_RESOURCES)?;
+        let tsih = self.registry.allocate().ok_or(Refusal::OutOfResources)?;
         let group = target
             .groups
             .iter()
@@ -307,15 +300,10 @@ impl Portal for CorePortal<'_> {
         self.links.get(&tsih).cloned()
     }
 
-    fn login_failed(
-        &self,
-        peer: SocketAddr,
-        initiator: Option<&str>,
-        status: LoginStatus,
-    ) -> Duration {
+    fn login_failed(&self, peer: SocketAddr, initiator: Option<&str>, status: u16) -> Duration {
         let delay = self.registry.login_failed(peer.ip(), Instant::now());
-        tracing::warn!(%peer, initiator = initiator.unwrap_or("?"), class = status.class,
-            detail = status.detail, delay_ms = delay.as_millis() as u64, "login failed");
+        tracing::warn!(%peer, initiator = initiator.unwrap_or("?"), status = %format!("{status:04x}"),
+            delay_ms = delay.as_millis() as u64, "login failed");
         delay
     }
 }
@@ -327,7 +315,7 @@ impl CorePortal<'_> {
     /// (service unavailable), as LIO answers a portal outside the target's
     /// portal group: RFC 7143 §11.13.5 makes it a target error the
     /// initiator may retry, so a path comes back when the portal does.
-    fn check_portal(&self, name: &str, req: &SessionRequest<'_>) -> Result<(), LoginStatus> {
+    fn check_portal(&self, name: &str, req: &SessionRequest<'_>) -> Result<(), Refusal> {
         let reachable = self
             .snapshot
             .iscsi
@@ -340,27 +328,27 @@ impl CorePortal<'_> {
         }
         tracing::warn!(initiator = req.initiator, peer = %req.peer, portal = %req.local,
             target = name, "login through a portal that is not the target's");
-        Err(LoginStatus::SERVICE_UNAVAILABLE)
+        Err(Refusal::Unavailable)
     }
 
     /// A login with the TSIH of an existing session: a further connection
     /// of it (MC/S). The target must still admit the initiator.
-    fn join_request(&self, req: &SessionRequest<'_>) -> Result<Grant, LoginStatus> {
+    fn join_request(&self, req: &SessionRequest<'_>) -> Result<Grant, Refusal> {
         // RFC 7143 §6.3.1 / §11.13.5: 020Ah unless the TSIH names a live
         // session of this initiator and ISID (discovery sessions take one
         // connection).
         let Some(name) = req.target.filter(|_| !req.discovery) else {
-            return Err(LoginStatus::SESSION_DOES_NOT_EXIST);
+            return Err(Refusal::NoSuchSession);
         };
         let Some(target) = self.snapshot.iscsi_targets.get(name) else {
-            return Err(LoginStatus::SESSION_DOES_NOT_EXIST);
+            return Err(Refusal::NoSuchSession);
         };
         if !target.enabled {
-            return Err(LoginStatus::SERVICE_UNAVAILABLE);
+            return Err(Refusal::Unavailable);
         }
         self.check_portal(name, req)?;
         if !target.admits(req.initiator) {
-            return Err(LoginStatus::AUTHORIZATION_FAILURE);
+            return Err(Refusal::NotAdmitted);
         }
         let isid = req.isid.iter().fold(0u64, |a, b| a << 8 | u64::from(*b));
         if self.registry.owner(req.tsih) != Some(self.core)
@@ -368,7 +356,7 @@ impl CorePortal<'_> {
                 .registry
                 .add_connection(req.tsih, req.initiator, isid, name, req.peer)
         {
-            return Err(LoginStatus::SESSION_DOES_NOT_EXIST);
+            return Err(Refusal::NoSuchSession);
         }
         self.registry.login_succeeded(req.peer.ip());
         Ok(Grant {

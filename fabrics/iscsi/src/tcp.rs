@@ -146,9 +146,46 @@ enum Route {
     Nobody,
 }
 
+/// Why the daemon's side of a login ([`Portal::session_request`]) refuses
+/// it; the connection answers each with its Login Response status (RFC 7143
+/// §11.13.5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// No TSIH or other resource left: 0300h.
+    OutOfResources,
+    /// A normal session without TargetName: 0207h.
+    MissingTarget,
+    /// No target of that name: 0203h.
+    NoSuchTarget,
+    /// The target is disabled or not reachable through this portal:
+    /// 0301h (a target error the initiator may retry).
+    Unavailable,
+    /// The initiator is outside the target's access rule: 0202h.
+    NotAdmitted,
+    /// The TSIH names no live session of this initiator and ISID: 020Ah.
+    NoSuchSession,
+    /// The session has MaxConnections already: 0206h.
+    TooManyConnections,
+}
+
+impl Refusal {
+    /// The Login Response status of this refusal.
+    pub fn status(self) -> LoginStatus {
+        match self {
+            Refusal::OutOfResources => LoginStatus::OUT_OF_RESOURCES,
+            Refusal::MissingTarget => LoginStatus::MISSING_PARAMETER,
+            Refusal::NoSuchTarget => LoginStatus::NOT_FOUND,
+            Refusal::Unavailable => LoginStatus::SERVICE_UNAVAILABLE,
+            Refusal::NotAdmitted => LoginStatus::AUTHORIZATION_FAILURE,
+            Refusal::NoSuchSession => LoginStatus::SESSION_DOES_NOT_EXIST,
+            Refusal::TooManyConnections => LoginStatus::TOO_MANY_CONNECTIONS,
+        }
+    }
+}
+
 /// The daemon side of logins: target lookup, ACLs, TSIH allocation.
 pub trait Portal {
-    fn session_request(&self, req: &SessionRequest<'_>) -> Result<Grant, LoginStatus>;
+    fn session_request(&self, req: &SessionRequest<'_>) -> Result<Grant, Refusal>;
     fn session_closed(&self, tsih: u16);
     /// A connection of session `tsih`, which goes on, ended (MC/S).
     fn connection_closed(&self, _tsih: u16, _peer: SocketAddr) {}
@@ -161,14 +198,15 @@ pub trait Portal {
     fn session_link(&self, _tsih: u16) -> Option<SessionLink> {
         None
     }
-    /// A login from `peer` failed authentication or authorization; the
-    /// answer is how long to hold the failure response back (a per-address
-    /// backoff against guessing).
+    /// A login from `peer` failed authentication or authorization with
+    /// Login Response status `status` (class << 8 | detail); the answer is
+    /// how long to hold the failure response back (a per-address backoff
+    /// against guessing).
     fn login_failed(
         &self,
         _peer: SocketAddr,
         _initiator: Option<&str>,
-        _status: LoginStatus,
+        _status: u16,
     ) -> std::time::Duration {
         std::time::Duration::ZERO
     }
@@ -731,13 +769,13 @@ impl TcpConn {
         &mut self,
         req: &SessionRequest<'_>,
         portal: &dyn Portal,
-    ) -> Result<(SessionLink, Grant, Option<u32>), LoginStatus> {
+    ) -> Result<(SessionLink, Grant, Option<u32>), Refusal> {
         // RFC 7143 §6.3.1 / §11.13.5: the TSIH must name a live session of
         // this initiator name and ISID, else 020Ah.
         let link = portal
             .session_link(req.tsih)
             .filter(|l| !l.borrow().ended)
-            .ok_or(LoginStatus::SESSION_DOES_NOT_EXIST)?;
+            .ok_or(Refusal::NoSuchSession)?;
         let replaced = {
             let g = link.borrow();
             if g.initiator != req.initiator
@@ -745,7 +783,7 @@ impl TcpConn {
                 || req.target != Some(g.target.as_str())
                 || req.discovery
             {
-                return Err(LoginStatus::SESSION_DOES_NOT_EXIST);
+                return Err(Refusal::NoSuchSession);
             }
             let cid = self.conn.cid();
             let replaced = g.members.iter().find(|(_, c)| *c == cid).map(|(m, _)| *m);
@@ -753,7 +791,7 @@ impl TcpConn {
             // RFC 7143 §13.2 MaxConnections; §11.13.5: 0206h too many
             // connections on this session.
             if others >= usize::from(g.lead.max_connections.max(1)) {
-                return Err(LoginStatus::TOO_MANY_CONNECTIONS);
+                return Err(Refusal::TooManyConnections);
             }
             replaced
         };
@@ -812,9 +850,10 @@ impl TcpConn {
                             self.link = Some(link);
                             self.conn.accept_session(tsih);
                         }
-                        Err(status) => {
+                        Err(why) => {
+                            let status = why.status();
                             tracing::warn!(peer = %self.peer, initiator = %initiator, tsih,
-                                class = status.class, detail = status.detail,
+                                class = status.class, detail = status.detail, ?why,
                                 "connection refused to the session");
                             self.conn.reject_session(status);
                         }
@@ -829,16 +868,18 @@ impl TcpConn {
                         self.conn.accept_session(grant.tsih);
                         self.pending = Some((initiator, isid, target, grant));
                     }
-                    Err(status) => {
+                    Err(why) => {
+                        let status = why.status();
                         tracing::warn!(peer = %self.peer, initiator = %initiator,
                             target = target.as_deref().unwrap_or("(discovery)"),
-                            class = status.class, detail = status.detail, "login refused");
+                            class = status.class, detail = status.detail, ?why, "login refused");
                         self.conn.reject_session(status);
                     }
                 }
             }
             ConnEvent::LoginFailed { initiator, status } => {
-                let delay = portal.login_failed(self.peer, initiator.as_deref(), status);
+                let code = u16::from(status.class) << 8 | u16::from(status.detail);
+                let delay = portal.login_failed(self.peer, initiator.as_deref(), code);
                 if !delay.is_zero() {
                     tracing::info!(peer = %self.peer, delay_ms = delay.as_millis() as u64,
                         "failed login answered late (backoff)");
