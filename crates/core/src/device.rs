@@ -607,7 +607,51 @@ pub struct Target {
     pub groups: Vec<AccessGroup>,
 }
 
+/// Why a target refuses a login ([`Target::admit`]); each fabric answers
+/// with its own wire code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// The target (port) takes no new sessions.
+    Disabled,
+    /// The initiator is outside the target's access rule
+    /// ([`Target::admits`]).
+    NotAdmitted,
+}
+
+/// What a login admitted by [`Target::admit`] gets.
+#[derive(Clone, Debug)]
+pub struct Admission {
+    /// The LUN map of the new I_T nexus.
+    pub luns: Arc<LunMap>,
+    /// The initiator group the map is of (None: the default map).
+    pub group: Option<String>,
+}
+
 impl Target {
+    /// Admission, the one login decision every fabric asks of the core
+    /// once its protocol checks passed: the target is enabled and admits
+    /// the initiator ([`Target::admits`]); the nexus gets its group's LUN
+    /// map or the default ([`Target::map_for`]).
+    pub fn admit(&self, initiator: &str) -> Result<Admission, Refused> {
+        if !self.enabled {
+            return Err(Refused::Disabled);
+        }
+        if !self.admits(initiator) {
+            return Err(Refused::NotAdmitted);
+        }
+        let luns = self.map_for(initiator);
+        let group = self.group_of(&luns);
+        Ok(Admission { luns, group })
+    }
+
+    /// The initiator group whose map `luns` is (None: the default map).
+    pub fn group_of(&self, luns: &Arc<LunMap>) -> Option<String> {
+        self.groups
+            .iter()
+            .find(|g| Arc::ptr_eq(&g.luns, luns))
+            .map(|g| g.name.clone())
+    }
+
     /// The LUN map an initiator gets at login: its group's, or the default.
     pub fn map_for(&self, initiator: &str) -> Arc<LunMap> {
         self.groups
@@ -694,6 +738,23 @@ mod tests {
         assert!(t.admits("0xfe800000000000000000000000000001"));
         assert!(!t.admits("iqn.2026-01.other:host1"));
         assert!(!t.admits("0x00000000000000000000000000000001"));
+        // admit(): the same rule, the group's map, and a disabled target
+        // refusing everyone.
+        let a = t.admit("iqn.2026-01.ok:host1").unwrap();
+        assert!(Arc::ptr_eq(&a.luns, &t.groups[0].luns));
+        assert_eq!(a.group.as_deref(), Some("g"));
+        assert_eq!(
+            t.admit("iqn.2026-01.other:host1").unwrap_err(),
+            Refused::NotAdmitted
+        );
+        let off = Target {
+            enabled: false,
+            ..t.clone()
+        };
+        assert_eq!(
+            off.admit("iqn.2026-01.ok:host1").unwrap_err(),
+            Refused::Disabled
+        );
     }
 
     #[test]

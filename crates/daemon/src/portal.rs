@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use ferrite_mgmt::runtime::SessionInfo;
 
+use ferrite_core::device::Refused;
 use ferrite_iscsi::tcp::{Grant, Portal, Refusal, SessionLink, SessionRequest};
 
 use crate::system::Snapshot;
@@ -234,17 +235,17 @@ impl Portal for CorePortal<'_> {
         let Some(target) = self.snapshot.iscsi_targets.get(name) else {
             return Err(Refusal::NoSuchTarget);
         };
-        if !target.enabled {
-            return Err(Refusal::Unavailable);
-        }
         self.check_portal(name, req)?;
-        if !target.admits(req.initiator) {
-            tracing::warn!(initiator = req.initiator, peer = %req.peer, target = name,
-                "initiator outside the target's ACL");
-            // RFC 7143 §11.13.5: 0202, the initiator is not allowed access.
-            return Err(Refusal::NotAdmitted);
-        }
-        let luns = target.map_for(req.initiator);
+        let admitted = match target.admit(req.initiator) {
+            Ok(a) => a,
+            Err(Refused::Disabled) => return Err(Refusal::Unavailable),
+            Err(Refused::NotAdmitted) => {
+                tracing::warn!(initiator = req.initiator, peer = %req.peer, target = name,
+                    "initiator outside the target's ACL");
+                return Err(Refusal::NotAdmitted);
+            }
+        };
+        let luns = admitted.luns;
         let isid = req.isid.iter().fold(0u64, |a, b| a << 8 | u64::from(*b));
         if let Some(old) = self.registry.find(name, req.initiator, isid) {
             // RFC 7143 §6.3.5: a login with the ISID and initiator name of a
@@ -259,11 +260,7 @@ impl Portal for CorePortal<'_> {
             self.registry.reinstate(old);
         }
         let tsih = self.registry.allocate().ok_or(Refusal::OutOfResources)?;
-        let group = target
-            .groups
-            .iter()
-            .find(|g| Arc::ptr_eq(&g.luns, &luns))
-            .map(|g| g.name.clone());
+        let group = admitted.group;
         self.registry.login_succeeded(req.peer.ip());
         if let Ok(mut o) = self.registry.owners.lock() {
             o.insert(tsih, self.core);
@@ -343,12 +340,11 @@ impl CorePortal<'_> {
         let Some(target) = self.snapshot.iscsi_targets.get(name) else {
             return Err(Refusal::NoSuchSession);
         };
-        if !target.enabled {
-            return Err(Refusal::Unavailable);
-        }
         self.check_portal(name, req)?;
-        if !target.admits(req.initiator) {
-            return Err(Refusal::NotAdmitted);
+        match target.admit(req.initiator) {
+            Ok(_) => {}
+            Err(Refused::Disabled) => return Err(Refusal::Unavailable),
+            Err(Refused::NotAdmitted) => return Err(Refusal::NotAdmitted),
         }
         let isid = req.isid.iter().fold(0u64, |a, b| a << 8 | u64::from(*b));
         if self.registry.owner(req.tsih) != Some(self.core)

@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use ferrite_core::cmd::Abort;
-use ferrite_core::device::{LunMap, Target};
+use ferrite_core::device::{Admission, LunMap, Refused, Target};
 use ferrite_core::shard::{Nexus, SessionId, Shard};
 use ferrite_core::{Action, TmfResponse};
 use ferrite_rdma::soft::{
@@ -669,9 +669,10 @@ impl SrpCore {
             };
         let initiator_id = login_req.initiator_port_id;
         let initiator = hex(&initiator_id);
-        if let Err(why) = admit(&t.target, &initiator) {
-            return reject(req, port, Some(&initiator), login_req.tag, why);
-        }
+        let admitted = match admit(&t.target, &initiator) {
+            Ok(a) => a,
+            Err(why) => return reject(req, port, Some(&initiator), login_req.tag, why),
+        };
         let attrs = QpAttrs {
             max_send_wr: (cfg.credits as usize * 4).max(256),
             max_recv_wr: cfg.recv_count() as usize,
@@ -745,7 +746,7 @@ impl SrpCore {
         }) {
             Some(j) => j,
             None => {
-                let luns = t.target.map_for(&initiator);
+                let luns = admitted.luns.clone();
                 let nexus = Nexus {
                     initiator: initiator.clone(),
                     initiator_port: initiator.clone(),
@@ -767,7 +768,7 @@ impl SrpCore {
             core: self.core,
             nexus: sid.0,
             channel: format!("{provider} core {} qpn {qpn:#x}", self.core),
-            group: group_of(&t.target, &luns),
+            group: t.target.group_of(&luns),
             luns: luns.luns.len() as u32,
             active: active.clone(),
             close: false,
@@ -980,11 +981,8 @@ impl SrpCore {
                             shard.set_luns(sid, new.clone());
                             remapped.push(sid);
                         }
-                        c.board.set_map(
-                            c.board_id,
-                            group_of(&t.target, &new),
-                            new.luns.len() as u32,
-                        );
+                        c.board
+                            .set_map(c.board_id, t.target.group_of(&new), new.luns.len() as u32);
                         c.luns = new;
                     }
                 }
@@ -1102,26 +1100,16 @@ fn log_failed(core: usize, wc: &WorkCompletion) {
     }
 }
 
-/// The port's policy for a login that passed SRP's own checks: the port is
-/// enabled, and it admits the initiator port by the access rule every
-/// fabric shares ([`Target::admits`]; iSCSI refuses with 0202h).
-fn admit(t: &Target, initiator: &str) -> Result<(), LoginRefusal> {
-    if !t.enabled {
+/// The port's policy for a login that passed SRP's own checks: the core's
+/// admission every fabric shares ([`Target::admit`]: the port is enabled
+/// and its access rule admits the initiator port; iSCSI refuses with
+/// 0202h), answered with SRP's reasons.
+fn admit(t: &Target, initiator: &str) -> Result<Admission, LoginRefusal> {
+    t.admit(initiator).map_err(|r| match r {
         // SRP r16a §6.4: the target cannot take the channel now.
-        return Err(LoginRefusal::PortDisabled);
-    }
-    if !t.admits(initiator) {
-        return Err(LoginRefusal::NotAdmitted);
-    }
-    Ok(())
-}
-
-/// The initiator group whose map `luns` is (None: the default map).
-fn group_of(t: &Target, luns: &Arc<LunMap>) -> Option<String> {
-    t.groups
-        .iter()
-        .find(|g| Arc::ptr_eq(&g.luns, luns))
-        .map(|g| g.name.clone())
+        Refused::Disabled => LoginRefusal::PortDisabled,
+        Refused::NotAdmitted => LoginRefusal::NotAdmitted,
+    })
 }
 
 /// What a refusal of a login that passed the protocol checks needs.
@@ -1348,22 +1336,22 @@ mod tests {
     #[test]
     fn a_port_with_groups_and_no_default_luns_refuses_initiators_in_no_group() {
         let t = grouped_port(true);
-        assert_eq!(admit(&t, "0xfe800000000000000000000000000001"), Ok(()));
-        let refused = admit(&t, "0x00000000000000000000000000000001");
-        assert_eq!(refused, Err(LoginRefusal::NotAdmitted));
+        assert!(admit(&t, "0xfe800000000000000000000000000001").is_ok());
+        let refused = admit(&t, "0x00000000000000000000000000000001").unwrap_err();
+        assert_eq!(refused, LoginRefusal::NotAdmitted);
         // SRP r16a §6.4: reason 00010000h in the SRP_LOGIN_REJ.
-        let rej = refused.unwrap_err().reject(7);
+        let rej = refused.reject(7);
         assert_eq!((rej.tag, rej.reason.0), (7, 0x0001_0000));
         // Without groups every initiator port is admitted.
         let open = Target {
             groups: Vec::new(),
             ..grouped_port(true)
         };
-        assert_eq!(admit(&open, "0x00000000000000000000000000000001"), Ok(()));
+        assert!(admit(&open, "0x00000000000000000000000000000001").is_ok());
         // A disabled port refuses everyone, members too.
         assert_eq!(
-            admit(&grouped_port(false), "0xfe800000000000000000000000000001"),
-            Err(LoginRefusal::PortDisabled)
+            admit(&grouped_port(false), "0xfe800000000000000000000000000001").unwrap_err(),
+            LoginRefusal::PortDisabled
         );
     }
 
