@@ -75,6 +75,7 @@
 #![forbid(unsafe_code)]
 
 pub mod channel;
+#[cfg(feature = "verbs")]
 pub mod driver;
 pub mod initiator;
 pub mod iu;
