@@ -82,16 +82,13 @@ impl CmReply {
         }
     }
 
-    /// The reply's 4 bytes.
+    /// The reply's 4 bytes (the REQ's layout).
     pub fn encode(&self) -> [u8; CM_LEN] {
-        let mut b = [0u8; CM_LEN];
-        if !self.zero_based {
-            b[0] |= FLAG_ZBVA;
+        CmRequest {
+            zero_based: self.zero_based,
+            send_invalidate: self.send_invalidate,
         }
-        if !self.send_invalidate {
-            b[0] |= FLAG_NO_SEND_INV;
-        }
-        b
+        .encode()
     }
 
     /// Reads a reply (the initiator side).
