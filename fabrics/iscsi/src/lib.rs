@@ -16,6 +16,7 @@ pub mod initiator;
 pub mod keys;
 pub mod login;
 pub mod pdu;
+pub mod session;
 pub mod tcp;
 
 #[cfg(test)]
