@@ -24,18 +24,19 @@ use ferrite_core::{
 };
 use ferrite_core::{TmfFunction, TmfRequest, TmfResponse};
 use ferrite_reactor::buf::{IoBuf, SgList};
-use ferrite_reactor::ring::{PipeHold, SgHold};
 use ferrite_scsi::{Lun, Sense, Status};
 
 use crate::chap::{ChapAuth, ChapRng};
+use crate::datamover::{Datamover, PutData, ReadData, Solicit, TcpDatamover};
 use crate::keys::{Digest, Limits, Params, SessionType, encode_text, parse_text};
 use crate::login::{Login, LoginReply, LoginStep};
 use crate::pdu::{
-    self, BHS_LEN, Bhs, BhsBuf, CmdSn, DIGEST_LEN, DataSn, LoginStatus, Opcode, R2tSn,
-    RESERVED_TAG, RejectReason, Sns, StatSn, crc32c, crc32c_append, digest_bytes, digest_from,
-    flags, pad_len, tmf_fn, tmf_rsp,
+    self, BHS_LEN, Bhs, CmdSn, DataSn, LoginStatus, Opcode, R2tSn, RESERVED_TAG, RejectReason, Sns,
+    StatSn, flags, tmf_fn, tmf_rsp,
 };
 pub use crate::session::{SessionSeq, TaskScope};
+
+pub(crate) mod framing;
 
 /// A target as this fabric exposes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -249,35 +250,6 @@ pub enum ConnEvent {
     Closed { reason: CloseReason },
 }
 
-/// A response's Data-In bytes as `respond` sends them.
-enum Payload {
-    /// A buffer list: owned while one PDU sends it, shared by several.
-    Sg(Option<SgList>, Option<Arc<SgList>>),
-    /// Page-cache pages in a pipe, each PDU taking the next bytes; and how
-    /// many it holds.
-    Pipe(PipeHold, usize),
-}
-
-impl Payload {
-    fn len(&self) -> usize {
-        match self {
-            Payload::Sg(Some(sg), _) => sg.len(),
-            Payload::Sg(None, Some(sg)) => sg.len(),
-            Payload::Sg(None, None) => 0,
-            Payload::Pipe(_, len) => *len,
-        }
-    }
-
-    /// Several PDUs will send this list: share it.
-    fn share(&mut self) {
-        if let Payload::Sg(owned, shared) = self
-            && let Some(sg) = owned.take()
-        {
-            *shared = Some(Arc::new(sg));
-        }
-    }
-}
-
 /// Transmit queue: owned header bytes, and zero-copy references into a
 /// response's buffers.
 #[derive(Debug, Default)]
@@ -404,43 +376,6 @@ enum Held {
     Skip,
 }
 
-/// Where the bytes of the data segment being read go.
-#[derive(Debug)]
-enum Sink {
-    Buffer(Vec<u8>),
-    /// Unsolicited Data-Out: appended to the task's `unsol_buf`.
-    Unsolicited {
-        itt: u32,
-    },
-    /// Solicited Data-Out: straight into the fetch buffer at data offset `pos`.
-    Solicited {
-        itt: u32,
-        ttt: u32,
-        pos: u32,
-    },
-    Discard,
-}
-
-#[derive(Debug)]
-struct Segment {
-    hdr: [u8; BHS_LEN],
-    ahs: Vec<u8>,
-    len: usize,
-    pad: usize,
-    digest: bool,
-    done: usize,
-    crc: u32,
-    dig: [u8; 4],
-    dig_have: usize,
-    sink: Sink,
-}
-
-#[derive(Debug)]
-enum Rx {
-    Header,
-    Segment(Segment),
-}
-
 /// A text response too long for one PDU (RFC 7143 §11.10.2).
 #[derive(Debug)]
 struct TextCont {
@@ -449,9 +384,10 @@ struct TextCont {
     rest: Vec<u8>,
 }
 
-/// The target side of one iSCSI connection.
+/// The target side of one iSCSI connection: the session layer over a
+/// datamover `D` ([`crate::datamover`]).
 #[derive(Debug)]
-pub struct Conn {
+pub struct Conn<D: Datamover = TcpDatamover> {
     cfg: Arc<IscsiConfig>,
     local: SocketAddr,
     peer: SocketAddr,
@@ -459,8 +395,6 @@ pub struct Conn {
     login: Login,
     params: Params,
     tsih: u16,
-    header_digest: bool,
-    data_digest: bool,
     seq: SessionSeq,
     seq_started: bool,
     /// This connection's id among the session's connections (0 for the
@@ -470,13 +404,13 @@ pub struct Conn {
     /// existing session: its leading-only values replace ours at accept.
     lead: Option<Box<Params>>,
     stat_sn: StatSn,
-    rx: Rx,
     tasks: FxHashMap<u32, Task>,
     held: BTreeMap<u32, Held>,
     /// TMFs sent to the core: ITT -> function code and the tasks it aborts.
     tmfs: FxHashMap<u32, (u8, Option<TaskScope>)>,
     events: VecDeque<ConnEvent>,
-    out: VecDeque<TxSeg>,
+    /// What carries this connection's PDUs and task data.
+    dm: D,
     next_ttt: u32,
     last_rx: Instant,
     login_deadline: Instant,
@@ -502,7 +436,10 @@ const MAX_HELD: usize = 4096;
 /// The bits of a random first StatSN that are kept (see [`Conn::new`]).
 const STAT_SN_START_MASK: u32 = 0x0fff_ffff;
 
-impl Conn {
+impl Conn<TcpDatamover> {
+    /// An iSCSI/TCP connection that just came in on `local` from `peer`;
+    /// `seed` seeds everything random on it (StatSN, TTTs, CHAP
+    /// challenges).
     pub fn new(
         now: Instant,
         cfg: Arc<IscsiConfig>,
@@ -510,6 +447,20 @@ impl Conn {
         peer: SocketAddr,
         seed: u64,
     ) -> Conn {
+        Conn::with_datamover(now, cfg, local, peer, seed, TcpDatamover::new(peer))
+    }
+}
+
+impl<D: Datamover> Conn<D> {
+    /// A connection whose PDUs and data `dm` carries.
+    pub fn with_datamover(
+        now: Instant,
+        cfg: Arc<IscsiConfig>,
+        local: SocketAddr,
+        peer: SocketAddr,
+        seed: u64,
+        dm: D,
+    ) -> Conn<D> {
         // One generator for everything random on this connection: SHA-256
         // in counter mode, so the StatSN and TTT an initiator sees reveal
         // nothing about the CHAP challenges drawn after them.
@@ -534,18 +485,15 @@ impl Conn {
             login,
             params: Params::default(),
             tsih: 0,
-            header_digest: false,
-            data_digest: false,
             seq_started: false,
             member: 0,
             lead: None,
             stat_sn: stat,
-            rx: Rx::Header,
             tasks: FxHashMap::default(),
             held: BTreeMap::new(),
             tmfs: FxHashMap::default(),
             events: VecDeque::new(),
-            out: VecDeque::new(),
+            dm,
             next_ttt: ttt,
             last_rx: now,
             ping: None,
@@ -661,91 +609,11 @@ impl Conn {
 
     // ---- transmit helpers ----
 
-    fn send(&mut self, bhs: &BhsBuf, data: &[u8]) {
-        tracing::trace!(peer = %self.peer, "tx {bhs:?} status={:#x}", bhs.0[3]);
-        if data.is_empty() {
-            let (hdr, n) = self.header_bytes(bhs, 0);
-            self.out.push_back(TxSeg::copy_of(&hdr[..n]));
-            return;
-        }
-        let mut out = Vec::with_capacity(BHS_LEN + data.len() + 12);
-        pdu::encode_header(bhs, &[], data.len() as u32, self.header_digest, &mut out);
-        if !data.is_empty() {
-            let start = out.len();
-            out.extend_from_slice(data);
-            out.resize(out.len() + pad_len(data.len()), 0);
-            if self.data_digest {
-                let crc = crc32c(&out[start..]);
-                out.extend_from_slice(&digest_bytes(crc));
-            }
-        }
-        self.out.push_back(TxSeg::Bytes(out));
-    }
-
-    fn send_sg(&mut self, bhs: &BhsBuf, sg: SgHold, offset: usize, len: usize) {
-        tracing::trace!(peer = %self.peer, "tx {bhs:?} offset={offset}");
-        let (hdr, n) = self.header_bytes(bhs, len as u32);
-        self.out.push_back(TxSeg::copy_of(&hdr[..n]));
-        if len == 0 {
-            return;
-        }
-        let pad = [0u8; 3];
-        let pad = &pad[..pad_len(len)];
-        let mut trailer = [0u8; 3 + DIGEST_LEN];
-        let mut n = pad.len();
-        if self.data_digest {
-            let mut crc = 0;
-            for s in sg.slices(offset, len) {
-                crc = crc32c_append(crc, s);
-            }
-            crc = crc32c_append(crc, pad);
-            trailer[n..n + DIGEST_LEN].copy_from_slice(&digest_bytes(crc));
-            n += DIGEST_LEN;
-        }
-        self.out.push_back(TxSeg::Data { sg, offset, len });
-        if n > 0 {
-            self.out.push_back(TxSeg::copy_of(&trailer[..n]));
-        }
-    }
-
-    /// A Data-In PDU whose `len` data bytes are the next ones of `pipe`
-    /// (never with a data digest: see `respond`).
-    fn send_pipe(&mut self, bhs: &BhsBuf, pipe: PipeHold, len: usize) {
-        tracing::trace!(peer = %self.peer, "tx {bhs:?} from a pipe");
-        let (hdr, n) = self.header_bytes(bhs, len as u32);
-        self.out.push_back(TxSeg::copy_of(&hdr[..n]));
-        if len == 0 {
-            return;
-        }
-        self.out.push_back(TxSeg::Pipe { pipe, len });
-        let pad = [0u8; 3];
-        if pad_len(len) > 0 {
-            self.out.push_back(TxSeg::copy_of(&pad[..pad_len(len)]));
-        }
-    }
-
-    /// The header segment of a PDU without AHS carrying `data_len` bytes,
-    /// with its digest when negotiated, built on the stack.
-    fn header_bytes(&self, bhs: &BhsBuf, data_len: u32) -> ([u8; BHS_LEN + DIGEST_LEN], usize) {
-        let mut b = *bhs;
-        b.set_data_len(data_len);
-        b.set_ahs_len(0);
-        let mut out = [0u8; BHS_LEN + DIGEST_LEN];
-        out[..BHS_LEN].copy_from_slice(&b.0);
-        if self.header_digest {
-            let crc = crc32c(&out[..BHS_LEN]);
-            out[BHS_LEN..].copy_from_slice(&digest_bytes(crc));
-            (out, BHS_LEN + DIGEST_LEN)
-        } else {
-            (out, BHS_LEN)
-        }
-    }
-
     fn send_reject(&mut self, reason: RejectReason, hdr: &[u8; BHS_LEN]) {
         tracing::debug!(peer = %self.peer, ?reason, "reject {:?}", Bhs(hdr));
         let sns = self.take_sns();
         let b = pdu::reject(reason, sns);
-        self.send(&b, hdr);
+        self.dm.send_control(&b, hdr);
     }
 
     fn close(&mut self, reason: CloseReason) {
@@ -800,66 +668,6 @@ impl Conn {
 
     // ---- the driver's API ----
 
-    /// Feeds received bytes; returns how many were consumed. The driver keeps
-    /// the rest and presents them again with more appended.
-    pub fn handle_input(&mut self, now: Instant, data: &[u8]) -> usize {
-        let mut used = 0;
-        loop {
-            if self.phase == Phase::Closing {
-                // Nothing more is read from a closing connection.
-                return data.len();
-            }
-            let rest = &data[used..];
-            if rest.is_empty() {
-                break;
-            }
-            match std::mem::replace(&mut self.rx, Rx::Header) {
-                Rx::Header => {
-                    let Some(bhs) = Bhs::from_slice(rest) else {
-                        break;
-                    };
-                    let ahs_len = bhs.total_ahs_len() as usize * 4;
-                    let hd = if self.header_digest { DIGEST_LEN } else { 0 };
-                    let need = BHS_LEN + ahs_len + hd;
-                    if rest.len() < need {
-                        break;
-                    }
-                    if self.header_digest {
-                        let crc = crc32c(&rest[..BHS_LEN + ahs_len]);
-                        let at = BHS_LEN + ahs_len;
-                        let got = digest_from([rest[at], rest[at + 1], rest[at + 2], rest[at + 3]]);
-                        if crc != got {
-                            // RFC 7143 §7.8: at ERL 0 a header digest error
-                            // ends the connection (the PDU length is unknown).
-                            tracing::warn!(peer = %self.peer, "header digest error, dropping the connection");
-                            self.close(CloseReason::HeaderDigest);
-                            return data.len();
-                        }
-                    }
-                    self.last_rx = now;
-                    let mut hdr = [0u8; BHS_LEN];
-                    hdr.copy_from_slice(&rest[..BHS_LEN]);
-                    let ahs = rest[BHS_LEN..BHS_LEN + ahs_len].to_vec();
-                    used += need;
-                    self.start_pdu(hdr, ahs);
-                }
-                Rx::Segment(mut seg) => {
-                    let n = self.feed_segment(&mut seg, rest);
-                    used += n;
-                    self.last_rx = now;
-                    if seg.done == seg.len + seg.pad && (!seg.digest || seg.dig_have == DIGEST_LEN)
-                    {
-                        let ok = !seg.digest || digest_from(seg.dig) == seg.crc;
-                        self.finish_pdu(seg, ok);
-                    } else {
-                        self.rx = Rx::Segment(seg);
-                    }
-                }
-            }
-        }
-        used
-    }
-
     /// Returns the next event for the driver.
     pub fn poll_event(&mut self) -> Option<ConnEvent> {
         self.events.pop_front()
@@ -891,9 +699,7 @@ impl Conn {
             p.error_recovery_level = l.error_recovery_level;
         }
         self.send_login_reply(&reply);
-        // RFC 7143 §13.1: digests apply from the first PDU after login.
-        self.header_digest = self.params.header_digest == Digest::Crc32c;
-        self.data_digest = self.params.data_digest == Digest::Crc32c;
+        self.dm.enable_datamover(&self.params);
         self.phase = Phase::FullFeature;
         if self.params.session_type == SessionType::Normal {
             self.seq.add_conn(self.cid(), self.member);
@@ -905,17 +711,6 @@ impl Conn {
     pub fn reject_session(&mut self, status: LoginStatus) {
         if let Some(LoginStep::Fail { status, itt }) = self.login.reject(status) {
             self.login_fail(status, itt);
-        }
-    }
-
-    /// Appends PDUs to send.
-    pub fn poll_transmit(&mut self, tx: &mut TxQueue) {
-        if tx.segs.is_empty() {
-            // Hand the whole queue over (its allocation too) instead of
-            // moving each segment.
-            std::mem::swap(&mut tx.segs, &mut self.out);
-        } else {
-            tx.segs.extend(self.out.drain(..));
         }
     }
 
@@ -1005,14 +800,14 @@ impl Conn {
     /// True once the connection is finished and everything to send was handed
     /// to the driver: close the socket after flushing.
     pub fn is_closed(&self) -> bool {
-        self.phase == Phase::Closing && self.out.is_empty()
+        self.phase == Phase::Closing && self.dm.is_flushed()
     }
 
     /// A login with this connection's CID joined the session in its place
     /// (connection reinstatement, RFC 7143 §6.3.4): this connection ends,
     /// its tasks are terminated, the session goes on.
     pub fn reinstated(&mut self) {
-        self.out.clear();
+        self.dm.discard_tx();
         self.close(CloseReason::Reinstated);
     }
 
@@ -1025,7 +820,7 @@ impl Conn {
 
     /// The driver saw the peer close the socket (or a socket error).
     pub fn handle_peer_closed(&mut self, _now: Instant) {
-        self.out.clear();
+        self.dm.discard_tx();
         self.close(CloseReason::PeerClosed);
     }
 
@@ -1056,158 +851,8 @@ impl Conn {
                 let secs = self.cfg.login_timeout.as_secs().clamp(1, 3600) as u16;
                 let sns = self.take_sns();
                 let b = pdu::async_message([0; 8], 1, [0, 0, secs], sns);
-                self.send(&b, &[]);
+                self.dm.send_control(&b, &[]);
                 self.logout_deadline = Some(later(now, Duration::from_secs(secs as u64)));
-            }
-        }
-    }
-
-    // ---- receive path ----
-
-    fn start_pdu(&mut self, hdr: [u8; BHS_LEN], ahs: Vec<u8>) {
-        let bhs = Bhs(&hdr);
-        if !self.read_holds.is_empty() {
-            self.ack_reads(bhs.exp_stat_sn());
-        }
-        tracing::trace!(peer = %self.peer, "rx {bhs:?} sn={:#x}", bhs.cmd_sn().0);
-        let len = bhs.data_segment_len() as usize;
-        let op = bhs.opcode();
-        // RFC 7143 §13.12: during login the limit is the 8192 default.
-        let limit = match self.phase {
-            Phase::Login => 8192,
-            _ => self.params.max_recv_data_segment_length,
-        } as usize;
-        let mut sink = Sink::Buffer(Vec::new());
-        if len > limit {
-            tracing::warn!(peer = %self.peer, len, limit, "data segment exceeds MaxRecvDataSegmentLength");
-            if self.phase == Phase::Login {
-                let itt = bhs.itt();
-                self.login_fail(LoginStatus::INITIATOR_ERROR, itt);
-                return;
-            }
-            // RFC 7143 §13.12: a PDU over the declared limit is a protocol
-            // error; the segment is skipped without being stored.
-            self.send_reject(RejectReason::ProtocolError, &hdr);
-            if op == Opcode::DATA_OUT {
-                // The burst can no longer complete: the write fails.
-                self.fail_task_data(bhs.itt());
-            }
-            sink = Sink::Discard;
-        } else if self.phase == Phase::FullFeature && op == Opcode::DATA_OUT {
-            sink = self.data_out_header(&hdr, len as u32);
-        } else {
-            sink = match sink {
-                Sink::Buffer(_) => Sink::Buffer(Vec::with_capacity(len)),
-                s => s,
-            };
-        }
-        let digest = self.data_digest && len > 0;
-        let seg = Segment {
-            hdr,
-            ahs,
-            len,
-            pad: pad_len(len),
-            digest,
-            done: 0,
-            crc: 0,
-            dig: [0; 4],
-            dig_have: 0,
-            sink,
-        };
-        if len == 0 {
-            self.finish_pdu(seg, true);
-        } else {
-            self.rx = Rx::Segment(seg);
-        }
-    }
-
-    /// Consumes segment bytes; returns how many.
-    fn feed_segment(&mut self, seg: &mut Segment, input: &[u8]) -> usize {
-        let mut used = 0;
-        // Data bytes.
-        if seg.done < seg.len {
-            let n = (seg.len - seg.done).min(input.len());
-            let chunk = &input[..n];
-            if seg.digest {
-                seg.crc = crc32c_append(seg.crc, chunk);
-            }
-            match &mut seg.sink {
-                Sink::Buffer(v) => v.extend_from_slice(chunk),
-                Sink::Discard => {}
-                Sink::Unsolicited { itt } => {
-                    if let Some(t) = self.tasks.get_mut(itt) {
-                        t.unsol_buf.extend_from_slice(chunk);
-                    }
-                }
-                Sink::Solicited { itt, ttt: _, pos } => {
-                    if let Some(f) = self.tasks.get_mut(itt).and_then(|t| t.fetch.as_mut()) {
-                        let at = pos.saturating_sub(f.base) as usize;
-                        f.buf.copy_in(at, chunk);
-                    }
-                    *pos = pos.wrapping_add(n as u32);
-                }
-            }
-            seg.done += n;
-            used += n;
-        }
-        // Padding (covered by the data digest).
-        if seg.done >= seg.len && seg.done < seg.len + seg.pad {
-            let n = (seg.len + seg.pad - seg.done).min(input.len() - used);
-            if seg.digest {
-                seg.crc = crc32c_append(seg.crc, &input[used..used + n]);
-            }
-            seg.done += n;
-            used += n;
-        }
-        if seg.done == seg.len + seg.pad && seg.digest {
-            let n = (DIGEST_LEN - seg.dig_have).min(input.len() - used);
-            seg.dig[seg.dig_have..seg.dig_have + n].copy_from_slice(&input[used..used + n]);
-            seg.dig_have += n;
-            used += n;
-        }
-        used
-    }
-
-    fn finish_pdu(&mut self, seg: Segment, digest_ok: bool) {
-        let hdr = seg.hdr;
-        let op = Bhs(&hdr).opcode();
-        match self.phase {
-            Phase::Closing => {}
-            Phase::Login => {
-                let Sink::Buffer(data) = seg.sink else {
-                    return;
-                };
-                if op != Opcode::LOGIN_REQ {
-                    // RFC 7143 §6.3: only Login Requests during login.
-                    tracing::warn!(peer = %self.peer, "non-login PDU {:?} during login", Bhs(&hdr));
-                    self.close(CloseReason::ProtocolError);
-                    return;
-                }
-                self.login_pdu(&hdr, &data);
-            }
-            Phase::FullFeature => {
-                if !digest_ok {
-                    tracing::warn!(peer = %self.peer, "data digest error on {:?}", Bhs(&hdr));
-                    // RFC 7143 §7.8: Reject with reason Data Digest Error.
-                    self.send_reject(RejectReason::DataDigestError, &hdr);
-                }
-                match seg.sink {
-                    Sink::Discard => {}
-                    Sink::Unsolicited { itt } => self.data_out_done_unsol(&hdr, itt, digest_ok),
-                    Sink::Solicited { itt, ttt, .. } => {
-                        self.data_out_done_sol(&hdr, itt, ttt, digest_ok)
-                    }
-                    Sink::Buffer(data) => {
-                        if !digest_ok {
-                            if op == Opcode::SCSI_CMD {
-                                // The command still counts; its data fails.
-                                self.scsi_command(&hdr, &seg.ahs, Vec::new(), true);
-                            }
-                            return;
-                        }
-                        self.ffp_pdu(&hdr, &seg.ahs, data);
-                    }
-                }
             }
         }
     }
@@ -1255,7 +900,7 @@ impl Conn {
             sns,
             LoginStatus::SUCCESS,
         );
-        self.send(&b, &r.data);
+        self.dm.send_control(&b, &r.data);
     }
 
     fn login_fail(&mut self, status: LoginStatus, itt: u32) {
@@ -1268,7 +913,7 @@ impl Conn {
         }
         let sns = self.take_sns();
         let b = pdu::login_response(false, false, 0, 0, self.login.isid(), 0, itt, sns, status);
-        self.send(&b, &[]);
+        self.dm.send_control(&b, &[]);
         self.close(CloseReason::LoginFailed);
     }
 
@@ -1376,7 +1021,7 @@ impl Conn {
                     .min(self.params.max_xmit_data_segment_length as usize);
                 let sns = self.take_sns();
                 let b = pdu::nop_in(bhs.lun(), bhs.itt(), RESERVED_TAG, sns);
-                self.send(&b, &data[..n]);
+                self.dm.send_control(&b, &data[..n]);
             }
             Opcode::TEXT_REQ => self.text_request(hdr, data),
             Opcode::LOGOUT_REQ => self.logout(hdr),
@@ -1495,89 +1140,6 @@ impl Conn {
         self.depth_peak = self.depth_peak.max(depth);
         self.seq.claim_task(itt, self.member);
         self.sequence(hdr, Held::Scsi(itt, req));
-    }
-
-    /// Validates a Data-Out header (RFC 7143 §11.7) and picks where its
-    /// payload goes.
-    fn data_out_header(&mut self, hdr: &[u8; BHS_LEN], len: u32) -> Sink {
-        let bhs = Bhs(hdr);
-        let itt = bhs.itt();
-        let ttt = bhs.ttt();
-        let off = bhs.buffer_offset();
-        let sn = bhs.data_sn();
-        let fin = bhs.final_bit();
-        let initial_r2t = self.params.initial_r2t;
-        let Some(t) = self.tasks.get_mut(&itt) else {
-            // A task already answered or unknown: the data is dropped.
-            tracing::debug!(peer = %self.peer, itt, "Data-Out for no task, dropped");
-            return Sink::Discard;
-        };
-        if t.failed {
-            return Sink::Discard;
-        }
-        let err = if ttt == RESERVED_TAG {
-            // Unsolicited data (RFC 7143 §4.2.5.1).
-            if initial_r2t || t.unsol_done || sn != t.unsol_next_data_sn {
-                Some(RejectReason::ProtocolError)
-            } else if off != t.unsol_announced || off as u64 + len as u64 > t.unsol_expected as u64
-            {
-                Some(RejectReason::InvalidPduField)
-            } else {
-                t.unsol_next_data_sn = sn.next();
-                t.unsol_announced += len;
-                if fin {
-                    t.unsol_done = true;
-                }
-                if fin && t.unsol_announced < t.unsol_expected {
-                    // The unsolicited burst ended early: solicit from here,
-                    // unless R2Ts past this point already went out.
-                    let end = t.unsol_announced;
-                    let issued = t.next_r2t_offset > t.unsol_expected || !t.r2ts.is_empty();
-                    t.unsol_expected = end;
-                    match &t.fetch {
-                        Some(_) if issued => Some(RejectReason::ProtocolError),
-                        Some(f) => {
-                            t.next_r2t_offset = f.offset.max(end);
-                            None
-                        }
-                        None => None,
-                    }
-                } else {
-                    None
-                }
-            }
-        } else {
-            match t.r2ts.iter_mut().find(|r| r.ttt == ttt) {
-                None => Some(RejectReason::InvalidPduField),
-                Some(r) => {
-                    // RFC 7143 §11.7.5/§11.7.6: DataSN counts from 0 per R2T,
-                    // offsets in order (DataPDUInOrder=Yes), within the burst.
-                    if sn != r.next_data_sn {
-                        Some(RejectReason::ProtocolError)
-                    } else if off != r.offset + r.announced
-                        || off as u64 + len as u64 > (r.offset + r.len) as u64
-                    {
-                        Some(RejectReason::InvalidPduField)
-                    } else if fin && off + len != r.offset + r.len {
-                        Some(RejectReason::ProtocolError)
-                    } else {
-                        r.next_data_sn = sn.next();
-                        r.announced += len;
-                        None
-                    }
-                }
-            }
-        };
-        match err {
-            Some(reason) => {
-                tracing::warn!(peer = %self.peer, itt, ?reason, "bad Data-Out");
-                self.send_reject(reason, hdr);
-                self.fail_task_data(itt);
-                Sink::Discard
-            }
-            None if ttt == RESERVED_TAG => Sink::Unsolicited { itt },
-            None => Sink::Solicited { itt, ttt, pos: off },
-        }
     }
 
     /// The write data of `itt` cannot be trusted: the core's fetch fails with
@@ -1717,8 +1279,17 @@ impl Conn {
             t.r2t_sn = sn.next();
             let lun = t.lun_raw;
             self.next_ttt = ttt;
-            let b = pdu::r2t(lun, itt, ttt, sn, off, len, sns);
-            self.send(&b, &[]);
+            self.dm.get_data(
+                Solicit {
+                    lun,
+                    itt,
+                    ttt,
+                    r2t_sn: sn,
+                    offset: off,
+                    len,
+                },
+                sns,
+            );
         }
     }
 
@@ -1745,7 +1316,7 @@ impl Conn {
         }
         let ttt = self.new_ttt();
         let b = pdu::nop_in([0; 8], RESERVED_TAG, ttt, self.sns());
-        self.send(&b, &[]);
+        self.dm.send_control(&b, &[]);
         self.ping = Some((ttt, later(now, self.cfg.nop_in_timeout)));
     }
 
@@ -1796,16 +1367,17 @@ impl Conn {
         let mut collapsed = false;
         let (payload, hold) = match (data, pipe) {
             (_, Some(PipeData { mut pipe, hold })) => {
-                if self.data_digest {
-                    // The digest needs the bytes: this connection copies
-                    // them out, and the pages are free at once.
+                if !self.dm.can_splice() {
+                    // The datamover needs the bytes (TCP: for the data
+                    // digest): they are copied out, and the pages are free
+                    // at once.
                     let mut bytes = Vec::new();
                     let held = pipe.held();
                     match pipe.read_to(&mut bytes, held) {
                         Ok(_) => {
                             let mut sg = SgList::new();
                             sg.push(IoBuf::from_slice(&bytes));
-                            (Some(Payload::Sg(Some(sg), None)), None)
+                            (Some(ReadData::Sg(Some(sg), None)), None)
                         }
                         Err(e) => {
                             tracing::warn!(peer = %self.peer, error = %e, "read data lost from its pipe, dropping the connection");
@@ -1817,7 +1389,7 @@ impl Conn {
                 } else {
                     let hold_len = pipe.held();
                     (
-                        Some(Payload::Pipe(
+                        Some(ReadData::Pipe(
                             std::rc::Rc::new(std::cell::RefCell::new(pipe)),
                             hold_len,
                         )),
@@ -1825,57 +1397,30 @@ impl Conn {
                     )
                 }
             }
-            (Some(sg), None) => (Some(Payload::Sg(Some(sg), None)), None),
+            (Some(sg), None) => (Some(ReadData::Sg(Some(sg), None)), None),
             (None, None) => (None, None),
         };
-        if let Some(mut payload) = payload
+        if let Some(payload) = payload
             && matches!(dir, DataDir::Read | DataDir::Bidi)
         {
             // RFC 7143 §11.7: never more Data-In than the initiator expects.
             let total = (data_len as usize).min(payload.len()).min(read_len);
-            let mrdsl = self.params.max_xmit_data_segment_length.max(512) as usize;
-            let burst = self.params.max_burst_length.max(512) as usize;
-            // RFC 7143 §11.7.4: status may ride in the last Data-In only
-            // without sense data (and never for Bidi, whose write residual
-            // needs the SCSI Response).
+            // RFC 7143 §11.7.4: status may ride with the data only without
+            // sense data (and never for Bidi, whose write residual needs
+            // the SCSI Response).
             let collapse = sense.is_none() && status == Status::GOOD && dir == DataDir::Read;
-            // One Data-In PDU owns the list; several share it.
-            if total > mrdsl.min(burst) {
-                payload.share();
+            let put = PutData {
+                itt,
+                data: payload,
+                len: total,
+                status: collapse.then_some((status.0, residual)),
+            };
+            let done = self.dm.put_data(put, self.sns());
+            if done.status_sent {
+                self.stat_sn = self.stat_sn.next();
             }
-            let mut off = 0;
-            let mut in_burst = 0;
-            while off < total {
-                let n = (total - off).min(mrdsl).min(burst - in_burst);
-                let last = off + n == total;
-                in_burst += n;
-                // F ends each Data-In sequence (MaxBurstLength) and the last.
-                let fin = last || in_burst == burst;
-                if fin {
-                    in_burst = 0;
-                }
-                let st = (last && collapse).then_some((status.0, residual));
-                let sns = if st.is_some() {
-                    self.take_sns()
-                } else {
-                    self.sns()
-                };
-                let b = pdu::data_in(itt, fin, st, data_sn, off as u32, n as u32, sns);
-                match &mut payload {
-                    Payload::Sg(owned, shared) => {
-                        let hold = match (owned.take(), &shared) {
-                            (Some(sg), _) => SgHold::Owned(sg),
-                            (None, Some(sg)) => SgHold::Shared(sg.clone()),
-                            (None, None) => break,
-                        };
-                        self.send_sg(&b, hold, off, n);
-                    }
-                    Payload::Pipe(pipe, _) => self.send_pipe(&b, pipe.clone(), n),
-                }
-                data_sn = data_sn.next();
-                off += n;
-            }
-            collapsed = collapse && total > 0;
+            data_sn = done.next_data_sn;
+            collapsed = done.status_sent;
         }
         if !collapsed {
             let sns = self.take_sns();
@@ -1886,9 +1431,9 @@ impl Conn {
             match sense {
                 Some(s) => {
                     let seg = pdu::sense_segment(&s);
-                    self.send(&b, &seg);
+                    self.dm.send_control(&b, &seg);
                 }
-                None => self.send(&b, &[]),
+                None => self.dm.send_control(&b, &[]),
             }
         }
         if let Some(hold) = hold {
@@ -1940,7 +1485,7 @@ impl Conn {
             let ttt = self.new_ttt();
             let sns = self.take_sns();
             let b = pdu::text_response(false, false, bhs.lun(), itt, ttt, sns);
-            self.send(&b, &[]);
+            self.dm.send_control(&b, &[]);
             return;
         }
         let text = std::mem::take(&mut self.text_in);
@@ -1961,12 +1506,12 @@ impl Conn {
             let ttt = self.new_ttt();
             let sns = self.take_sns();
             let b = pdu::text_response(false, true, lun, itt, ttt, sns);
-            self.send(&b, &text);
+            self.dm.send_control(&b, &text);
             self.text_cont = Some(TextCont { itt, ttt, rest });
         } else {
             let sns = self.take_sns();
             let b = pdu::text_response(true, false, lun, itt, RESERVED_TAG, sns);
-            self.send(&b, &text);
+            self.dm.send_control(&b, &text);
         }
     }
 
@@ -2045,7 +1590,7 @@ impl Conn {
         };
         let sns = self.take_sns();
         let b = pdu::logout_response(bhs.itt(), response, 0, 0, sns);
-        self.send(&b, &[]);
+        self.dm.send_control(&b, &[]);
         if let Some(m) = other {
             self.seq.log_out_member(m);
             return;
@@ -2189,7 +1734,7 @@ impl Conn {
             func.map_or("a TMF", tmf_fn::name), tmf_rsp::name(code));
         let sns = self.take_sns();
         let b = pdu::tmf_response(itt, code, sns);
-        self.send(&b, &[]);
+        self.dm.send_control(&b, &[]);
     }
 
     fn tmf_done(&mut self, tag: TaskTag, rsp: TmfResponse) {
@@ -2236,7 +1781,7 @@ impl Conn {
         }
         let sns = self.take_sns();
         let b = pdu::async_message([0; 8], 3, [0, time2wait, time2retain], sns);
-        self.send(&b, &[]);
+        self.dm.send_control(&b, &[]);
     }
 
     fn aen(&mut self, lun: Lun, sense: Sense) {
@@ -2248,7 +1793,7 @@ impl Conn {
         let data = pdu::sense_segment(&sense.to_fixed());
         let sns = self.take_sns();
         let b = pdu::async_message(lun.encode(), 0, [0, 0, 0], sns);
-        self.send(&b, &data);
+        self.dm.send_control(&b, &data);
     }
 }
 
@@ -2303,6 +1848,7 @@ fn later(now: Instant, d: Duration) -> Instant {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pdu::{BhsBuf, pad_len};
 
     #[test]
     fn a_target_is_reachable_only_through_its_portals() {

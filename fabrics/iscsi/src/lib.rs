@@ -11,6 +11,7 @@
 
 pub mod chap;
 pub mod conn;
+pub mod datamover;
 pub mod fuzzing;
 pub mod initiator;
 pub mod keys;

@@ -1,0 +1,350 @@
+//! iSCSI/TCP's receive path: PDUs framed out of the byte stream, header
+//! and data digests checked (RFC 7143 §7.8), and Data-Out payloads placed
+//! where their task's write data goes (unsolicited bytes in the task,
+//! solicited ones straight into the buffer the core gave). Complete PDUs
+//! go to the session layer.
+
+use std::time::Instant;
+
+use crate::datamover::TcpDatamover;
+use crate::pdu::{
+    BHS_LEN, Bhs, DIGEST_LEN, LoginStatus, Opcode, RESERVED_TAG, RejectReason, crc32c,
+    crc32c_append, digest_from, pad_len,
+};
+
+use super::{CloseReason, Conn, Phase, TxQueue};
+
+/// Where the bytes of the data segment being read go.
+#[derive(Debug)]
+pub(crate) enum Sink {
+    Buffer(Vec<u8>),
+    /// Unsolicited Data-Out: appended to the task's `unsol_buf`.
+    Unsolicited {
+        itt: u32,
+    },
+    /// Solicited Data-Out: straight into the fetch buffer at data offset `pos`.
+    Solicited {
+        itt: u32,
+        ttt: u32,
+        pos: u32,
+    },
+    Discard,
+}
+
+#[derive(Debug)]
+pub(crate) struct Segment {
+    hdr: [u8; BHS_LEN],
+    ahs: Vec<u8>,
+    len: usize,
+    pad: usize,
+    digest: bool,
+    done: usize,
+    crc: u32,
+    dig: [u8; 4],
+    dig_have: usize,
+    sink: Sink,
+}
+
+#[derive(Debug)]
+pub(crate) enum Rx {
+    Header,
+    Segment(Segment),
+}
+
+impl Conn<TcpDatamover> {
+    /// Feeds received bytes; returns how many were consumed. The driver keeps
+    /// the rest and presents them again with more appended.
+    pub fn handle_input(&mut self, now: Instant, data: &[u8]) -> usize {
+        let mut used = 0;
+        loop {
+            if self.phase == Phase::Closing {
+                // Nothing more is read from a closing connection.
+                return data.len();
+            }
+            let rest = &data[used..];
+            if rest.is_empty() {
+                break;
+            }
+            match std::mem::replace(&mut self.dm.rx, Rx::Header) {
+                Rx::Header => {
+                    let Some(bhs) = Bhs::from_slice(rest) else {
+                        break;
+                    };
+                    let ahs_len = bhs.total_ahs_len() as usize * 4;
+                    let hd = if self.dm.header_digest { DIGEST_LEN } else { 0 };
+                    let need = BHS_LEN + ahs_len + hd;
+                    if rest.len() < need {
+                        break;
+                    }
+                    if self.dm.header_digest {
+                        let crc = crc32c(&rest[..BHS_LEN + ahs_len]);
+                        let at = BHS_LEN + ahs_len;
+                        let got = digest_from([rest[at], rest[at + 1], rest[at + 2], rest[at + 3]]);
+                        if crc != got {
+                            // RFC 7143 §7.8: at ERL 0 a header digest error
+                            // ends the connection (the PDU length is unknown).
+                            tracing::warn!(peer = %self.peer, "header digest error, dropping the connection");
+                            self.close(CloseReason::HeaderDigest);
+                            return data.len();
+                        }
+                    }
+                    self.last_rx = now;
+                    let mut hdr = [0u8; BHS_LEN];
+                    hdr.copy_from_slice(&rest[..BHS_LEN]);
+                    let ahs = rest[BHS_LEN..BHS_LEN + ahs_len].to_vec();
+                    used += need;
+                    self.start_pdu(hdr, ahs);
+                }
+                Rx::Segment(mut seg) => {
+                    let n = self.feed_segment(&mut seg, rest);
+                    used += n;
+                    self.last_rx = now;
+                    if seg.done == seg.len + seg.pad && (!seg.digest || seg.dig_have == DIGEST_LEN)
+                    {
+                        let ok = !seg.digest || digest_from(seg.dig) == seg.crc;
+                        self.finish_pdu(seg, ok);
+                    } else {
+                        self.dm.rx = Rx::Segment(seg);
+                    }
+                }
+            }
+        }
+        used
+    }
+
+    /// Appends PDUs to send.
+    pub fn poll_transmit(&mut self, tx: &mut TxQueue) {
+        self.dm.poll_transmit(&mut tx.segs);
+    }
+
+    fn start_pdu(&mut self, hdr: [u8; BHS_LEN], ahs: Vec<u8>) {
+        let bhs = Bhs(&hdr);
+        if !self.read_holds.is_empty() {
+            self.ack_reads(bhs.exp_stat_sn());
+        }
+        tracing::trace!(peer = %self.peer, "rx {bhs:?} sn={:#x}", bhs.cmd_sn().0);
+        let len = bhs.data_segment_len() as usize;
+        let op = bhs.opcode();
+        // RFC 7143 §13.12: during login the limit is the 8192 default.
+        let limit = match self.phase {
+            Phase::Login => 8192,
+            _ => self.params.max_recv_data_segment_length,
+        } as usize;
+        let mut sink = Sink::Buffer(Vec::new());
+        if len > limit {
+            tracing::warn!(peer = %self.peer, len, limit, "data segment exceeds MaxRecvDataSegmentLength");
+            if self.phase == Phase::Login {
+                let itt = bhs.itt();
+                self.login_fail(LoginStatus::INITIATOR_ERROR, itt);
+                return;
+            }
+            // RFC 7143 §13.12: a PDU over the declared limit is a protocol
+            // error; the segment is skipped without being stored.
+            self.send_reject(RejectReason::ProtocolError, &hdr);
+            if op == Opcode::DATA_OUT {
+                // The burst can no longer complete: the write fails.
+                self.fail_task_data(bhs.itt());
+            }
+            sink = Sink::Discard;
+        } else if self.phase == Phase::FullFeature && op == Opcode::DATA_OUT {
+            sink = self.data_out_header(&hdr, len as u32);
+        } else {
+            sink = match sink {
+                Sink::Buffer(_) => Sink::Buffer(Vec::with_capacity(len)),
+                s => s,
+            };
+        }
+        let digest = self.dm.data_digest && len > 0;
+        let seg = Segment {
+            hdr,
+            ahs,
+            len,
+            pad: pad_len(len),
+            digest,
+            done: 0,
+            crc: 0,
+            dig: [0; 4],
+            dig_have: 0,
+            sink,
+        };
+        if len == 0 {
+            self.finish_pdu(seg, true);
+        } else {
+            self.dm.rx = Rx::Segment(seg);
+        }
+    }
+
+    /// Consumes segment bytes; returns how many.
+    fn feed_segment(&mut self, seg: &mut Segment, input: &[u8]) -> usize {
+        let mut used = 0;
+        // Data bytes.
+        if seg.done < seg.len {
+            let n = (seg.len - seg.done).min(input.len());
+            let chunk = &input[..n];
+            if seg.digest {
+                seg.crc = crc32c_append(seg.crc, chunk);
+            }
+            match &mut seg.sink {
+                Sink::Buffer(v) => v.extend_from_slice(chunk),
+                Sink::Discard => {}
+                Sink::Unsolicited { itt } => {
+                    if let Some(t) = self.tasks.get_mut(itt) {
+                        t.unsol_buf.extend_from_slice(chunk);
+                    }
+                }
+                Sink::Solicited { itt, ttt: _, pos } => {
+                    if let Some(f) = self.tasks.get_mut(itt).and_then(|t| t.fetch.as_mut()) {
+                        let at = pos.saturating_sub(f.base) as usize;
+                        f.buf.copy_in(at, chunk);
+                    }
+                    *pos = pos.wrapping_add(n as u32);
+                }
+            }
+            seg.done += n;
+            used += n;
+        }
+        // Padding (covered by the data digest).
+        if seg.done >= seg.len && seg.done < seg.len + seg.pad {
+            let n = (seg.len + seg.pad - seg.done).min(input.len() - used);
+            if seg.digest {
+                seg.crc = crc32c_append(seg.crc, &input[used..used + n]);
+            }
+            seg.done += n;
+            used += n;
+        }
+        if seg.done == seg.len + seg.pad && seg.digest {
+            let n = (DIGEST_LEN - seg.dig_have).min(input.len() - used);
+            seg.dig[seg.dig_have..seg.dig_have + n].copy_from_slice(&input[used..used + n]);
+            seg.dig_have += n;
+            used += n;
+        }
+        used
+    }
+
+    fn finish_pdu(&mut self, seg: Segment, digest_ok: bool) {
+        let hdr = seg.hdr;
+        let op = Bhs(&hdr).opcode();
+        match self.phase {
+            Phase::Closing => {}
+            Phase::Login => {
+                let Sink::Buffer(data) = seg.sink else {
+                    return;
+                };
+                if op != Opcode::LOGIN_REQ {
+                    // RFC 7143 §6.3: only Login Requests during login.
+                    tracing::warn!(peer = %self.peer, "non-login PDU {:?} during login", Bhs(&hdr));
+                    self.close(CloseReason::ProtocolError);
+                    return;
+                }
+                self.login_pdu(&hdr, &data);
+            }
+            Phase::FullFeature => {
+                if !digest_ok {
+                    tracing::warn!(peer = %self.peer, "data digest error on {:?}", Bhs(&hdr));
+                    // RFC 7143 §7.8: Reject with reason Data Digest Error.
+                    self.send_reject(RejectReason::DataDigestError, &hdr);
+                }
+                match seg.sink {
+                    Sink::Discard => {}
+                    Sink::Unsolicited { itt } => self.data_out_done_unsol(&hdr, itt, digest_ok),
+                    Sink::Solicited { itt, ttt, .. } => {
+                        self.data_out_done_sol(&hdr, itt, ttt, digest_ok)
+                    }
+                    Sink::Buffer(data) => {
+                        if !digest_ok {
+                            if op == Opcode::SCSI_CMD {
+                                // The command still counts; its data fails.
+                                self.scsi_command(&hdr, &seg.ahs, Vec::new(), true);
+                            }
+                            return;
+                        }
+                        self.ffp_pdu(&hdr, &seg.ahs, data);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Validates a Data-Out header (RFC 7143 §11.7) and picks where its
+    /// payload goes.
+    fn data_out_header(&mut self, hdr: &[u8; BHS_LEN], len: u32) -> Sink {
+        let bhs = Bhs(hdr);
+        let itt = bhs.itt();
+        let ttt = bhs.ttt();
+        let off = bhs.buffer_offset();
+        let sn = bhs.data_sn();
+        let fin = bhs.final_bit();
+        let initial_r2t = self.params.initial_r2t;
+        let Some(t) = self.tasks.get_mut(&itt) else {
+            // A task already answered or unknown: the data is dropped.
+            tracing::debug!(peer = %self.peer, itt, "Data-Out for no task, dropped");
+            return Sink::Discard;
+        };
+        if t.failed {
+            return Sink::Discard;
+        }
+        let err = if ttt == RESERVED_TAG {
+            // Unsolicited data (RFC 7143 §4.2.5.1).
+            if initial_r2t || t.unsol_done || sn != t.unsol_next_data_sn {
+                Some(RejectReason::ProtocolError)
+            } else if off != t.unsol_announced || off as u64 + len as u64 > t.unsol_expected as u64
+            {
+                Some(RejectReason::InvalidPduField)
+            } else {
+                t.unsol_next_data_sn = sn.next();
+                t.unsol_announced += len;
+                if fin {
+                    t.unsol_done = true;
+                }
+                if fin && t.unsol_announced < t.unsol_expected {
+                    // The unsolicited burst ended early: solicit from here,
+                    // unless R2Ts past this point already went out.
+                    let end = t.unsol_announced;
+                    let issued = t.next_r2t_offset > t.unsol_expected || !t.r2ts.is_empty();
+                    t.unsol_expected = end;
+                    match &t.fetch {
+                        Some(_) if issued => Some(RejectReason::ProtocolError),
+                        Some(f) => {
+                            t.next_r2t_offset = f.offset.max(end);
+                            None
+                        }
+                        None => None,
+                    }
+                } else {
+                    None
+                }
+            }
+        } else {
+            match t.r2ts.iter_mut().find(|r| r.ttt == ttt) {
+                None => Some(RejectReason::InvalidPduField),
+                Some(r) => {
+                    // RFC 7143 §11.7.5/§11.7.6: DataSN counts from 0 per R2T,
+                    // offsets in order (DataPDUInOrder=Yes), within the burst.
+                    if sn != r.next_data_sn {
+                        Some(RejectReason::ProtocolError)
+                    } else if off != r.offset + r.announced
+                        || off as u64 + len as u64 > (r.offset + r.len) as u64
+                    {
+                        Some(RejectReason::InvalidPduField)
+                    } else if fin && off + len != r.offset + r.len {
+                        Some(RejectReason::ProtocolError)
+                    } else {
+                        r.next_data_sn = sn.next();
+                        r.announced += len;
+                        None
+                    }
+                }
+            }
+        };
+        match err {
+            Some(reason) => {
+                tracing::warn!(peer = %self.peer, itt, ?reason, "bad Data-Out");
+                self.send_reject(reason, hdr);
+                self.fail_task_data(itt);
+                Sink::Discard
+            }
+            None if ttt == RESERVED_TAG => Sink::Unsolicited { itt },
+            None => Sink::Solicited { itt, ttt, pos: off },
+        }
+    }
+}
