@@ -1132,10 +1132,12 @@ impl<D: Datamover> Conn<D> {
         }
     }
 
-    fn data_out_done_unsol(&mut self, hdr: &[u8; BHS_LEN], itt: u32, ok: bool) {
-        let bhs = Bhs(hdr);
-        let off = bhs.buffer_offset();
-        let len = bhs.data_segment_len();
+    /// Unsolicited write data of task `itt` arrived, `len` bytes at data
+    /// offset `off` (immediate data rides in the command): `ok` unless a
+    /// digest or the transport found it damaged. The bytes are in the
+    /// task's unsolicited buffer; once the unsolicited burst is complete,
+    /// solicitation starts.
+    fn unsolicited_data_received(&mut self, itt: u32, off: u32, len: u32, ok: bool) {
         if !ok {
             self.fail_task_data(itt);
             return;
@@ -1151,8 +1153,12 @@ impl<D: Datamover> Conn<D> {
         self.check_fetch(itt);
     }
 
-    fn data_out_done_sol(&mut self, hdr: &[u8; BHS_LEN], itt: u32, ttt: u32, ok: bool) {
-        let len = Bhs(hdr).data_segment_len();
+    /// Solicited write data of task `itt` arrived: `len` bytes answering
+    /// the solicitation with TTT `ttt` ([`Datamover::get_data`]), already
+    /// in the core's buffer; `ok` unless it came damaged. A completed
+    /// solicitation makes room for the next; the core gets its buffer once
+    /// the whole range is in.
+    fn solicited_data_received(&mut self, itt: u32, ttt: u32, len: u32, ok: bool) {
         if !ok {
             self.fail_task_data(itt);
             return;

@@ -246,10 +246,17 @@ impl Conn<TcpDatamover> {
                 }
                 match seg.sink {
                     Sink::Discard => {}
-                    Sink::Unsolicited { itt } => self.data_out_done_unsol(&hdr, itt, digest_ok),
-                    Sink::Solicited { itt, ttt, .. } => {
-                        self.data_out_done_sol(&hdr, itt, ttt, digest_ok)
+                    Sink::Unsolicited { itt } => {
+                        let b = Bhs(&hdr);
+                        let (off, len) = (b.buffer_offset(), b.data_segment_len());
+                        self.unsolicited_data_received(itt, off, len, digest_ok)
                     }
+                    Sink::Solicited { itt, ttt, .. } => self.solicited_data_received(
+                        itt,
+                        ttt,
+                        Bhs(&hdr).data_segment_len(),
+                        digest_ok,
+                    ),
                     Sink::Buffer(data) => {
                         if !digest_ok {
                             if op == Opcode::SCSI_CMD {
