@@ -1,11 +1,20 @@
-//! One iSCSI connection, sans-IO (RFC 7143): bytes in, PDUs out, core
-//! commands and actions in between.
+//! One iSCSI connection's session layer, sans-IO (RFC 7143): received
+//! PDUs in, core commands and actions in between, PDUs and task data out
+//! through the connection's datamover ([`crate::datamover`]).
 //!
 //! The driver feeds received bytes to [`Conn::handle_input`], drains
 //! [`Conn::poll_event`] (and calls the core session accordingly), hands core
 //! actions to [`Conn::handle_action`], and writes what
 //! [`Conn::poll_transmit`] queues. Time is an argument; nothing here touches a
 //! socket or a clock.
+//!
+//! Here: login driving, CmdSN ordering, SCSI command and response
+//! bookkeeping, the write data a task solicits (R2T offsets, lengths and
+//! MaxOutstandingR2T, RFC 7143 §11.8; each solicitation is a
+//! [`Datamover::get_data`]), which read data and status a response sends
+//! ([`Datamover::put_data`]), and timers. `control.rs` holds the control
+//! requests (NOP, text, logout, TMF, async messages); `framing.rs` is
+//! iSCSI/TCP's receive path.
 //!
 //! Session-wide state (the CmdSN window, which connection owns which ITT)
 //! lives in [`SessionSeq`], a handle the connections of one session share

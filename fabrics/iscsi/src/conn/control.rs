@@ -317,7 +317,7 @@ impl<D: Datamover> Conn<D> {
     /// The tasks in `scope` that a TMF aborted are gone in the core: their
     /// ITTs, window slots and transfer state are released. For a TMF
     /// answered on another connection of the session too
-    /// ([`SessionSeq::take_finished`]).
+    /// ([`SessionSeq::take_finished`](crate::session::SessionSeq::take_finished)).
     pub fn forget_aborted(&mut self, scope: TaskScope) {
         let gone: Vec<u32> = self
             .tasks
