@@ -860,6 +860,48 @@ impl<D: Datamover> Conn<D> {
         }
     }
 
+    // ---- what the datamover received ----
+
+    /// A whole PDU other than Data-Out arrived (Control_Notify, RFC 7145
+    /// §7): its header, AHS and data segment; `ok` is false when its data
+    /// segment came damaged (a data digest error), and the PDU is then
+    /// rejected (RFC 7143 §7.8), a SCSI command still taking its CmdSN
+    /// with its write data failed.
+    pub(crate) fn pdu_received(
+        &mut self,
+        hdr: &[u8; BHS_LEN],
+        ahs: &[u8],
+        data: Vec<u8>,
+        ok: bool,
+    ) {
+        let op = Bhs(hdr).opcode();
+        match self.phase {
+            Phase::Closing => {}
+            Phase::Login => {
+                if op != Opcode::LOGIN_REQ {
+                    // RFC 7143 §6.3: only Login Requests during login.
+                    tracing::warn!(peer = %self.peer, "non-login PDU {:?} during login", Bhs(hdr));
+                    self.close(CloseReason::ProtocolError);
+                    return;
+                }
+                self.login_pdu(hdr, &data);
+            }
+            Phase::FullFeature => {
+                if !ok {
+                    tracing::warn!(peer = %self.peer, "data digest error on {:?}", Bhs(hdr));
+                    // RFC 7143 §7.8: Reject with reason Data Digest Error.
+                    self.send_reject(RejectReason::DataDigestError, hdr);
+                    if op == Opcode::SCSI_CMD {
+                        // The command still counts; its data fails.
+                        self.scsi_command(hdr, ahs, Vec::new(), true);
+                    }
+                    return;
+                }
+                self.ffp_pdu(hdr, ahs, data);
+            }
+        }
+    }
+
     // ---- login ----
 
     fn login_pdu(&mut self, hdr: &[u8; BHS_LEN], data: &[u8]) {
@@ -1146,7 +1188,7 @@ impl<D: Datamover> Conn<D> {
     /// digest or the transport found it damaged. The bytes are in the
     /// task's unsolicited buffer; once the unsolicited burst is complete,
     /// solicitation starts.
-    fn unsolicited_data_received(&mut self, itt: u32, off: u32, len: u32, ok: bool) {
+    pub(crate) fn unsolicited_data_received(&mut self, itt: u32, off: u32, len: u32, ok: bool) {
         if !ok {
             self.fail_task_data(itt);
             return;
@@ -1164,10 +1206,11 @@ impl<D: Datamover> Conn<D> {
 
     /// Solicited write data of task `itt` arrived: `len` bytes answering
     /// the solicitation with TTT `ttt` ([`Datamover::get_data`]), already
-    /// in the core's buffer; `ok` unless it came damaged. A completed
+    /// in the core's buffer (Data_Completion_Notify, RFC 7145 §7); `ok`
+    /// unless it came damaged. A completed
     /// solicitation makes room for the next; the core gets its buffer once
     /// the whole range is in.
-    fn solicited_data_received(&mut self, itt: u32, ttt: u32, len: u32, ok: bool) {
+    pub(crate) fn solicited_data_received(&mut self, itt: u32, ttt: u32, len: u32, ok: bool) {
         if !ok {
             self.fail_task_data(itt);
             return;

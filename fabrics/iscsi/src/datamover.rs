@@ -17,7 +17,10 @@
 //! Received PDUs reach the session layer from the transport's own receive
 //! path (for TCP, `Conn<TcpDatamover>::handle_input`, which frames PDUs,
 //! checks digests and places Data-Out payloads in the buffers the core
-//! gave).
+//! gave): `Conn::pdu_received` for a whole PDU (Control_Notify), and
+//! `Conn::unsolicited_data_received` and `Conn::solicited_data_received`
+//! for write data (Data_Completion_Notify for what a [`Datamover::get_data`]
+//! asked for).
 //!
 //! Nothing here does I/O: a datamover queues what its driver writes.
 

@@ -37,8 +37,8 @@
 //! The transport's receive path hands complete PDUs and write data to the
 //! session layer; for TCP that is `Conn<TcpDatamover>::handle_input`
 //! (`conn/framing.rs`: PDU framing, digests, Data-Out placement), which
-//! ends in the session layer's entry points for a received PDU and for
-//! unsolicited and solicited write data. [`Conn::new`](conn::Conn::new)
+//! ends in the session layer's entry points `pdu_received`,
+//! `unsolicited_data_received` and `solicited_data_received`. [`Conn::new`](conn::Conn::new)
 //! builds a connection over [`TcpDatamover`](datamover::TcpDatamover),
 //! [`Conn::with_datamover`](conn::Conn::with_datamover) over any other.
 #![forbid(unsafe_code)]

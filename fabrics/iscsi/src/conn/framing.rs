@@ -223,51 +223,27 @@ impl Conn<TcpDatamover> {
 
     fn finish_pdu(&mut self, seg: Segment, digest_ok: bool) {
         let hdr = seg.hdr;
-        let op = Bhs(&hdr).opcode();
-        match self.phase {
-            Phase::Closing => {}
-            Phase::Login => {
-                let Sink::Buffer(data) = seg.sink else {
-                    return;
-                };
-                if op != Opcode::LOGIN_REQ {
-                    // RFC 7143 §6.3: only Login Requests during login.
-                    tracing::warn!(peer = %self.peer, "non-login PDU {:?} during login", Bhs(&hdr));
-                    self.close(CloseReason::ProtocolError);
-                    return;
-                }
-                self.login_pdu(&hdr, &data);
-            }
-            Phase::FullFeature => {
-                if !digest_ok {
-                    tracing::warn!(peer = %self.peer, "data digest error on {:?}", Bhs(&hdr));
-                    // RFC 7143 §7.8: Reject with reason Data Digest Error.
-                    self.send_reject(RejectReason::DataDigestError, &hdr);
-                }
-                match seg.sink {
-                    Sink::Discard => {}
-                    Sink::Unsolicited { itt } => {
-                        let b = Bhs(&hdr);
-                        let (off, len) = (b.buffer_offset(), b.data_segment_len());
-                        self.unsolicited_data_received(itt, off, len, digest_ok)
-                    }
-                    Sink::Solicited { itt, ttt, .. } => self.solicited_data_received(
-                        itt,
-                        ttt,
-                        Bhs(&hdr).data_segment_len(),
-                        digest_ok,
-                    ),
-                    Sink::Buffer(data) => {
-                        if !digest_ok {
-                            if op == Opcode::SCSI_CMD {
-                                // The command still counts; its data fails.
-                                self.scsi_command(&hdr, &seg.ahs, Vec::new(), true);
-                            }
-                            return;
-                        }
-                        self.ffp_pdu(&hdr, &seg.ahs, data);
-                    }
-                }
+        let sink = match seg.sink {
+            Sink::Buffer(data) => return self.pdu_received(&hdr, &seg.ahs, data, digest_ok),
+            _ if self.phase != Phase::FullFeature => return,
+            sink => sink,
+        };
+        if !digest_ok {
+            tracing::warn!(peer = %self.peer, "data digest error on {:?}", Bhs(&hdr));
+            // RFC 7143 §7.8: Reject with reason Data Digest Error.
+            self.send_reject(RejectReason::DataDigestError, &hdr);
+        }
+        let b = Bhs(&hdr);
+        match sink {
+            Sink::Buffer(_) | Sink::Discard => {}
+            Sink::Unsolicited { itt } => self.unsolicited_data_received(
+                itt,
+                b.buffer_offset(),
+                b.data_segment_len(),
+                digest_ok,
+            ),
+            Sink::Solicited { itt, ttt, .. } => {
+                self.solicited_data_received(itt, ttt, b.data_segment_len(), digest_ok)
             }
         }
     }
