@@ -1516,6 +1516,7 @@ fn later(now: Instant, d: Duration) -> Instant {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::datamover::PutDone;
     use crate::keys::encode_text;
     use crate::pdu::{BhsBuf, pad_len, tmf_fn, tmf_rsp};
     use ferrite_core::TmfResponse;
@@ -1550,6 +1551,151 @@ mod tests {
     }
 
     const TARGET: &str = "iqn.2026-01.test:mcs";
+
+    /// A datamover that records what the session layer asks of it and,
+    /// as an RDMA transport would, sends read data without PDUs of its own
+    /// and never the status with it.
+    #[derive(Debug, Default)]
+    struct Recorder {
+        enabled: bool,
+        control: Vec<Opcode>,
+        puts: Vec<(u32, usize, bool)>,
+        gets: Vec<Solicit>,
+    }
+
+    impl Datamover for Recorder {
+        fn enable_datamover(&mut self, _params: &Params) {
+            self.enabled = true;
+        }
+        fn send_control(&mut self, bhs: &BhsBuf, _data: &[u8]) {
+            self.control.push(Bhs(&bhs.0).opcode());
+        }
+        fn put_data(&mut self, put: PutData, _sns: Sns) -> PutDone {
+            self.puts.push((put.itt, put.len, put.status.is_some()));
+            PutDone {
+                next_data_sn: DataSn(0),
+                status_sent: false,
+            }
+        }
+        fn get_data(&mut self, solicit: Solicit, _sns: Sns) {
+            self.gets.push(solicit);
+        }
+        fn can_splice(&self) -> bool {
+            false
+        }
+        fn is_flushed(&self) -> bool {
+            true
+        }
+        fn discard_tx(&mut self) {}
+    }
+
+    #[test]
+    fn the_session_layer_runs_over_another_datamover() {
+        let now = Instant::now();
+        let cfg = Arc::new(IscsiConfig {
+            targets: vec![IscsiTarget {
+                name: TARGET.into(),
+                alias: None,
+                tpgt: 1,
+                portals: vec![],
+                auth: ChapAuth::default(),
+            }],
+            ..IscsiConfig::default()
+        });
+        let addr: SocketAddr = "127.0.0.1:3260".parse().unwrap();
+        let mut c = Conn::with_datamover(now, cfg, addr, addr, 1, Recorder::default());
+        // Login in one PDU, straight to full feature phase.
+        let mut b = BhsBuf::new(Opcode::LOGIN_REQ, flags::T | (1 << 2) | 3);
+        b.set_immediate();
+        b.0[8..14].copy_from_slice(&[0x80, 0, 0, 0, 0, 1]);
+        b.set_u32(24, 10);
+        let keys = encode_text(&[
+            ("InitiatorName", "iqn.i"),
+            ("TargetName", TARGET),
+            ("SessionType", "Normal"),
+        ]);
+        c.pdu_received(&b.0, &[], keys, true);
+        assert!(matches!(
+            c.poll_event(),
+            Some(ConnEvent::SessionRequest { .. })
+        ));
+        assert!(!c.dm.enabled);
+        c.accept_session(0x55);
+        assert!(matches!(c.poll_event(), Some(ConnEvent::LoggedIn)));
+        assert!(c.dm.enabled);
+        assert_eq!(c.dm.control, vec![Opcode::LOGIN_RSP]);
+
+        // A write: the session layer solicits its 8 KiB (Get_Data) once the
+        // core gives a buffer, and hands the buffer back when the
+        // datamover says the data is in.
+        let mut w = BhsBuf::new(Opcode::SCSI_CMD, flags::F | flags::W | 1);
+        w.set_itt(7).set_u32(20, 8192).set_u32(24, 10);
+        w.0[32] = 0x2a;
+        c.pdu_received(&w.0, &[], Vec::new(), true);
+        assert!(matches!(c.poll_event(), Some(ConnEvent::Command(r)) if r.tag == TaskTag(7)));
+        let mut buf = SgList::new();
+        buf.push(IoBuf::from_slice(&[0u8; 8192]));
+        let fetch = Action::FetchData {
+            id: CmdId(1),
+            tag: TaskTag(7),
+            buf,
+            offset: 0,
+            len: 8192,
+        };
+        c.handle_action(now, fetch);
+        let [s] = c.dm.gets[..] else {
+            panic!("one solicitation expected: {:?}", c.dm.gets);
+        };
+        assert_eq!((s.itt, s.offset, s.len, s.r2t_sn), (7, 0, 8192, R2tSn(0)));
+        assert!(c.poll_event().is_none());
+        c.solicited_data_received(7, s.ttt, 8192, true);
+        assert!(matches!(
+            c.poll_event(),
+            Some(ConnEvent::DataOutDone { id: CmdId(1), data: Ok(sg) }) if sg.len() == 8192
+        ));
+        let rsp = Action::Respond {
+            id: CmdId(1),
+            tag: TaskTag(7),
+            rsp: Response::good(),
+        };
+        c.handle_action(now, rsp);
+        assert!(matches!(
+            c.poll_event(),
+            Some(ConnEvent::ResponseSent { id: CmdId(1) })
+        ));
+
+        // A read: its data goes by Put_Data, offered the status; this
+        // datamover does not take it, so a SCSI Response follows.
+        let mut r = BhsBuf::new(Opcode::SCSI_CMD, flags::F | flags::R | 1);
+        r.set_itt(8).set_u32(20, 4096).set_u32(24, 11);
+        r.0[32] = 0x28;
+        c.pdu_received(&r.0, &[], Vec::new(), true);
+        assert!(matches!(c.poll_event(), Some(ConnEvent::Command(r)) if r.tag == TaskTag(8)));
+        let mut data = SgList::new();
+        data.push(IoBuf::from_slice(&[7u8; 4096]));
+        let rsp = Response {
+            data: Some(data),
+            data_len: 4096,
+            ..Response::good()
+        };
+        c.handle_action(
+            now,
+            Action::Respond {
+                id: CmdId(2),
+                tag: TaskTag(8),
+                rsp,
+            },
+        );
+        assert_eq!(c.dm.puts, vec![(8, 4096, true)]);
+        assert_eq!(
+            c.dm.control,
+            vec![Opcode::LOGIN_RSP, Opcode::SCSI_RSP, Opcode::SCSI_RSP]
+        );
+        assert!(matches!(
+            c.poll_event(),
+            Some(ConnEvent::ResponseSent { id: CmdId(2) })
+        ));
+    }
 
     /// A connection logged in through one Login Request (no security
     /// stage); `join` makes it a later connection of `join`'s session.
