@@ -378,6 +378,17 @@ struct Task {
     stall_mark: Option<u32>,
 }
 
+/// Where a Data-Out payload goes ([`Conn::data_out_header`]).
+#[derive(Debug)]
+pub(crate) enum DataOutPlace {
+    /// Unsolicited data: appended to the task's `unsol_buf`.
+    Unsolicited { itt: u32 },
+    /// Solicited data: into the fetch buffer at data offset `pos`.
+    Solicited { itt: u32, ttt: u32, pos: u32 },
+    /// Dropped (no such task, or its data already failed).
+    Discard,
+}
+
 /// A request held until the CmdSN gap before it fills.
 #[derive(Debug)]
 enum Held {
@@ -1166,6 +1177,112 @@ impl<D: Datamover> Conn<D> {
         self.depth_peak = self.depth_peak.max(depth);
         self.seq.claim_task(itt, self.member);
         self.sequence(hdr, Held::Scsi(itt, req));
+    }
+
+    /// Validates the header of a Data-Out PDU carrying `len` bytes (RFC
+    /// 7143 §11.7) and picks where its payload goes; a transport's receive
+    /// path then hands the payload to [`Conn::data_out_bytes`].
+    pub(crate) fn data_out_header(&mut self, hdr: &[u8; BHS_LEN], len: u32) -> DataOutPlace {
+        let bhs = Bhs(hdr);
+        let itt = bhs.itt();
+        let ttt = bhs.ttt();
+        let off = bhs.buffer_offset();
+        let sn = bhs.data_sn();
+        let fin = bhs.final_bit();
+        let initial_r2t = self.params.initial_r2t;
+        let Some(t) = self.tasks.get_mut(&itt) else {
+            // A task already answered or unknown: the data is dropped.
+            tracing::debug!(peer = %self.peer, itt, "Data-Out for no task, dropped");
+            return DataOutPlace::Discard;
+        };
+        if t.failed {
+            return DataOutPlace::Discard;
+        }
+        let err = if ttt == RESERVED_TAG {
+            // Unsolicited data (RFC 7143 §4.2.5.1).
+            if initial_r2t || t.unsol_done || sn != t.unsol_next_data_sn {
+                Some(RejectReason::ProtocolError)
+            } else if off != t.unsol_announced || off as u64 + len as u64 > t.unsol_expected as u64
+            {
+                Some(RejectReason::InvalidPduField)
+            } else {
+                t.unsol_next_data_sn = sn.next();
+                t.unsol_announced += len;
+                if fin {
+                    t.unsol_done = true;
+                }
+                if fin && t.unsol_announced < t.unsol_expected {
+                    // The unsolicited burst ended early: solicit from here,
+                    // unless R2Ts past this point already went out.
+                    let end = t.unsol_announced;
+                    let issued = t.next_r2t_offset > t.unsol_expected || !t.r2ts.is_empty();
+                    t.unsol_expected = end;
+                    match &t.fetch {
+                        Some(_) if issued => Some(RejectReason::ProtocolError),
+                        Some(f) => {
+                            t.next_r2t_offset = f.offset.max(end);
+                            None
+                        }
+                        None => None,
+                    }
+                } else {
+                    None
+                }
+            }
+        } else {
+            match t.r2ts.iter_mut().find(|r| r.ttt == ttt) {
+                None => Some(RejectReason::InvalidPduField),
+                Some(r) => {
+                    // RFC 7143 §11.7.5/§11.7.6: DataSN counts from 0 per R2T,
+                    // offsets in order (DataPDUInOrder=Yes), within the burst.
+                    if sn != r.next_data_sn {
+                        Some(RejectReason::ProtocolError)
+                    } else if off != r.offset + r.announced
+                        || off as u64 + len as u64 > (r.offset + r.len) as u64
+                    {
+                        Some(RejectReason::InvalidPduField)
+                    } else if fin && off + len != r.offset + r.len {
+                        Some(RejectReason::ProtocolError)
+                    } else {
+                        r.next_data_sn = sn.next();
+                        r.announced += len;
+                        None
+                    }
+                }
+            }
+        };
+        match err {
+            Some(reason) => {
+                tracing::warn!(peer = %self.peer, itt, ?reason, "bad Data-Out");
+                self.send_reject(reason, hdr);
+                self.fail_task_data(itt);
+                DataOutPlace::Discard
+            }
+            None if ttt == RESERVED_TAG => DataOutPlace::Unsolicited { itt },
+            None => DataOutPlace::Solicited { itt, ttt, pos: off },
+        }
+    }
+
+    /// Bytes of a Data-Out payload whose header
+    /// [`Conn::data_out_header`] placed, in order: unsolicited ones join
+    /// the task's unsolicited bytes, solicited ones go straight into the
+    /// core's buffer.
+    pub(crate) fn data_out_bytes(&mut self, place: &mut DataOutPlace, chunk: &[u8]) {
+        match place {
+            DataOutPlace::Discard => {}
+            DataOutPlace::Unsolicited { itt } => {
+                if let Some(t) = self.tasks.get_mut(itt) {
+                    t.unsol_buf.extend_from_slice(chunk);
+                }
+            }
+            DataOutPlace::Solicited { itt, ttt: _, pos } => {
+                if let Some(f) = self.tasks.get_mut(itt).and_then(|t| t.fetch.as_mut()) {
+                    let at = pos.saturating_sub(f.base) as usize;
+                    f.buf.copy_in(at, chunk);
+                }
+                *pos = pos.wrapping_add(chunk.len() as u32);
+            }
+        }
     }
 
     /// The write data of `itt` cannot be trusted: the core's fetch fails with

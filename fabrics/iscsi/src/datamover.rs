@@ -15,12 +15,13 @@
 //! | Enable_Datamover        | [`Datamover::enable_datamover`]| digests from the next PDU (§13.1 of 7143)| iSER-assisted mode          |
 //!
 //! Received PDUs reach the session layer from the transport's own receive
-//! path (for TCP, `Conn<TcpDatamover>::handle_input`, which frames PDUs,
-//! checks digests and places Data-Out payloads in the buffers the core
-//! gave): `Conn::pdu_received` for a whole PDU (Control_Notify), and
+//! path (for TCP, `Conn<TcpDatamover>::handle_input`, which frames PDUs
+//! and checks digests): `Conn::pdu_received` for a whole PDU
+//! (Control_Notify); `Conn::data_out_header` and `Conn::data_out_bytes`
+//! for a Data-Out PDU, whose payload the session layer places; and
 //! `Conn::unsolicited_data_received` and `Conn::solicited_data_received`
-//! for write data (Data_Completion_Notify for what a [`Datamover::get_data`]
-//! asked for).
+//! once write data is in (Data_Completion_Notify for what a
+//! [`Datamover::get_data`] asked for).
 //!
 //! Nothing here does I/O: a datamover queues what its driver writes.
 

@@ -38,7 +38,8 @@
 //! session layer; for TCP that is `Conn<TcpDatamover>::handle_input`
 //! (`conn/framing.rs`: PDU framing, digests, Data-Out placement), which
 //! ends in the session layer's entry points `pdu_received`,
-//! `unsolicited_data_received` and `solicited_data_received`. [`Conn::new`](conn::Conn::new)
+//! `data_out_header`, `data_out_bytes`, `unsolicited_data_received` and
+//! `solicited_data_received`. [`Conn::new`](conn::Conn::new)
 //! builds a connection over [`TcpDatamover`](datamover::TcpDatamover),
 //! [`Conn::with_datamover`](conn::Conn::with_datamover) over any other.
 #![forbid(unsafe_code)]

@@ -1,33 +1,30 @@
 //! iSCSI/TCP's receive path: PDUs framed out of the byte stream, header
-//! and data digests checked (RFC 7143 §7.8), and Data-Out payloads placed
-//! where their task's write data goes (unsolicited bytes in the task,
-//! solicited ones straight into the buffer the core gave). Complete PDUs
-//! go to the session layer.
+//! and data digests checked (RFC 7143 §7.8), data segments over
+//! MaxRecvDataSegmentLength skipped (§13.12). Whole PDUs go to the
+//! session layer ([`Conn::pdu_received`]); a Data-Out payload streams into
+//! the place the session layer picks from its header
+//! ([`Conn::data_out_header`], [`Conn::data_out_bytes`]), and its end is
+//! reported with [`Conn::unsolicited_data_received`] or
+//! [`Conn::solicited_data_received`].
 
 use std::time::Instant;
 
 use crate::datamover::TcpDatamover;
 use crate::pdu::{
-    BHS_LEN, Bhs, DIGEST_LEN, LoginStatus, Opcode, RESERVED_TAG, RejectReason, crc32c,
-    crc32c_append, digest_from, pad_len,
+    BHS_LEN, Bhs, DIGEST_LEN, LoginStatus, Opcode, RejectReason, crc32c, crc32c_append,
+    digest_from, pad_len,
 };
 
-use super::{CloseReason, Conn, Phase, TxQueue};
+use super::{CloseReason, Conn, DataOutPlace, Phase, TxQueue};
 
 /// Where the bytes of the data segment being read go.
 #[derive(Debug)]
 pub(crate) enum Sink {
+    /// A PDU other than Data-Out.
     Buffer(Vec<u8>),
-    /// Unsolicited Data-Out: appended to the task's `unsol_buf`.
-    Unsolicited {
-        itt: u32,
-    },
-    /// Solicited Data-Out: straight into the fetch buffer at data offset `pos`.
-    Solicited {
-        itt: u32,
-        ttt: u32,
-        pos: u32,
-    },
+    /// A Data-Out payload, placed by the session layer.
+    DataOut(DataOutPlace),
+    /// Skipped.
     Discard,
 }
 
@@ -147,7 +144,7 @@ impl Conn<TcpDatamover> {
             }
             sink = Sink::Discard;
         } else if self.phase == Phase::FullFeature && op == Opcode::DATA_OUT {
-            sink = self.data_out_header(&hdr, len as u32);
+            sink = Sink::DataOut(self.data_out_header(&hdr, len as u32));
         } else {
             sink = match sink {
                 Sink::Buffer(_) => Sink::Buffer(Vec::with_capacity(len)),
@@ -187,18 +184,7 @@ impl Conn<TcpDatamover> {
             match &mut seg.sink {
                 Sink::Buffer(v) => v.extend_from_slice(chunk),
                 Sink::Discard => {}
-                Sink::Unsolicited { itt } => {
-                    if let Some(t) = self.tasks.get_mut(itt) {
-                        t.unsol_buf.extend_from_slice(chunk);
-                    }
-                }
-                Sink::Solicited { itt, ttt: _, pos } => {
-                    if let Some(f) = self.tasks.get_mut(itt).and_then(|t| t.fetch.as_mut()) {
-                        let at = pos.saturating_sub(f.base) as usize;
-                        f.buf.copy_in(at, chunk);
-                    }
-                    *pos = pos.wrapping_add(n as u32);
-                }
+                Sink::DataOut(place) => self.data_out_bytes(place, chunk),
             }
             seg.done += n;
             used += n;
@@ -235,99 +221,16 @@ impl Conn<TcpDatamover> {
         }
         let b = Bhs(&hdr);
         match sink {
-            Sink::Buffer(_) | Sink::Discard => {}
-            Sink::Unsolicited { itt } => self.unsolicited_data_received(
+            Sink::Buffer(_) | Sink::Discard | Sink::DataOut(DataOutPlace::Discard) => {}
+            Sink::DataOut(DataOutPlace::Unsolicited { itt }) => self.unsolicited_data_received(
                 itt,
                 b.buffer_offset(),
                 b.data_segment_len(),
                 digest_ok,
             ),
-            Sink::Solicited { itt, ttt, .. } => {
+            Sink::DataOut(DataOutPlace::Solicited { itt, ttt, .. }) => {
                 self.solicited_data_received(itt, ttt, b.data_segment_len(), digest_ok)
             }
-        }
-    }
-
-    /// Validates a Data-Out header (RFC 7143 §11.7) and picks where its
-    /// payload goes.
-    fn data_out_header(&mut self, hdr: &[u8; BHS_LEN], len: u32) -> Sink {
-        let bhs = Bhs(hdr);
-        let itt = bhs.itt();
-        let ttt = bhs.ttt();
-        let off = bhs.buffer_offset();
-        let sn = bhs.data_sn();
-        let fin = bhs.final_bit();
-        let initial_r2t = self.params.initial_r2t;
-        let Some(t) = self.tasks.get_mut(&itt) else {
-            // A task already answered or unknown: the data is dropped.
-            tracing::debug!(peer = %self.peer, itt, "Data-Out for no task, dropped");
-            return Sink::Discard;
-        };
-        if t.failed {
-            return Sink::Discard;
-        }
-        let err = if ttt == RESERVED_TAG {
-            // Unsolicited data (RFC 7143 §4.2.5.1).
-            if initial_r2t || t.unsol_done || sn != t.unsol_next_data_sn {
-                Some(RejectReason::ProtocolError)
-            } else if off != t.unsol_announced || off as u64 + len as u64 > t.unsol_expected as u64
-            {
-                Some(RejectReason::InvalidPduField)
-            } else {
-                t.unsol_next_data_sn = sn.next();
-                t.unsol_announced += len;
-                if fin {
-                    t.unsol_done = true;
-                }
-                if fin && t.unsol_announced < t.unsol_expected {
-                    // The unsolicited burst ended early: solicit from here,
-                    // unless R2Ts past this point already went out.
-                    let end = t.unsol_announced;
-                    let issued = t.next_r2t_offset > t.unsol_expected || !t.r2ts.is_empty();
-                    t.unsol_expected = end;
-                    match &t.fetch {
-                        Some(_) if issued => Some(RejectReason::ProtocolError),
-                        Some(f) => {
-                            t.next_r2t_offset = f.offset.max(end);
-                            None
-                        }
-                        None => None,
-                    }
-                } else {
-                    None
-                }
-            }
-        } else {
-            match t.r2ts.iter_mut().find(|r| r.ttt == ttt) {
-                None => Some(RejectReason::InvalidPduField),
-                Some(r) => {
-                    // RFC 7143 §11.7.5/§11.7.6: DataSN counts from 0 per R2T,
-                    // offsets in order (DataPDUInOrder=Yes), within the burst.
-                    if sn != r.next_data_sn {
-                        Some(RejectReason::ProtocolError)
-                    } else if off != r.offset + r.announced
-                        || off as u64 + len as u64 > (r.offset + r.len) as u64
-                    {
-                        Some(RejectReason::InvalidPduField)
-                    } else if fin && off + len != r.offset + r.len {
-                        Some(RejectReason::ProtocolError)
-                    } else {
-                        r.next_data_sn = sn.next();
-                        r.announced += len;
-                        None
-                    }
-                }
-            }
-        };
-        match err {
-            Some(reason) => {
-                tracing::warn!(peer = %self.peer, itt, ?reason, "bad Data-Out");
-                self.send_reject(reason, hdr);
-                self.fail_task_data(itt);
-                Sink::Discard
-            }
-            None if ttt == RESERVED_TAG => Sink::Unsolicited { itt },
-            None => Sink::Solicited { itt, ttt, pos: off },
         }
     }
 }
