@@ -621,7 +621,7 @@ impl<D: Datamover> Conn<D> {
         }
     }
 
-    // ---- transmit helpers ----
+    // ---- rejects and closing ----
 
     fn send_reject(&mut self, reason: RejectReason, hdr: &[u8; BHS_LEN]) {
         tracing::debug!(peer = %self.peer, ?reason, "reject {:?}", Bhs(hdr));
