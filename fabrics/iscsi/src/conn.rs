@@ -1,5 +1,6 @@
-//! One iSCSI connection, sans-IO (RFC 7143): bytes in, PDUs out, core
-//! commands and actions in between.
+//! One iSCSI connection's session layer, sans-IO (RFC 7143): received
+//! PDUs in, core commands and actions in between, PDUs and task data out
+//! through the connection's datamover ([`crate::datamover`]).
 //!
 //! The driver feeds received bytes to [`Conn::handle_input`], drains
 //! [`Conn::poll_event`] (and calls the core session accordingly), hands core
@@ -7,16 +8,22 @@
 //! [`Conn::poll_transmit`] queues. Time is an argument; nothing here touches a
 //! socket or a clock.
 //!
+//! Here: login driving, CmdSN ordering, SCSI command and response
+//! bookkeeping, the write data a task solicits (R2T offsets, lengths and
+//! MaxOutstandingR2T, RFC 7143 §11.8; each solicitation is a
+//! [`Datamover::get_data`]), which read data and status a response sends
+//! ([`Datamover::put_data`]), and timers. `control.rs` holds the control
+//! requests (NOP, text, logout, TMF, async messages); `framing.rs` is
+//! iSCSI/TCP's receive path.
+//!
 //! Session-wide state (the CmdSN window, which connection owns which ITT)
 //! lives in [`SessionSeq`], a handle the connections of one session share
 //! (MC/S, RFC 7143 §4.2.2.1). Every connection of a session runs on the core
 //! that owns the session, so the handle is an `Rc`, never crossing threads.
 
 use rustc_hash::FxHashMap;
-use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
-use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,19 +31,23 @@ use ferrite_core::{
     Abort, Action, Cdb, CmdId, CmdRequest, DataDir, DeliveryHold, PipeData, Response, TaskAttr,
     TaskTag,
 };
-use ferrite_core::{TmfFunction, TmfRequest, TmfResponse};
+use ferrite_core::{TmfFunction, TmfRequest};
 use ferrite_reactor::buf::{IoBuf, SgList};
-use ferrite_reactor::ring::{PipeHold, SgHold};
-use ferrite_scsi::{Lun, Sense, Status};
+use ferrite_scsi::{Lun, Status};
 
 use crate::chap::{ChapAuth, ChapRng};
-use crate::keys::{Digest, Limits, Params, SessionType, encode_text, parse_text};
+use crate::datamover::{Datamover, PutData, ReadData, Solicit, TcpDatamover};
+use crate::keys::{Digest, Limits, Params, SessionType};
 use crate::login::{Login, LoginReply, LoginStep};
 use crate::pdu::{
-    self, BHS_LEN, Bhs, BhsBuf, CmdSn, DIGEST_LEN, DataSn, LoginStatus, Opcode, R2tSn,
-    RESERVED_TAG, RejectReason, Sns, StatSn, crc32c, crc32c_append, digest_bytes, digest_from,
-    flags, pad_len, tmf_fn, tmf_rsp,
+    self, BHS_LEN, Bhs, CmdSn, DataSn, LoginStatus, Opcode, R2tSn, RESERVED_TAG, RejectReason, Sns,
+    StatSn, flags,
 };
+pub use crate::session::{SessionSeq, TaskScope};
+
+mod control;
+use control::TextCont;
+pub(crate) mod framing;
 
 /// A target as this fabric exposes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -250,35 +261,6 @@ pub enum ConnEvent {
     Closed { reason: CloseReason },
 }
 
-/// A response's Data-In bytes as `respond` sends them.
-enum Payload {
-    /// A buffer list: owned while one PDU sends it, shared by several.
-    Sg(Option<SgList>, Option<Arc<SgList>>),
-    /// Page-cache pages in a pipe, each PDU taking the next bytes; and how
-    /// many it holds.
-    Pipe(PipeHold, usize),
-}
-
-impl Payload {
-    fn len(&self) -> usize {
-        match self {
-            Payload::Sg(Some(sg), _) => sg.len(),
-            Payload::Sg(None, Some(sg)) => sg.len(),
-            Payload::Sg(None, None) => 0,
-            Payload::Pipe(_, len) => *len,
-        }
-    }
-
-    /// Several PDUs will send this list: share it.
-    fn share(&mut self) {
-        if let Payload::Sg(owned, shared) = self
-            && let Some(sg) = owned.take()
-        {
-            *shared = Some(Arc::new(sg));
-        }
-    }
-}
-
 /// Transmit queue: owned header bytes, and zero-copy references into a
 /// response's buffers.
 #[derive(Debug, Default)]
@@ -321,215 +303,6 @@ impl TxQueue {
             }
         }
         out
-    }
-}
-
-/// Session-wide command sequencing (RFC 7143 §4.2.2.1) and task ownership,
-/// shared by the connections of one session: clones are handles on the same
-/// state. Commands reach the core in CmdSN order across all connections; a
-/// connection holds the ones ahead of a gap (bounded by the window) and runs
-/// them when [`Conn::release_held`] sees the gap filled.
-#[derive(Clone, Debug)]
-pub struct SessionSeq(Rc<RefCell<SeqState>>);
-
-#[derive(Debug)]
-struct SeqState {
-    exp_cmd_sn: CmdSn,
-    queue_depth: u32,
-    /// Non-immediate commands delivered and not yet answered.
-    in_flight: u32,
-    /// ITT -> member id of the connection the task arrived on (RFC 7143
-    /// §11.2.1.8: ITTs are unique per session; and connection allegiance).
-    tasks: FxHashMap<u32, u32>,
-    /// TMF ITT -> member id of the connection that answers it.
-    tmfs: FxHashMap<u32, u32>,
-    /// The session's connections in full feature phase: (CID, member id).
-    conns: Vec<(u16, u32)>,
-    /// Members another connection logged out (reason 1 naming their CID).
-    logouts: Vec<u32>,
-    /// TMFs received on one connection whose tasks on the others stop
-    /// receiving data: (member that got the TMF, scope).
-    aborts: Vec<(u32, TaskScope)>,
-    /// TMFs answered on one connection whose aborted tasks the others
-    /// forget: (member that answered, scope).
-    finished: Vec<(u32, TaskScope)>,
-    /// The core has commands of this session waiting for data memory: the
-    /// window stays where it was last shown ([`SessionSeq::hold_window`]).
-    window_held: bool,
-    /// The MaxCmdSN last computed.
-    last_max: Option<CmdSn>,
-}
-
-/// The tasks a TMF affects, as a connection sees them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TaskScope {
-    /// ABORT TASK: the task with this ITT.
-    Task(u32),
-    /// ABORT TASK SET, CLEAR TASK SET, LOGICAL UNIT RESET: the LUN's tasks.
-    Lun([u8; 8]),
-    /// TARGET RESET, I_T NEXUS RESET: every task.
-    All,
-}
-
-/// TMF scopes kept for the other connections at most (a driver takes them
-/// on its next pump).
-const MAX_SHARED_ABORTS: usize = 64;
-
-impl SessionSeq {
-    pub fn new(exp: CmdSn, queue_depth: u32) -> SessionSeq {
-        SessionSeq(Rc::new(RefCell::new(SeqState {
-            exp_cmd_sn: exp,
-            queue_depth: queue_depth.max(1),
-            in_flight: 0,
-            tasks: FxHashMap::default(),
-            tmfs: FxHashMap::default(),
-            conns: Vec::new(),
-            logouts: Vec::new(),
-            aborts: Vec::new(),
-            finished: Vec::new(),
-            window_held: false,
-            last_max: None,
-        })))
-    }
-
-    /// Holds the CmdSN window (`true`) while the core makes commands of
-    /// this session wait for data memory: MaxCmdSN stops growing, so the
-    /// initiator sends no new commands until memory comes back, and then
-    /// the window opens again (`false`). MaxCmdSN never moves backwards.
-    pub fn hold_window(&self, held: bool) {
-        let mut st = self.0.borrow_mut();
-        if st.window_held != held {
-            tracing::debug!(held, "CmdSN window held for data memory");
-            st.window_held = held;
-        }
-    }
-
-    /// TMF scopes received on one connection (the member id) that the
-    /// session's other connections apply ([`Conn::abort_data`]).
-    pub fn take_aborts(&self) -> Vec<(u32, TaskScope)> {
-        std::mem::take(&mut self.0.borrow_mut().aborts)
-    }
-
-    fn share_abort(&self, member: u32, scope: TaskScope) {
-        let mut st = self.0.borrow_mut();
-        // Only a session with several connections has anyone to tell.
-        if st.conns.len() > 1 && st.aborts.len() < MAX_SHARED_ABORTS {
-            st.aborts.push((member, scope));
-        }
-    }
-
-    /// TMFs one connection answered (the member id) whose aborted tasks
-    /// the session's other connections forget ([`Conn::forget_aborted`]).
-    pub fn take_finished(&self) -> Vec<(u32, TaskScope)> {
-        std::mem::take(&mut self.0.borrow_mut().finished)
-    }
-
-    fn share_finished(&self, member: u32, scope: TaskScope) {
-        let mut st = self.0.borrow_mut();
-        if st.conns.len() > 1 && st.finished.len() < MAX_SHARED_ABORTS {
-            st.finished.push((member, scope));
-        }
-    }
-
-    /// Members whose connection another one logged out (RFC 7143 §11.14.1
-    /// reason 1 with their CID): the driver closes them.
-    pub fn take_logouts(&self) -> Vec<u32> {
-        std::mem::take(&mut self.0.borrow_mut().logouts)
-    }
-
-    fn member_of_cid(&self, cid: u16) -> Option<u32> {
-        let st = self.0.borrow();
-        st.conns.iter().find(|(c, _)| *c == cid).map(|(_, m)| *m)
-    }
-
-    /// ExpCmdSN: the next CmdSN the session runs.
-    pub fn exp_cmd_sn(&self) -> CmdSn {
-        self.0.borrow().exp_cmd_sn
-    }
-
-    /// Non-immediate commands delivered and not yet answered.
-    pub fn in_flight(&self) -> u32 {
-        self.0.borrow().in_flight
-    }
-
-    /// MaxCmdSN: the window shrinks by the commands outstanding, so it never
-    /// moves backwards (a command in raises ExpCmdSN, its response frees a slot).
-    pub fn max_cmd_sn(&self) -> CmdSn {
-        let mut st = self.0.borrow_mut();
-        if st.window_held
-            && let Some(last) = st.last_max
-        {
-            return last;
-        }
-        let free = st.queue_depth.saturating_sub(st.in_flight);
-        let max = CmdSn(st.exp_cmd_sn.0.wrapping_add(free).wrapping_sub(1));
-        st.last_max = Some(max);
-        max
-    }
-
-    /// RFC 7143 §4.2.2.1: ExpCmdSN <= CmdSN <= MaxCmdSN.
-    pub fn in_window(&self, sn: CmdSn) -> bool {
-        sn.diff(self.exp_cmd_sn()) >= 0 && sn.diff(self.max_cmd_sn()) <= 0
-    }
-
-    /// Whether two handles are the same session's.
-    pub fn same(&self, other: &SessionSeq) -> bool {
-        Rc::ptr_eq(&self.0, &other.0)
-    }
-
-    /// The member id of the connection that owns task `itt`.
-    pub fn task_owner(&self, itt: u32) -> Option<u32> {
-        self.0.borrow().tasks.get(&itt).copied()
-    }
-
-    /// The member id of the connection that answers TMF `itt`.
-    pub fn tmf_owner(&self, itt: u32) -> Option<u32> {
-        self.0.borrow().tmfs.get(&itt).copied()
-    }
-
-    fn advance(&self) {
-        let mut st = self.0.borrow_mut();
-        st.exp_cmd_sn = st.exp_cmd_sn.next();
-    }
-
-    fn add_in_flight(&self, n: i64) {
-        let mut st = self.0.borrow_mut();
-        st.in_flight = (st.in_flight as i64 + n).clamp(0, u32::MAX as i64) as u32;
-    }
-
-    fn itt_in_use(&self, itt: u32) -> bool {
-        self.0.borrow().tasks.contains_key(&itt)
-    }
-
-    fn claim_task(&self, itt: u32, member: u32) {
-        self.0.borrow_mut().tasks.insert(itt, member);
-    }
-
-    /// Forgets task `itt` if `member` owns it.
-    fn release_task(&self, itt: u32, member: u32) {
-        let mut st = self.0.borrow_mut();
-        if st.tasks.get(&itt) == Some(&member) {
-            st.tasks.remove(&itt);
-        }
-    }
-
-    fn claim_tmf(&self, itt: u32, member: u32) {
-        self.0.borrow_mut().tmfs.insert(itt, member);
-    }
-
-    fn release_tmf(&self, itt: u32, member: u32) {
-        let mut st = self.0.borrow_mut();
-        if st.tmfs.get(&itt) == Some(&member) {
-            st.tmfs.remove(&itt);
-        }
-    }
-
-    /// Everything `member` owned is forgotten (its connection ended).
-    fn release_member(&self, member: u32) {
-        let mut st = self.0.borrow_mut();
-        st.tasks.retain(|_, m| *m != member);
-        st.tmfs.retain(|_, m| *m != member);
-        st.conns.retain(|(_, m)| *m != member);
     }
 }
 
@@ -605,6 +378,17 @@ struct Task {
     stall_mark: Option<u32>,
 }
 
+/// Where a Data-Out payload goes ([`Conn::data_out_header`]).
+#[derive(Debug)]
+pub(crate) enum DataOutPlace {
+    /// Unsolicited data: appended to the task's `unsol_buf`.
+    Unsolicited { itt: u32 },
+    /// Solicited data: into the fetch buffer at data offset `pos`.
+    Solicited { itt: u32, ttt: u32, pos: u32 },
+    /// Dropped (no such task, or its data already failed).
+    Discard,
+}
+
 /// A request held until the CmdSN gap before it fills.
 #[derive(Debug)]
 enum Held {
@@ -614,54 +398,10 @@ enum Held {
     Skip,
 }
 
-/// Where the bytes of the data segment being read go.
+/// The target side of one iSCSI connection: the session layer over a
+/// datamover `D` ([`crate::datamover`]).
 #[derive(Debug)]
-enum Sink {
-    Buffer(Vec<u8>),
-    /// Unsolicited Data-Out: appended to the task's `unsol_buf`.
-    Unsolicited {
-        itt: u32,
-    },
-    /// Solicited Data-Out: straight into the fetch buffer at data offset `pos`.
-    Solicited {
-        itt: u32,
-        ttt: u32,
-        pos: u32,
-    },
-    Discard,
-}
-
-#[derive(Debug)]
-struct Segment {
-    hdr: [u8; BHS_LEN],
-    ahs: Vec<u8>,
-    len: usize,
-    pad: usize,
-    digest: bool,
-    done: usize,
-    crc: u32,
-    dig: [u8; 4],
-    dig_have: usize,
-    sink: Sink,
-}
-
-#[derive(Debug)]
-enum Rx {
-    Header,
-    Segment(Segment),
-}
-
-/// A text response too long for one PDU (RFC 7143 §11.10.2).
-#[derive(Debug)]
-struct TextCont {
-    itt: u32,
-    ttt: u32,
-    rest: Vec<u8>,
-}
-
-/// The target side of one iSCSI connection.
-#[derive(Debug)]
-pub struct Conn {
+pub struct Conn<D: Datamover = TcpDatamover> {
     cfg: Arc<IscsiConfig>,
     local: SocketAddr,
     peer: SocketAddr,
@@ -669,8 +409,6 @@ pub struct Conn {
     login: Login,
     params: Params,
     tsih: u16,
-    header_digest: bool,
-    data_digest: bool,
     seq: SessionSeq,
     seq_started: bool,
     /// This connection's id among the session's connections (0 for the
@@ -680,13 +418,13 @@ pub struct Conn {
     /// existing session: its leading-only values replace ours at accept.
     lead: Option<Box<Params>>,
     stat_sn: StatSn,
-    rx: Rx,
     tasks: FxHashMap<u32, Task>,
     held: BTreeMap<u32, Held>,
     /// TMFs sent to the core: ITT -> function code and the tasks it aborts.
     tmfs: FxHashMap<u32, (u8, Option<TaskScope>)>,
     events: VecDeque<ConnEvent>,
-    out: VecDeque<TxSeg>,
+    /// What carries this connection's PDUs and task data.
+    dm: D,
     next_ttt: u32,
     last_rx: Instant,
     login_deadline: Instant,
@@ -712,7 +450,10 @@ const MAX_HELD: usize = 4096;
 /// The bits of a random first StatSN that are kept (see [`Conn::new`]).
 const STAT_SN_START_MASK: u32 = 0x0fff_ffff;
 
-impl Conn {
+impl Conn<TcpDatamover> {
+    /// An iSCSI/TCP connection that just came in on `local` from `peer`;
+    /// `seed` seeds everything random on it (StatSN, TTTs, CHAP
+    /// challenges).
     pub fn new(
         now: Instant,
         cfg: Arc<IscsiConfig>,
@@ -720,6 +461,20 @@ impl Conn {
         peer: SocketAddr,
         seed: u64,
     ) -> Conn {
+        Conn::with_datamover(now, cfg, local, peer, seed, TcpDatamover::new(peer))
+    }
+}
+
+impl<D: Datamover> Conn<D> {
+    /// A connection whose PDUs and data `dm` carries.
+    pub fn with_datamover(
+        now: Instant,
+        cfg: Arc<IscsiConfig>,
+        local: SocketAddr,
+        peer: SocketAddr,
+        seed: u64,
+        dm: D,
+    ) -> Conn<D> {
         // One generator for everything random on this connection: SHA-256
         // in counter mode, so the StatSN and TTT an initiator sees reveal
         // nothing about the CHAP challenges drawn after them.
@@ -744,18 +499,15 @@ impl Conn {
             login,
             params: Params::default(),
             tsih: 0,
-            header_digest: false,
-            data_digest: false,
             seq_started: false,
             member: 0,
             lead: None,
             stat_sn: stat,
-            rx: Rx::Header,
             tasks: FxHashMap::default(),
             held: BTreeMap::new(),
             tmfs: FxHashMap::default(),
             events: VecDeque::new(),
-            out: VecDeque::new(),
+            dm,
             next_ttt: ttt,
             last_rx: now,
             ping: None,
@@ -869,93 +621,13 @@ impl Conn {
         }
     }
 
-    // ---- transmit helpers ----
-
-    fn send(&mut self, bhs: &BhsBuf, data: &[u8]) {
-        tracing::trace!(peer = %self.peer, "tx {bhs:?} status={:#x}", bhs.0[3]);
-        if data.is_empty() {
-            let (hdr, n) = self.header_bytes(bhs, 0);
-            self.out.push_back(TxSeg::copy_of(&hdr[..n]));
-            return;
-        }
-        let mut out = Vec::with_capacity(BHS_LEN + data.len() + 12);
-        pdu::encode_header(bhs, &[], data.len() as u32, self.header_digest, &mut out);
-        if !data.is_empty() {
-            let start = out.len();
-            out.extend_from_slice(data);
-            out.resize(out.len() + pad_len(data.len()), 0);
-            if self.data_digest {
-                let crc = crc32c(&out[start..]);
-                out.extend_from_slice(&digest_bytes(crc));
-            }
-        }
-        self.out.push_back(TxSeg::Bytes(out));
-    }
-
-    fn send_sg(&mut self, bhs: &BhsBuf, sg: SgHold, offset: usize, len: usize) {
-        tracing::trace!(peer = %self.peer, "tx {bhs:?} offset={offset}");
-        let (hdr, n) = self.header_bytes(bhs, len as u32);
-        self.out.push_back(TxSeg::copy_of(&hdr[..n]));
-        if len == 0 {
-            return;
-        }
-        let pad = [0u8; 3];
-        let pad = &pad[..pad_len(len)];
-        let mut trailer = [0u8; 3 + DIGEST_LEN];
-        let mut n = pad.len();
-        if self.data_digest {
-            let mut crc = 0;
-            for s in sg.slices(offset, len) {
-                crc = crc32c_append(crc, s);
-            }
-            crc = crc32c_append(crc, pad);
-            trailer[n..n + DIGEST_LEN].copy_from_slice(&digest_bytes(crc));
-            n += DIGEST_LEN;
-        }
-        self.out.push_back(TxSeg::Data { sg, offset, len });
-        if n > 0 {
-            self.out.push_back(TxSeg::copy_of(&trailer[..n]));
-        }
-    }
-
-    /// A Data-In PDU whose `len` data bytes are the next ones of `pipe`
-    /// (never with a data digest: see `respond`).
-    fn send_pipe(&mut self, bhs: &BhsBuf, pipe: PipeHold, len: usize) {
-        tracing::trace!(peer = %self.peer, "tx {bhs:?} from a pipe");
-        let (hdr, n) = self.header_bytes(bhs, len as u32);
-        self.out.push_back(TxSeg::copy_of(&hdr[..n]));
-        if len == 0 {
-            return;
-        }
-        self.out.push_back(TxSeg::Pipe { pipe, len });
-        let pad = [0u8; 3];
-        if pad_len(len) > 0 {
-            self.out.push_back(TxSeg::copy_of(&pad[..pad_len(len)]));
-        }
-    }
-
-    /// The header segment of a PDU without AHS carrying `data_len` bytes,
-    /// with its digest when negotiated, built on the stack.
-    fn header_bytes(&self, bhs: &BhsBuf, data_len: u32) -> ([u8; BHS_LEN + DIGEST_LEN], usize) {
-        let mut b = *bhs;
-        b.set_data_len(data_len);
-        b.set_ahs_len(0);
-        let mut out = [0u8; BHS_LEN + DIGEST_LEN];
-        out[..BHS_LEN].copy_from_slice(&b.0);
-        if self.header_digest {
-            let crc = crc32c(&out[..BHS_LEN]);
-            out[BHS_LEN..].copy_from_slice(&digest_bytes(crc));
-            (out, BHS_LEN + DIGEST_LEN)
-        } else {
-            (out, BHS_LEN)
-        }
-    }
+    // ---- rejects and closing ----
 
     fn send_reject(&mut self, reason: RejectReason, hdr: &[u8; BHS_LEN]) {
         tracing::debug!(peer = %self.peer, ?reason, "reject {:?}", Bhs(hdr));
         let sns = self.take_sns();
         let b = pdu::reject(reason, sns);
-        self.send(&b, hdr);
+        self.dm.send_control(&b, hdr);
     }
 
     fn close(&mut self, reason: CloseReason) {
@@ -1010,66 +682,6 @@ impl Conn {
 
     // ---- the driver's API ----
 
-    /// Feeds received bytes; returns how many were consumed. The driver keeps
-    /// the rest and presents them again with more appended.
-    pub fn handle_input(&mut self, now: Instant, data: &[u8]) -> usize {
-        let mut used = 0;
-        loop {
-            if self.phase == Phase::Closing {
-                // Nothing more is read from a closing connection.
-                return data.len();
-            }
-            let rest = &data[used..];
-            if rest.is_empty() {
-                break;
-            }
-            match std::mem::replace(&mut self.rx, Rx::Header) {
-                Rx::Header => {
-                    let Some(bhs) = Bhs::from_slice(rest) else {
-                        break;
-                    };
-                    let ahs_len = bhs.total_ahs_len() as usize * 4;
-                    let hd = if self.header_digest { DIGEST_LEN } else { 0 };
-                    let need = BHS_LEN + ahs_len + hd;
-                    if rest.len() < need {
-                        break;
-                    }
-                    if self.header_digest {
-                        let crc = crc32c(&rest[..BHS_LEN + ahs_len]);
-                        let at = BHS_LEN + ahs_len;
-                        let got = digest_from([rest[at], rest[at + 1], rest[at + 2], rest[at + 3]]);
-                        if crc != got {
-                            // RFC 7143 §7.8: at ERL 0 a header digest error
-                            // ends the connection (the PDU length is unknown).
-                            tracing::warn!(peer = %self.peer, "header digest error, dropping the connection");
-                            self.close(CloseReason::HeaderDigest);
-                            return data.len();
-                        }
-                    }
-                    self.last_rx = now;
-                    let mut hdr = [0u8; BHS_LEN];
-                    hdr.copy_from_slice(&rest[..BHS_LEN]);
-                    let ahs = rest[BHS_LEN..BHS_LEN + ahs_len].to_vec();
-                    used += need;
-                    self.start_pdu(hdr, ahs);
-                }
-                Rx::Segment(mut seg) => {
-                    let n = self.feed_segment(&mut seg, rest);
-                    used += n;
-                    self.last_rx = now;
-                    if seg.done == seg.len + seg.pad && (!seg.digest || seg.dig_have == DIGEST_LEN)
-                    {
-                        let ok = !seg.digest || digest_from(seg.dig) == seg.crc;
-                        self.finish_pdu(seg, ok);
-                    } else {
-                        self.rx = Rx::Segment(seg);
-                    }
-                }
-            }
-        }
-        used
-    }
-
     /// Returns the next event for the driver.
     pub fn poll_event(&mut self) -> Option<ConnEvent> {
         self.events.pop_front()
@@ -1101,17 +713,10 @@ impl Conn {
             p.error_recovery_level = l.error_recovery_level;
         }
         self.send_login_reply(&reply);
-        // RFC 7143 §13.1: digests apply from the first PDU after login.
-        self.header_digest = self.params.header_digest == Digest::Crc32c;
-        self.data_digest = self.params.data_digest == Digest::Crc32c;
+        self.dm.enable_datamover(&self.params);
         self.phase = Phase::FullFeature;
         if self.params.session_type == SessionType::Normal {
-            let cid = self.cid();
-            let mut st = self.seq.0.borrow_mut();
-            // A reinstated CID's old connection is replaced (§6.3.4).
-            st.conns.retain(|(c, _)| *c != cid);
-            st.conns.push((cid, self.member));
-            drop(st);
+            self.seq.add_conn(self.cid(), self.member);
             self.events.push_back(ConnEvent::LoggedIn);
         }
     }
@@ -1120,17 +725,6 @@ impl Conn {
     pub fn reject_session(&mut self, status: LoginStatus) {
         if let Some(LoginStep::Fail { status, itt }) = self.login.reject(status) {
             self.login_fail(status, itt);
-        }
-    }
-
-    /// Appends PDUs to send.
-    pub fn poll_transmit(&mut self, tx: &mut TxQueue) {
-        if tx.segs.is_empty() {
-            // Hand the whole queue over (its allocation too) instead of
-            // moving each segment.
-            std::mem::swap(&mut tx.segs, &mut self.out);
-        } else {
-            tx.segs.extend(self.out.drain(..));
         }
     }
 
@@ -1220,14 +814,14 @@ impl Conn {
     /// True once the connection is finished and everything to send was handed
     /// to the driver: close the socket after flushing.
     pub fn is_closed(&self) -> bool {
-        self.phase == Phase::Closing && self.out.is_empty()
+        self.phase == Phase::Closing && self.dm.is_flushed()
     }
 
     /// A login with this connection's CID joined the session in its place
     /// (connection reinstatement, RFC 7143 §6.3.4): this connection ends,
     /// its tasks are terminated, the session goes on.
     pub fn reinstated(&mut self) {
-        self.out.clear();
+        self.dm.discard_tx();
         self.close(CloseReason::Reinstated);
     }
 
@@ -1240,7 +834,7 @@ impl Conn {
 
     /// The driver saw the peer close the socket (or a socket error).
     pub fn handle_peer_closed(&mut self, _now: Instant) {
-        self.out.clear();
+        self.dm.discard_tx();
         self.close(CloseReason::PeerClosed);
     }
 
@@ -1271,158 +865,50 @@ impl Conn {
                 let secs = self.cfg.login_timeout.as_secs().clamp(1, 3600) as u16;
                 let sns = self.take_sns();
                 let b = pdu::async_message([0; 8], 1, [0, 0, secs], sns);
-                self.send(&b, &[]);
+                self.dm.send_control(&b, &[]);
                 self.logout_deadline = Some(later(now, Duration::from_secs(secs as u64)));
             }
         }
     }
 
-    // ---- receive path ----
+    // ---- what the datamover received ----
 
-    fn start_pdu(&mut self, hdr: [u8; BHS_LEN], ahs: Vec<u8>) {
-        let bhs = Bhs(&hdr);
-        if !self.read_holds.is_empty() {
-            self.ack_reads(bhs.exp_stat_sn());
-        }
-        tracing::trace!(peer = %self.peer, "rx {bhs:?} sn={:#x}", bhs.cmd_sn().0);
-        let len = bhs.data_segment_len() as usize;
-        let op = bhs.opcode();
-        // RFC 7143 §13.12: during login the limit is the 8192 default.
-        let limit = match self.phase {
-            Phase::Login => 8192,
-            _ => self.params.max_recv_data_segment_length,
-        } as usize;
-        let mut sink = Sink::Buffer(Vec::new());
-        if len > limit {
-            tracing::warn!(peer = %self.peer, len, limit, "data segment exceeds MaxRecvDataSegmentLength");
-            if self.phase == Phase::Login {
-                let itt = bhs.itt();
-                self.login_fail(LoginStatus::INITIATOR_ERROR, itt);
-                return;
-            }
-            // RFC 7143 §13.12: a PDU over the declared limit is a protocol
-            // error; the segment is skipped without being stored.
-            self.send_reject(RejectReason::ProtocolError, &hdr);
-            if op == Opcode::DATA_OUT {
-                // The burst can no longer complete: the write fails.
-                self.fail_task_data(bhs.itt());
-            }
-            sink = Sink::Discard;
-        } else if self.phase == Phase::FullFeature && op == Opcode::DATA_OUT {
-            sink = self.data_out_header(&hdr, len as u32);
-        } else {
-            sink = match sink {
-                Sink::Buffer(_) => Sink::Buffer(Vec::with_capacity(len)),
-                s => s,
-            };
-        }
-        let digest = self.data_digest && len > 0;
-        let seg = Segment {
-            hdr,
-            ahs,
-            len,
-            pad: pad_len(len),
-            digest,
-            done: 0,
-            crc: 0,
-            dig: [0; 4],
-            dig_have: 0,
-            sink,
-        };
-        if len == 0 {
-            self.finish_pdu(seg, true);
-        } else {
-            self.rx = Rx::Segment(seg);
-        }
-    }
-
-    /// Consumes segment bytes; returns how many.
-    fn feed_segment(&mut self, seg: &mut Segment, input: &[u8]) -> usize {
-        let mut used = 0;
-        // Data bytes.
-        if seg.done < seg.len {
-            let n = (seg.len - seg.done).min(input.len());
-            let chunk = &input[..n];
-            if seg.digest {
-                seg.crc = crc32c_append(seg.crc, chunk);
-            }
-            match &mut seg.sink {
-                Sink::Buffer(v) => v.extend_from_slice(chunk),
-                Sink::Discard => {}
-                Sink::Unsolicited { itt } => {
-                    if let Some(t) = self.tasks.get_mut(itt) {
-                        t.unsol_buf.extend_from_slice(chunk);
-                    }
-                }
-                Sink::Solicited { itt, ttt: _, pos } => {
-                    if let Some(f) = self.tasks.get_mut(itt).and_then(|t| t.fetch.as_mut()) {
-                        let at = pos.saturating_sub(f.base) as usize;
-                        f.buf.copy_in(at, chunk);
-                    }
-                    *pos = pos.wrapping_add(n as u32);
-                }
-            }
-            seg.done += n;
-            used += n;
-        }
-        // Padding (covered by the data digest).
-        if seg.done >= seg.len && seg.done < seg.len + seg.pad {
-            let n = (seg.len + seg.pad - seg.done).min(input.len() - used);
-            if seg.digest {
-                seg.crc = crc32c_append(seg.crc, &input[used..used + n]);
-            }
-            seg.done += n;
-            used += n;
-        }
-        if seg.done == seg.len + seg.pad && seg.digest {
-            let n = (DIGEST_LEN - seg.dig_have).min(input.len() - used);
-            seg.dig[seg.dig_have..seg.dig_have + n].copy_from_slice(&input[used..used + n]);
-            seg.dig_have += n;
-            used += n;
-        }
-        used
-    }
-
-    fn finish_pdu(&mut self, seg: Segment, digest_ok: bool) {
-        let hdr = seg.hdr;
-        let op = Bhs(&hdr).opcode();
+    /// A whole PDU other than Data-Out arrived (Control_Notify, RFC 7145
+    /// §7): its header, AHS and data segment; `ok` is false when its data
+    /// segment came damaged (a data digest error), and the PDU is then
+    /// rejected (RFC 7143 §7.8), a SCSI command still taking its CmdSN
+    /// with its write data failed.
+    pub(crate) fn pdu_received(
+        &mut self,
+        hdr: &[u8; BHS_LEN],
+        ahs: &[u8],
+        data: Vec<u8>,
+        ok: bool,
+    ) {
+        let op = Bhs(hdr).opcode();
         match self.phase {
             Phase::Closing => {}
             Phase::Login => {
-                let Sink::Buffer(data) = seg.sink else {
-                    return;
-                };
                 if op != Opcode::LOGIN_REQ {
                     // RFC 7143 §6.3: only Login Requests during login.
-                    tracing::warn!(peer = %self.peer, "non-login PDU {:?} during login", Bhs(&hdr));
+                    tracing::warn!(peer = %self.peer, "non-login PDU {:?} during login", Bhs(hdr));
                     self.close(CloseReason::ProtocolError);
                     return;
                 }
-                self.login_pdu(&hdr, &data);
+                self.login_pdu(hdr, &data);
             }
             Phase::FullFeature => {
-                if !digest_ok {
-                    tracing::warn!(peer = %self.peer, "data digest error on {:?}", Bhs(&hdr));
+                if !ok {
+                    tracing::warn!(peer = %self.peer, "data digest error on {:?}", Bhs(hdr));
                     // RFC 7143 §7.8: Reject with reason Data Digest Error.
-                    self.send_reject(RejectReason::DataDigestError, &hdr);
-                }
-                match seg.sink {
-                    Sink::Discard => {}
-                    Sink::Unsolicited { itt } => self.data_out_done_unsol(&hdr, itt, digest_ok),
-                    Sink::Solicited { itt, ttt, .. } => {
-                        self.data_out_done_sol(&hdr, itt, ttt, digest_ok)
+                    self.send_reject(RejectReason::DataDigestError, hdr);
+                    if op == Opcode::SCSI_CMD {
+                        // The command still counts; its data fails.
+                        self.scsi_command(hdr, ahs, Vec::new(), true);
                     }
-                    Sink::Buffer(data) => {
-                        if !digest_ok {
-                            if op == Opcode::SCSI_CMD {
-                                // The command still counts; its data fails.
-                                self.scsi_command(&hdr, &seg.ahs, Vec::new(), true);
-                            }
-                            return;
-                        }
-                        self.ffp_pdu(&hdr, &seg.ahs, data);
-                    }
+                    return;
                 }
+                self.ffp_pdu(hdr, ahs, data);
             }
         }
     }
@@ -1470,7 +956,7 @@ impl Conn {
             sns,
             LoginStatus::SUCCESS,
         );
-        self.send(&b, &r.data);
+        self.dm.send_control(&b, &r.data);
     }
 
     fn login_fail(&mut self, status: LoginStatus, itt: u32) {
@@ -1483,7 +969,7 @@ impl Conn {
         }
         let sns = self.take_sns();
         let b = pdu::login_response(false, false, 0, 0, self.login.isid(), 0, itt, sns, status);
-        self.send(&b, &[]);
+        self.dm.send_control(&b, &[]);
         self.close(CloseReason::LoginFailed);
     }
 
@@ -1578,25 +1064,6 @@ impl Conn {
                 // RFC 7143 §11.17.1: reason 05h, Command not supported.
                 self.send_reject(RejectReason::CommandNotSupported, hdr);
             }
-        }
-    }
-
-    fn run_control(&mut self, hdr: &[u8; BHS_LEN], data: Vec<u8>) {
-        let bhs = Bhs(hdr);
-        match bhs.opcode() {
-            Opcode::NOP_OUT => {
-                // RFC 7143 §11.19: the NOP-In echoes the ping data.
-                let n = data
-                    .len()
-                    .min(self.params.max_xmit_data_segment_length as usize);
-                let sns = self.take_sns();
-                let b = pdu::nop_in(bhs.lun(), bhs.itt(), RESERVED_TAG, sns);
-                self.send(&b, &data[..n]);
-            }
-            Opcode::TEXT_REQ => self.text_request(hdr, data),
-            Opcode::LOGOUT_REQ => self.logout(hdr),
-            Opcode::TMF_REQ => self.tmf_request(hdr),
-            _ => {}
         }
     }
 
@@ -1712,9 +1179,10 @@ impl Conn {
         self.sequence(hdr, Held::Scsi(itt, req));
     }
 
-    /// Validates a Data-Out header (RFC 7143 §11.7) and picks where its
-    /// payload goes.
-    fn data_out_header(&mut self, hdr: &[u8; BHS_LEN], len: u32) -> Sink {
+    /// Validates the header of a Data-Out PDU carrying `len` bytes (RFC
+    /// 7143 §11.7) and picks where its payload goes; a transport's receive
+    /// path then hands the payload to [`Conn::data_out_bytes`].
+    pub(crate) fn data_out_header(&mut self, hdr: &[u8; BHS_LEN], len: u32) -> DataOutPlace {
         let bhs = Bhs(hdr);
         let itt = bhs.itt();
         let ttt = bhs.ttt();
@@ -1725,10 +1193,10 @@ impl Conn {
         let Some(t) = self.tasks.get_mut(&itt) else {
             // A task already answered or unknown: the data is dropped.
             tracing::debug!(peer = %self.peer, itt, "Data-Out for no task, dropped");
-            return Sink::Discard;
+            return DataOutPlace::Discard;
         };
         if t.failed {
-            return Sink::Discard;
+            return DataOutPlace::Discard;
         }
         let err = if ttt == RESERVED_TAG {
             // Unsolicited data (RFC 7143 §4.2.5.1).
@@ -1788,10 +1256,32 @@ impl Conn {
                 tracing::warn!(peer = %self.peer, itt, ?reason, "bad Data-Out");
                 self.send_reject(reason, hdr);
                 self.fail_task_data(itt);
-                Sink::Discard
+                DataOutPlace::Discard
             }
-            None if ttt == RESERVED_TAG => Sink::Unsolicited { itt },
-            None => Sink::Solicited { itt, ttt, pos: off },
+            None if ttt == RESERVED_TAG => DataOutPlace::Unsolicited { itt },
+            None => DataOutPlace::Solicited { itt, ttt, pos: off },
+        }
+    }
+
+    /// Bytes of a Data-Out payload whose header
+    /// [`Conn::data_out_header`] placed, in order: unsolicited ones join
+    /// the task's unsolicited bytes, solicited ones go straight into the
+    /// core's buffer.
+    pub(crate) fn data_out_bytes(&mut self, place: &mut DataOutPlace, chunk: &[u8]) {
+        match place {
+            DataOutPlace::Discard => {}
+            DataOutPlace::Unsolicited { itt } => {
+                if let Some(t) = self.tasks.get_mut(itt) {
+                    t.unsol_buf.extend_from_slice(chunk);
+                }
+            }
+            DataOutPlace::Solicited { itt, ttt: _, pos } => {
+                if let Some(f) = self.tasks.get_mut(itt).and_then(|t| t.fetch.as_mut()) {
+                    let at = pos.saturating_sub(f.base) as usize;
+                    f.buf.copy_in(at, chunk);
+                }
+                *pos = pos.wrapping_add(chunk.len() as u32);
+            }
         }
     }
 
@@ -1810,10 +1300,12 @@ impl Conn {
         }
     }
 
-    fn data_out_done_unsol(&mut self, hdr: &[u8; BHS_LEN], itt: u32, ok: bool) {
-        let bhs = Bhs(hdr);
-        let off = bhs.buffer_offset();
-        let len = bhs.data_segment_len();
+    /// Unsolicited write data of task `itt` arrived, `len` bytes at data
+    /// offset `off` (immediate data rides in the command): `ok` unless a
+    /// digest or the transport found it damaged. The bytes are in the
+    /// task's unsolicited buffer; once the unsolicited burst is complete,
+    /// solicitation starts.
+    pub(crate) fn unsolicited_data_received(&mut self, itt: u32, off: u32, len: u32, ok: bool) {
         if !ok {
             self.fail_task_data(itt);
             return;
@@ -1829,8 +1321,13 @@ impl Conn {
         self.check_fetch(itt);
     }
 
-    fn data_out_done_sol(&mut self, hdr: &[u8; BHS_LEN], itt: u32, ttt: u32, ok: bool) {
-        let len = Bhs(hdr).data_segment_len();
+    /// Solicited write data of task `itt` arrived: `len` bytes answering
+    /// the solicitation with TTT `ttt` ([`Datamover::get_data`]), already
+    /// in the core's buffer (Data_Completion_Notify, RFC 7145 §7); `ok`
+    /// unless it came damaged. A completed
+    /// solicitation makes room for the next; the core gets its buffer once
+    /// the whole range is in.
+    pub(crate) fn solicited_data_received(&mut self, itt: u32, ttt: u32, len: u32, ok: bool) {
         if !ok {
             self.fail_task_data(itt);
             return;
@@ -1932,8 +1429,17 @@ impl Conn {
             t.r2t_sn = sn.next();
             let lun = t.lun_raw;
             self.next_ttt = ttt;
-            let b = pdu::r2t(lun, itt, ttt, sn, off, len, sns);
-            self.send(&b, &[]);
+            self.dm.get_data(
+                Solicit {
+                    lun,
+                    itt,
+                    ttt,
+                    r2t_sn: sn,
+                    offset: off,
+                    len,
+                },
+                sns,
+            );
         }
     }
 
@@ -1949,19 +1455,6 @@ impl Conn {
                 data: Ok(f.buf),
             });
         }
-    }
-
-    /// Sends a NOP-In ping unless one is out. RFC 7143 §11.19: a ping
-    /// carries a TTT and ITT 0xffffffff; StatSN is not advanced. Its
-    /// NOP-Out answer carries the initiator's ExpStatSN.
-    fn ping(&mut self, now: Instant) {
-        if self.ping.is_some() {
-            return;
-        }
-        let ttt = self.new_ttt();
-        let b = pdu::nop_in([0; 8], RESERVED_TAG, ttt, self.sns());
-        self.send(&b, &[]);
-        self.ping = Some((ttt, later(now, self.cfg.nop_in_timeout)));
     }
 
     /// Releases the delivery holds of the responses the initiator has seen:
@@ -2011,16 +1504,17 @@ impl Conn {
         let mut collapsed = false;
         let (payload, hold) = match (data, pipe) {
             (_, Some(PipeData { mut pipe, hold })) => {
-                if self.data_digest {
-                    // The digest needs the bytes: this connection copies
-                    // them out, and the pages are free at once.
+                if !self.dm.can_splice() {
+                    // The datamover needs the bytes (TCP: for the data
+                    // digest): they are copied out, and the pages are free
+                    // at once.
                     let mut bytes = Vec::new();
                     let held = pipe.held();
                     match pipe.read_to(&mut bytes, held) {
                         Ok(_) => {
                             let mut sg = SgList::new();
                             sg.push(IoBuf::from_slice(&bytes));
-                            (Some(Payload::Sg(Some(sg), None)), None)
+                            (Some(ReadData::Sg(Some(sg), None)), None)
                         }
                         Err(e) => {
                             tracing::warn!(peer = %self.peer, error = %e, "read data lost from its pipe, dropping the connection");
@@ -2032,7 +1526,7 @@ impl Conn {
                 } else {
                     let hold_len = pipe.held();
                     (
-                        Some(Payload::Pipe(
+                        Some(ReadData::Pipe(
                             std::rc::Rc::new(std::cell::RefCell::new(pipe)),
                             hold_len,
                         )),
@@ -2040,57 +1534,30 @@ impl Conn {
                     )
                 }
             }
-            (Some(sg), None) => (Some(Payload::Sg(Some(sg), None)), None),
+            (Some(sg), None) => (Some(ReadData::Sg(Some(sg), None)), None),
             (None, None) => (None, None),
         };
-        if let Some(mut payload) = payload
+        if let Some(payload) = payload
             && matches!(dir, DataDir::Read | DataDir::Bidi)
         {
             // RFC 7143 §11.7: never more Data-In than the initiator expects.
             let total = (data_len as usize).min(payload.len()).min(read_len);
-            let mrdsl = self.params.max_xmit_data_segment_length.max(512) as usize;
-            let burst = self.params.max_burst_length.max(512) as usize;
-            // RFC 7143 §11.7.4: status may ride in the last Data-In only
-            // without sense data (and never for Bidi, whose write residual
-            // needs the SCSI Response).
+            // RFC 7143 §11.7.4: status may ride with the data only without
+            // sense data (and never for Bidi, whose write residual needs
+            // the SCSI Response).
             let collapse = sense.is_none() && status == Status::GOOD && dir == DataDir::Read;
-            // One Data-In PDU owns the list; several share it.
-            if total > mrdsl.min(burst) {
-                payload.share();
+            let put = PutData {
+                itt,
+                data: payload,
+                len: total,
+                status: collapse.then_some((status.0, residual)),
+            };
+            let done = self.dm.put_data(put, self.sns());
+            if done.status_sent {
+                self.stat_sn = self.stat_sn.next();
             }
-            let mut off = 0;
-            let mut in_burst = 0;
-            while off < total {
-                let n = (total - off).min(mrdsl).min(burst - in_burst);
-                let last = off + n == total;
-                in_burst += n;
-                // F ends each Data-In sequence (MaxBurstLength) and the last.
-                let fin = last || in_burst == burst;
-                if fin {
-                    in_burst = 0;
-                }
-                let st = (last && collapse).then_some((status.0, residual));
-                let sns = if st.is_some() {
-                    self.take_sns()
-                } else {
-                    self.sns()
-                };
-                let b = pdu::data_in(itt, fin, st, data_sn, off as u32, n as u32, sns);
-                match &mut payload {
-                    Payload::Sg(owned, shared) => {
-                        let hold = match (owned.take(), &shared) {
-                            (Some(sg), _) => SgHold::Owned(sg),
-                            (None, Some(sg)) => SgHold::Shared(sg.clone()),
-                            (None, None) => break,
-                        };
-                        self.send_sg(&b, hold, off, n);
-                    }
-                    Payload::Pipe(pipe, _) => self.send_pipe(&b, pipe.clone(), n),
-                }
-                data_sn = data_sn.next();
-                off += n;
-            }
-            collapsed = collapse && total > 0;
+            data_sn = done.next_data_sn;
+            collapsed = done.status_sent;
         }
         if !collapsed {
             let sns = self.take_sns();
@@ -2101,9 +1568,9 @@ impl Conn {
             match sense {
                 Some(s) => {
                     let seg = pdu::sense_segment(&s);
-                    self.send(&b, &seg);
+                    self.dm.send_control(&b, &seg);
                 }
-                None => self.send(&b, &[]),
+                None => self.dm.send_control(&b, &[]),
             }
         }
         if let Some(hold) = hold {
@@ -2112,358 +1579,6 @@ impl Conn {
             self.read_holds.push_back((sn, hold));
         }
         self.events.push_back(ConnEvent::ResponseSent { id });
-    }
-
-    fn text_request(&mut self, hdr: &[u8; BHS_LEN], data: Vec<u8>) {
-        let bhs = Bhs(hdr);
-        let itt = bhs.itt();
-        let ttt = bhs.ttt();
-        let max = self.params.max_xmit_data_segment_length.max(512) as usize;
-        if ttt != RESERVED_TAG {
-            // Continuation of a long response (RFC 7143 §11.10.4).
-            match self.text_cont.take() {
-                Some(c) if c.ttt == ttt && c.itt == itt => {
-                    self.send_text_chunk(bhs.lun(), itt, c.rest, max);
-                }
-                _ => {
-                    if self.text_in.is_empty() {
-                        self.send_reject(RejectReason::InvalidPduField, hdr);
-                        return;
-                    }
-                    self.text_in_more(hdr, data, max);
-                }
-            }
-            return;
-        }
-        self.text_cont = None;
-        self.text_in.clear();
-        self.text_in_more(hdr, data, max);
-    }
-
-    fn text_in_more(&mut self, hdr: &[u8; BHS_LEN], data: Vec<u8>, max: usize) {
-        let bhs = Bhs(hdr);
-        let itt = bhs.itt();
-        if self.text_in.len() + data.len() > crate::keys::MAX_TEXT {
-            self.text_in.clear();
-            self.send_reject(RejectReason::ProtocolError, hdr);
-            return;
-        }
-        self.text_in.extend_from_slice(&data);
-        if bhs.flags() & flags::C != 0 {
-            // RFC 7143 §11.10.2: answer a partial request with an empty
-            // response and a TTT to continue with.
-            let ttt = self.new_ttt();
-            let sns = self.take_sns();
-            let b = pdu::text_response(false, false, bhs.lun(), itt, ttt, sns);
-            self.send(&b, &[]);
-            return;
-        }
-        let text = std::mem::take(&mut self.text_in);
-        let reply = match parse_text(&text) {
-            Ok(pairs) => self.text_reply(&pairs),
-            Err(e) => {
-                tracing::debug!(peer = %self.peer, "bad text request: {e}");
-                self.send_reject(RejectReason::ProtocolError, hdr);
-                return;
-            }
-        };
-        self.send_text_chunk(bhs.lun(), itt, reply, max);
-    }
-
-    fn send_text_chunk(&mut self, lun: [u8; 8], itt: u32, mut text: Vec<u8>, max: usize) {
-        if text.len() > max {
-            let rest = text.split_off(max);
-            let ttt = self.new_ttt();
-            let sns = self.take_sns();
-            let b = pdu::text_response(false, true, lun, itt, ttt, sns);
-            self.send(&b, &text);
-            self.text_cont = Some(TextCont { itt, ttt, rest });
-        } else {
-            let sns = self.take_sns();
-            let b = pdu::text_response(true, false, lun, itt, RESERVED_TAG, sns);
-            self.send(&b, &text);
-        }
-    }
-
-    /// Full-feature text keys: SendTargets (RFC 7143 Appendix C); others are
-    /// not negotiable here.
-    fn text_reply(&self, pairs: &[(&str, &str)]) -> Vec<u8> {
-        let mut out: Vec<(String, String)> = Vec::new();
-        for (k, v) in pairs {
-            if *k != "SendTargets" {
-                // Renegotiation in full feature phase is not supported: a
-                // known key is refused, an unknown one not understood.
-                let v = if crate::keys::KNOWN_KEYS.contains(k) {
-                    "Reject"
-                } else {
-                    "NotUnderstood"
-                };
-                out.push((k.to_string(), v.into()));
-                continue;
-            }
-            let discovery = self.params.session_type == SessionType::Discovery;
-            let current = self.params.target_name.as_deref();
-            for t in &self.cfg.targets {
-                // RFC 7143 Appendix C: All on a discovery session lists every
-                // target; on a normal session only the current one is shown;
-                // an empty value means the current target; a name that one.
-                let show = match *v {
-                    "All" if discovery => true,
-                    "All" | "" => Some(t.name.as_str()) == current,
-                    name => t.name == name && (discovery || Some(name) == current),
-                };
-                if !show {
-                    continue;
-                }
-                out.push(("TargetName".into(), t.name.clone()));
-                let portals: Vec<SocketAddr> = if t.portals.is_empty() {
-                    vec![self.local]
-                } else {
-                    t.portals.clone()
-                };
-                for mut p in portals {
-                    if p.ip().is_unspecified() {
-                        p.set_ip(self.local.ip());
-                    }
-                    let addr = match p {
-                        SocketAddr::V4(a) => format!("{}:{}", a.ip(), a.port()),
-                        SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
-                    };
-                    out.push(("TargetAddress".into(), format!("{addr},{}", t.tpgt)));
-                }
-            }
-        }
-        encode_text(&out)
-    }
-
-    fn logout(&mut self, hdr: &[u8; BHS_LEN]) {
-        let bhs = Bhs(hdr);
-        // RFC 7143 §11.14.1 reason codes; §11.15.1 responses.
-        let reason = bhs.function();
-        // Reason 1 may name another connection of the session (RFC 7143
-        // §11.14.1): that one is closed, this one goes on.
-        let other = if reason == 1 && bhs.cid() != self.cid() {
-            self.seq.member_of_cid(bhs.cid())
-        } else {
-            None
-        };
-        let response = match reason {
-            0 => 0,
-            1 if bhs.cid() == self.cid() || other.is_some() => 0,
-            1 => 1,
-            // Removing a connection for recovery needs ERL 2.
-            2 => 2,
-            _ => {
-                self.send_reject(RejectReason::InvalidPduField, hdr);
-                return;
-            }
-        };
-        let sns = self.take_sns();
-        let b = pdu::logout_response(bhs.itt(), response, 0, 0, sns);
-        self.send(&b, &[]);
-        if let Some(m) = other {
-            self.seq.0.borrow_mut().logouts.push(m);
-            return;
-        }
-        if response == 0 {
-            // RFC 7143 §11.14.1: reason 0 closes the session (every
-            // connection), reason 1 this connection only.
-            self.close(if reason == 1 {
-                CloseReason::ConnectionLogout
-            } else {
-                CloseReason::Logout
-            });
-        }
-    }
-
-    fn tmf_request(&mut self, hdr: &[u8; BHS_LEN]) {
-        let bhs = Bhs(hdr);
-        let itt = bhs.itt();
-        let lun_raw = bhs.lun();
-        let lun = Lun::decode(lun_raw).unwrap_or(Lun(u16::MAX));
-        let rtt = bhs.word20();
-        let code = bhs.function();
-        // TMFs are rare and mark error recovery on the initiator's side:
-        // a line each, and one for the answer (`send_tmf_rsp`).
-        tracing::info!(peer = %self.peer, itt, lun = lun.0, ref_itt = rtt,
-            "task management request: {}", tmf_fn::name(code));
-        let func = match code {
-            tmf_fn::ABORT_TASK => TmfFunction::AbortTask {
-                tag: TaskTag(rtt as u64),
-            },
-            tmf_fn::ABORT_TASK_SET => TmfFunction::AbortTaskSet,
-            tmf_fn::CLEAR_ACA => TmfFunction::ClearAca,
-            tmf_fn::CLEAR_TASK_SET => TmfFunction::ClearTaskSet,
-            tmf_fn::LUN_RESET => TmfFunction::LogicalUnitReset,
-            tmf_fn::TARGET_WARM_RESET | tmf_fn::TARGET_COLD_RESET => TmfFunction::TargetReset,
-            tmf_fn::QUERY_TASK => TmfFunction::QueryTask {
-                tag: TaskTag(rtt as u64),
-            },
-            tmf_fn::QUERY_TASK_SET => TmfFunction::QueryTaskSet,
-            tmf_fn::I_T_NEXUS_RESET => TmfFunction::ItNexusReset,
-            tmf_fn::QUERY_ASYNC_EVENT => TmfFunction::QueryAsyncEvent,
-            tmf_fn::TASK_REASSIGN => {
-                // RFC 7143 §11.5.1: TASK REASSIGN needs ERL 2.
-                self.send_tmf_rsp(itt, Some(code), tmf_rsp::REASSIGN_NOT_SUPPORTED);
-                return;
-            }
-            _ => {
-                self.send_tmf_rsp(itt, Some(code), tmf_rsp::REJECTED);
-                return;
-            }
-        };
-        // RFC 7143 §11.5.1: affected tasks get no more R2Ts and their
-        // Data-Out is discarded: the core's pending fetches end now, on
-        // every connection of the session (the others through their driver,
-        // SessionSeq::take_aborts).
-        let scope = match func {
-            TmfFunction::AbortTask { .. } => Some(TaskScope::Task(rtt)),
-            TmfFunction::AbortTaskSet
-            | TmfFunction::ClearTaskSet
-            | TmfFunction::LogicalUnitReset => Some(TaskScope::Lun(lun_raw)),
-            TmfFunction::TargetReset | TmfFunction::ItNexusReset => Some(TaskScope::All),
-            _ => None,
-        };
-        if let Some(scope) = scope {
-            self.abort_data(scope);
-            self.seq.share_abort(self.member, scope);
-        }
-        self.tmfs.insert(itt, (code, scope));
-        self.seq.claim_tmf(itt, self.member);
-        self.events.push_back(ConnEvent::TaskMgmt(TmfRequest {
-            func,
-            lun,
-            tag: TaskTag(itt as u64),
-        }));
-    }
-
-    /// The tasks in `scope` get no more R2Ts, their Data-Out is discarded
-    /// and the core's fetches for them end (RFC 7143 §11.5.1); for a TMF
-    /// received on another connection of the session too.
-    pub fn abort_data(&mut self, scope: TaskScope) {
-        let mut affected: Vec<u32> = self
-            .tasks
-            .iter()
-            .filter(|(itt, t)| match scope {
-                TaskScope::Task(rtt) => **itt == rtt,
-                TaskScope::Lun(lun) => t.lun_raw == lun,
-                TaskScope::All => true,
-            })
-            .map(|(i, _)| *i)
-            .collect();
-        affected.sort();
-        for a in affected {
-            if let Some(t) = self.tasks.get_mut(&a) {
-                t.failed = true;
-                // A task still held for its CmdSN never reached the core,
-                // which runs it later as usual (RFC 7143 §11.5.1: a TMF
-                // acts on the tasks before it in CmdSN order).
-                t.aborted = t.submitted;
-                t.r2ts.clear();
-                if let Some(f) = t.fetch.take() {
-                    self.events.push_back(ConnEvent::DataOutDone {
-                        id: f.id,
-                        data: Err(Abort::Aborted),
-                    });
-                }
-            }
-        }
-    }
-
-    /// Answers TMF `itt` (function `func`) with response `code`.
-    /// The tasks in `scope` that a TMF aborted are gone in the core: their
-    /// ITTs, window slots and transfer state are released. For a TMF
-    /// answered on another connection of the session too
-    /// ([`SessionSeq::take_finished`]).
-    pub fn forget_aborted(&mut self, scope: TaskScope) {
-        let gone: Vec<u32> = self
-            .tasks
-            .iter()
-            .filter(|(itt, t)| {
-                t.aborted
-                    && match scope {
-                        TaskScope::Task(rtt) => **itt == rtt,
-                        TaskScope::Lun(lun) => t.lun_raw == lun,
-                        TaskScope::All => true,
-                    }
-            })
-            .map(|(i, _)| *i)
-            .collect();
-        for itt in gone {
-            if let Some(t) = self.tasks.remove(&itt) {
-                self.seq.release_task(itt, self.member);
-                if t.counted {
-                    self.seq.add_in_flight(-1);
-                }
-            }
-        }
-    }
-
-    fn send_tmf_rsp(&mut self, itt: u32, func: Option<u8>, code: u8) {
-        tracing::info!(peer = %self.peer, itt, response = code, "task management response to {}: {}",
-            func.map_or("a TMF", tmf_fn::name), tmf_rsp::name(code));
-        let sns = self.take_sns();
-        let b = pdu::tmf_response(itt, code, sns);
-        self.send(&b, &[]);
-    }
-
-    fn tmf_done(&mut self, tag: TaskTag, rsp: TmfResponse) {
-        if self.phase != Phase::FullFeature {
-            return;
-        }
-        let itt = tag.0 as u32;
-        let (func, scope) = self.tmfs.remove(&itt).unzip();
-        self.seq.release_tmf(itt, self.member);
-        if rsp == TmfResponse::Complete
-            && let Some(scope) = scope.flatten()
-        {
-            // The core answers a TMF once the tasks it aborted are gone,
-            // and says nothing more about them: their ITTs and window slots
-            // are free from here, on every connection of the session. RFC
-            // 7143 §11.2.1.8 keeps an ITT unique among the tasks still
-            // outstanding, which an aborted task is not once the TMF is
-            // answered; Linux reuses the ITT at once.
-            self.forget_aborted(scope);
-            self.seq.share_finished(self.member, scope);
-        }
-        let code = match rsp {
-            TmfResponse::Complete => tmf_rsp::COMPLETE,
-            TmfResponse::Succeeded => tmf_rsp::SUCCEEDED,
-            TmfResponse::TaskNotFound => tmf_rsp::TASK_DOES_NOT_EXIST,
-            TmfResponse::IncorrectLun => tmf_rsp::LUN_DOES_NOT_EXIST,
-            TmfResponse::Rejected | TmfResponse::Failed => tmf_rsp::REJECTED,
-        };
-        self.send_tmf_rsp(itt, func, code);
-        if func == Some(tmf_fn::TARGET_COLD_RESET) {
-            // RFC 7143 §11.5.1: after a cold reset the target drops all
-            // connections once the response is sent.
-            self.close(CloseReason::TargetReset);
-        }
-    }
-
-    /// RFC 7143 §11.9.1 AsyncEvent 3: the target drops every connection of
-    /// the session (shutdown, target disabled); the initiator may come back
-    /// after `time2wait` seconds. Only in the full feature phase of a normal
-    /// session.
-    pub fn announce_drop_all(&mut self, time2wait: u16, time2retain: u16) {
-        if self.phase != Phase::FullFeature || self.params.session_type != SessionType::Normal {
-            return;
-        }
-        let sns = self.take_sns();
-        let b = pdu::async_message([0; 8], 3, [0, time2wait, time2retain], sns);
-        self.send(&b, &[]);
-    }
-
-    fn aen(&mut self, lun: Lun, sense: Sense) {
-        if self.phase != Phase::FullFeature || self.params.session_type != SessionType::Normal {
-            return;
-        }
-        // RFC 7143 §11.9.1 AsyncEvent 0: a SCSI asynchronous event, sense
-        // data in the data segment.
-        let data = pdu::sense_segment(&sense.to_fixed());
-        let sns = self.take_sns();
-        let b = pdu::async_message(lun.encode(), 0, [0, 0, 0], sns);
-        self.send(&b, &data);
     }
 }
 
@@ -2518,6 +1633,10 @@ fn later(now: Instant, d: Duration) -> Instant {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::datamover::PutDone;
+    use crate::keys::encode_text;
+    use crate::pdu::{BhsBuf, pad_len, tmf_fn, tmf_rsp};
+    use ferrite_core::TmfResponse;
 
     #[test]
     fn a_target_is_reachable_only_through_its_portals() {
@@ -2548,30 +1667,152 @@ mod tests {
         assert!(at(&[]).reachable_at(local("192.0.2.7:4000")));
     }
 
-    #[test]
-    fn window_math() {
-        let s = SessionSeq::new(CmdSn(10), 4);
-        assert_eq!(s.max_cmd_sn(), CmdSn(13));
-        assert!(s.in_window(CmdSn(10)) && s.in_window(CmdSn(13)));
-        assert!(!s.in_window(CmdSn(14)) && !s.in_window(CmdSn(9)));
-        s.advance();
-        s.add_in_flight(1);
-        assert_eq!(s.exp_cmd_sn(), CmdSn(11));
-        assert_eq!(s.max_cmd_sn(), CmdSn(13));
-        // A clone is the same session's window.
-        let other = s.clone();
-        other.add_in_flight(3);
-        assert!(other.same(&s));
-        assert_eq!(s.max_cmd_sn(), CmdSn(10));
-        assert!(!s.in_window(CmdSn(11)));
-        s.add_in_flight(-10);
-        assert_eq!(s.in_flight(), 0);
-        let s = SessionSeq::new(CmdSn(u32::MAX), 2);
-        assert_eq!(s.max_cmd_sn(), CmdSn(0));
-        assert!(s.in_window(CmdSn(0)));
+    const TARGET: &str = "iqn.2026-01.test:mcs";
+
+    /// A datamover that records what the session layer asks of it and,
+    /// as an RDMA transport would, sends read data without PDUs of its own
+    /// and never the status with it.
+    #[derive(Debug, Default)]
+    struct Recorder {
+        enabled: bool,
+        control: Vec<Opcode>,
+        puts: Vec<(u32, usize, bool)>,
+        gets: Vec<Solicit>,
     }
 
-    const TARGET: &str = "iqn.2026-01.test:mcs";
+    impl Datamover for Recorder {
+        fn enable_datamover(&mut self, _params: &Params) {
+            self.enabled = true;
+        }
+        fn send_control(&mut self, bhs: &BhsBuf, _data: &[u8]) {
+            self.control.push(Bhs(&bhs.0).opcode());
+        }
+        fn put_data(&mut self, put: PutData, _sns: Sns) -> PutDone {
+            self.puts.push((put.itt, put.len, put.status.is_some()));
+            PutDone {
+                next_data_sn: DataSn(0),
+                status_sent: false,
+            }
+        }
+        fn get_data(&mut self, solicit: Solicit, _sns: Sns) {
+            self.gets.push(solicit);
+        }
+        fn can_splice(&self) -> bool {
+            false
+        }
+        fn is_flushed(&self) -> bool {
+            true
+        }
+        fn discard_tx(&mut self) {}
+    }
+
+    #[test]
+    fn the_session_layer_runs_over_another_datamover() {
+        let now = Instant::now();
+        let cfg = Arc::new(IscsiConfig {
+            targets: vec![IscsiTarget {
+                name: TARGET.into(),
+                alias: None,
+                tpgt: 1,
+                portals: vec![],
+                auth: ChapAuth::default(),
+            }],
+            ..IscsiConfig::default()
+        });
+        let addr: SocketAddr = "127.0.0.1:3260".parse().unwrap();
+        let mut c = Conn::with_datamover(now, cfg, addr, addr, 1, Recorder::default());
+        // Login in one PDU, straight to full feature phase.
+        let mut b = BhsBuf::new(Opcode::LOGIN_REQ, flags::T | (1 << 2) | 3);
+        b.set_immediate();
+        b.0[8..14].copy_from_slice(&[0x80, 0, 0, 0, 0, 1]);
+        b.set_u32(24, 10);
+        let keys = encode_text(&[
+            ("InitiatorName", "iqn.i"),
+            ("TargetName", TARGET),
+            ("SessionType", "Normal"),
+        ]);
+        c.pdu_received(&b.0, &[], keys, true);
+        assert!(matches!(
+            c.poll_event(),
+            Some(ConnEvent::SessionRequest { .. })
+        ));
+        assert!(!c.dm.enabled);
+        c.accept_session(0x55);
+        assert!(matches!(c.poll_event(), Some(ConnEvent::LoggedIn)));
+        assert!(c.dm.enabled);
+        assert_eq!(c.dm.control, vec![Opcode::LOGIN_RSP]);
+
+        // A write: the session layer solicits its 8 KiB (Get_Data) once the
+        // core gives a buffer, and hands the buffer back when the
+        // datamover says the data is in.
+        let mut w = BhsBuf::new(Opcode::SCSI_CMD, flags::F | flags::W | 1);
+        w.set_itt(7).set_u32(20, 8192).set_u32(24, 10);
+        w.0[32] = 0x2a;
+        c.pdu_received(&w.0, &[], Vec::new(), true);
+        assert!(matches!(c.poll_event(), Some(ConnEvent::Command(r)) if r.tag == TaskTag(7)));
+        let mut buf = SgList::new();
+        buf.push(IoBuf::from_slice(&[0u8; 8192]));
+        let fetch = Action::FetchData {
+            id: CmdId(1),
+            tag: TaskTag(7),
+            buf,
+            offset: 0,
+            len: 8192,
+        };
+        c.handle_action(now, fetch);
+        let [s] = c.dm.gets[..] else {
+            panic!("one solicitation expected: {:?}", c.dm.gets);
+        };
+        assert_eq!((s.itt, s.offset, s.len, s.r2t_sn), (7, 0, 8192, R2tSn(0)));
+        assert!(c.poll_event().is_none());
+        c.solicited_data_received(7, s.ttt, 8192, true);
+        assert!(matches!(
+            c.poll_event(),
+            Some(ConnEvent::DataOutDone { id: CmdId(1), data: Ok(sg) }) if sg.len() == 8192
+        ));
+        let rsp = Action::Respond {
+            id: CmdId(1),
+            tag: TaskTag(7),
+            rsp: Response::good(),
+        };
+        c.handle_action(now, rsp);
+        assert!(matches!(
+            c.poll_event(),
+            Some(ConnEvent::ResponseSent { id: CmdId(1) })
+        ));
+
+        // A read: its data goes by Put_Data, offered the status; this
+        // datamover does not take it, so a SCSI Response follows.
+        let mut r = BhsBuf::new(Opcode::SCSI_CMD, flags::F | flags::R | 1);
+        r.set_itt(8).set_u32(20, 4096).set_u32(24, 11);
+        r.0[32] = 0x28;
+        c.pdu_received(&r.0, &[], Vec::new(), true);
+        assert!(matches!(c.poll_event(), Some(ConnEvent::Command(r)) if r.tag == TaskTag(8)));
+        let mut data = SgList::new();
+        data.push(IoBuf::from_slice(&[7u8; 4096]));
+        let rsp = Response {
+            data: Some(data),
+            data_len: 4096,
+            ..Response::good()
+        };
+        c.handle_action(
+            now,
+            Action::Respond {
+                id: CmdId(2),
+                tag: TaskTag(8),
+                rsp,
+            },
+        );
+        assert_eq!(c.dm.puts, vec![(8, 4096, true)]);
+        assert_eq!(
+            c.dm.control,
+            vec![Opcode::LOGIN_RSP, Opcode::SCSI_RSP, Opcode::SCSI_RSP]
+        );
+        assert!(matches!(
+            c.poll_event(),
+            Some(ConnEvent::ResponseSent { id: CmdId(2) })
+        ));
+    }
 
     /// A connection logged in through one Login Request (no security
     /// stage); `join` makes it a later connection of `join`'s session.

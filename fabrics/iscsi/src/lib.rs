@@ -2,20 +2,57 @@
 //!
 //! Owns: CHAP ([`chap`]), the PDU codec ([`pdu`]: BHS views, builders, digests, sequence
 //! numbers), text key negotiation ([`keys`]), the login state machine
-//! ([`login`]), the sans-IO connection ([`conn`]), the project's own
-//! initiator ([`initiator`], for tools and tests), entry points for fuzz
-//! targets ([`fuzzing`]) and the TCP driver ([`tcp`]) that runs a connection
-//! on a reactor. Does not own: SCSI semantics (the core) or storage
-//! (backends); everything but the driver reads no clock and opens no socket.
+//! ([`login`]), the session layer ([`session`]: the CmdSN window and MC/S
+//! state a session's connections share; [`conn`]: one connection's login,
+//! command sequencing, command and response bookkeeping, R2T windows, task
+//! management, text, logout, NOP and async messages), the datamover
+//! interface under it and its iSCSI/TCP implementation ([`datamover`]), the
+//! project's own initiator ([`initiator`], for tools and tests), entry
+//! points for fuzz targets ([`fuzzing`]) and the TCP driver ([`tcp`]) that
+//! runs a connection on a reactor. Does not own: SCSI semantics (the core)
+//! or storage (backends); everything but the driver reads no clock and
+//! opens no socket.
+//!
+//! # Session layer and datamover
+//!
+//! [`Conn<D>`](conn::Conn) is the session layer of one connection over a
+//! datamover `D` ([`datamover::Datamover`], RFC 7145 §7's primitives). A
+//! second transport (iSER) implements the trait:
+//!
+//! - [`Datamover::enable_datamover`](datamover::Datamover::enable_datamover):
+//!   login is over, the operational parameters apply;
+//! - [`Datamover::send_control`](datamover::Datamover::send_control):
+//!   Send_Control, one PDU (login, text, logout, TMF, NOP-In, Reject, async
+//!   message, SCSI Response);
+//! - [`Datamover::put_data`](datamover::Datamover::put_data): Put_Data, a
+//!   task's read data (TCP: Data-In PDUs, status in the last one; iSER:
+//!   RDMA WRITEs);
+//! - [`Datamover::get_data`](datamover::Datamover::get_data): Get_Data, one
+//!   solicitation of write data (TCP: an R2T; iSER: an RDMA READ);
+//! - [`Datamover::can_splice`](datamover::Datamover::can_splice),
+//!   [`Datamover::is_flushed`](datamover::Datamover::is_flushed),
+//!   [`Datamover::discard_tx`](datamover::Datamover::discard_tx): whether
+//!   page-cache pipes may go out as they are, and the transmit queue.
+//!
+//! The transport's receive path hands complete PDUs and write data to the
+//! session layer; for TCP that is `Conn<TcpDatamover>::handle_input`
+//! (`conn/framing.rs`: PDU framing, digests, Data-Out placement), which
+//! ends in the session layer's entry points `pdu_received`,
+//! `data_out_header`, `data_out_bytes`, `unsolicited_data_received` and
+//! `solicited_data_received`. [`Conn::new`](conn::Conn::new)
+//! builds a connection over [`TcpDatamover`](datamover::TcpDatamover),
+//! [`Conn::with_datamover`](conn::Conn::with_datamover) over any other.
 #![forbid(unsafe_code)]
 
 pub mod chap;
 pub mod conn;
+pub mod datamover;
 pub mod fuzzing;
 pub mod initiator;
 pub mod keys;
 pub mod login;
 pub mod pdu;
+pub mod session;
 pub mod tcp;
 
 #[cfg(test)]
