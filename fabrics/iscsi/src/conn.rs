@@ -1323,7 +1323,7 @@ impl<D: Datamover> Conn<D> {
 
     /// Solicited write data of task `itt` arrived: `len` bytes answering
     /// the solicitation with TTT `ttt` ([`Datamover::get_data`]), already
-    /// in the core's buffer (Data_Completion_Notify, RFC 7145 §7); `ok`
+    /// in the core's buffer (Data_Completion_Notify, RFC 7145); `ok`
     /// unless it came damaged. A completed
     /// solicitation makes room for the next; the core gets its buffer once
     /// the whole range is in.

@@ -2,12 +2,12 @@
 //! session layer ([`Conn`](crate::conn::Conn)).
 //!
 //! The split follows the iSCSI Datamover Architecture (RFC 5047) that iSER
-//! (RFC 7145 §7) implements: the session layer decides what is sent (login
+//! (RFC 7145) implements: the session layer decides what is sent (login
 //! and text responses, CmdSN window, TMF, logout, NOP, async messages,
 //! command status, which read data and which write data a task moves) and
 //! the datamover how it crosses the wire:
 //!
-//! | primitive (RFC 7145 §7) | [`Datamover`]                  | iSCSI/TCP ([`TcpDatamover`])            | iSER                        |
+//! | primitive (RFC 7145) | [`Datamover`]                  | iSCSI/TCP ([`TcpDatamover`])            | iSER                        |
 //! |-------------------------|--------------------------------|-----------------------------------------|-----------------------------|
 //! | Send_Control            | [`Datamover::send_control`]    | a PDU on the byte stream, with digests  | an RDMA Send with the iSER header |
 //! | Put_Data                | [`Datamover::put_data`]        | Data-In PDUs (status in the last one)   | RDMA WRITEs, status in a Send |

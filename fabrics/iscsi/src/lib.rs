@@ -16,7 +16,7 @@
 //! # Session layer and datamover
 //!
 //! [`Conn<D>`](conn::Conn) is the session layer of one connection over a
-//! datamover `D` ([`datamover::Datamover`], RFC 7145 §7's primitives). A
+//! datamover `D` ([`datamover::Datamover`], RFC 7145's primitives). A
 //! second transport (iSER) implements the trait:
 //!
 //! - [`Datamover::enable_datamover`](datamover::Datamover::enable_datamover):
