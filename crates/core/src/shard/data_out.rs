@@ -1,0 +1,242 @@
+//! Data-Out: asking the fabric for write data, the data budget a
+//! command holds, and what a command does once its data arrived.
+
+use super::*;
+
+impl Shard {
+    /// Asks the fabric for `len` bytes of Data-Out in a pool buffer.
+    pub(super) fn fetch(&mut self, key: usize, len: u32) {
+        self.fetch_at(key, 0, len, None);
+    }
+
+    /// Asks the fabric for the WRITE's current chunk (from `chunk_at`),
+    /// into `reuse` if it is large enough.
+    pub(super) fn fetch_write(&mut self, key: usize, reuse: Option<SgList>) {
+        let c = &self.cmds[key];
+        let Plan::Write { len, atomic, .. } = c.plan else {
+            return;
+        };
+        let at = c.chunk_at;
+        let n = write_chunk(len, at, atomic);
+        self.fetch_at(key, at, n, reuse);
+    }
+
+    /// Asks the fabric for `len` bytes of Data-Out from `offset` of the
+    /// command's data, in a buffer of `len` bytes; waits in `BufWait` if
+    /// the budget has no room for it.
+    pub(super) fn fetch_at(&mut self, key: usize, offset: u32, len: u32, reuse: Option<SgList>) {
+        if !self.reserve(key, u64::from(len)) {
+            return;
+        }
+        let buf = match reuse {
+            Some(mut b) if b.len() >= len as usize => {
+                b.truncate(len as usize);
+                b
+            }
+            _ => self.pool.sg(len as usize),
+        };
+        let c = &mut self.cmds[key];
+        c.state = CmdState::NeedData;
+        let (sid, tag, id) = (c.session, c.tag, cmd_id(key, c.seq));
+        self.push_action(
+            sid,
+            Action::FetchData {
+                id,
+                tag,
+                buf,
+                offset,
+                len,
+            },
+        );
+    }
+
+    /// Makes the command hold `n` bytes of the data budget. False if they
+    /// do not fit now: the command then waits in `BufWait` (and is started
+    /// again by [`Shard::retry_buffers`]).
+    pub(super) fn reserve(&mut self, key: usize, n: u64) -> bool {
+        let c = &self.cmds[key];
+        if c.charged >= n {
+            return true;
+        }
+        let (sid, extra) = (c.session, n - c.charged);
+        let held = self.sessions.get(&sid).map_or(0, |s| s.data_held);
+        if self.budget.try_take(extra, held) {
+            if let Some(s) = self.sessions.get_mut(&sid) {
+                s.data_held += extra;
+            }
+            self.cmds[key].charged = n;
+            return true;
+        }
+        let c = &mut self.cmds[key];
+        c.want = n;
+        if c.state != CmdState::BufWait {
+            c.state = CmdState::BufWait;
+            self.buf_wait.push_back(key);
+            self.budget.note_wait(true);
+            if let Some(s) = self.sessions.get_mut(&sid) {
+                s.buf_waiting += 1;
+            }
+        }
+        false
+    }
+
+    /// Starts again the commands in `BufWait` whose buffers now fit, oldest
+    /// first; a command that still does not fit keeps its place. True if
+    /// any did.
+    pub(super) fn retry_buffers(&mut self) -> bool {
+        let mut progress = false;
+        let mut i = 0;
+        while i < self.buf_wait.len() {
+            let key = self.buf_wait[i];
+            let Some(c) = self.cmds.get(key).filter(|c| c.state == CmdState::BufWait) else {
+                self.buf_wait.remove(i);
+                continue;
+            };
+            let (sid, want, extra) = (c.session, c.want, c.want.saturating_sub(c.charged));
+            let held = self.sessions.get(&sid).map_or(0, |s| s.data_held);
+            if !self.budget.try_take(extra, held) {
+                i += 1;
+                continue;
+            }
+            self.buf_wait.remove(i);
+            self.budget.note_wait(false);
+            if let Some(s) = self.sessions.get_mut(&sid) {
+                s.data_held += extra;
+                s.buf_waiting = s.buf_waiting.saturating_sub(1);
+            }
+            let c = &mut self.cmds[key];
+            c.charged = want;
+            c.state = CmdState::New;
+            // Every plan that takes a buffer is started again from the top:
+            // a WRITE goes on from `chunk_at`, and the buffer is held now.
+            self.start(key);
+            progress = true;
+        }
+        progress
+    }
+
+    /// Gives back the budget a command holds and takes it off `buf_wait`.
+    pub(super) fn release_budget(&mut self, c: &Cmd, key: usize) {
+        let s = self.sessions.get_mut(&c.session);
+        if c.state == CmdState::BufWait {
+            if let Some(p) = self.buf_wait.iter().position(|&k| k == key) {
+                self.buf_wait.remove(p);
+            }
+            self.budget.note_wait(false);
+        }
+        let mut left = 0;
+        if let Some(s) = s {
+            if c.state == CmdState::BufWait {
+                s.buf_waiting = s.buf_waiting.saturating_sub(1);
+            }
+            s.data_held = s.data_held.saturating_sub(c.charged);
+            left = s.data_held;
+        }
+        self.budget.give(c.charged, left);
+    }
+
+    pub(super) fn data_out_done(&mut self, sid: SessionId, id: CmdId, data: Result<SgList, Abort>) {
+        let Some(key) = self.key_of(id) else {
+            return;
+        };
+        let c = &self.cmds[key];
+        if c.session != sid || c.state != CmdState::NeedData {
+            return;
+        }
+        if c.aborted {
+            // Dropping the buffer returns it to the pool.
+            drop(data);
+            self.free(key);
+            return;
+        }
+        let plan = c.plan;
+        let bs = c
+            .entry
+            .as_ref()
+            .map_or(0, |e| e.device.geometry().block_size);
+        match data {
+            Ok(mut buf) => {
+                let want = match plan {
+                    Plan::Write { len, atomic, .. } => {
+                        write_chunk(len, self.cmds[key].chunk_at, atomic)
+                    }
+                    Plan::WriteSame { .. } => bs,
+                    Plan::Unmap { param_len, .. } => param_len,
+                    Plan::Compare { data_len, .. } => data_len,
+                    Plan::ReadModifyWrite { data_len, .. } => data_len,
+                    Plan::PrOut { param_len, .. } => param_len,
+                    Plan::ModeSelect { param_len, .. } => param_len,
+                    Plan::ExtendedCopy { param_len, .. } => param_len,
+                    Plan::Sanitize { param_len, .. } => param_len,
+                    _ => return,
+                };
+                if buf.len() < want as usize {
+                    // The fabric must deliver what FetchData asked for.
+                    self.respond(key, Response::check(Sense::DATA_PHASE_ERROR));
+                    return;
+                }
+                buf.truncate(want as usize);
+                self.cmds[key].out_bytes += u64::from(want);
+                match plan {
+                    Plan::Write { offset, fua, .. } => {
+                        let offset = offset + u64::from(self.cmds[key].chunk_at);
+                        self.submit_op(key, BlockOp::Write { offset, buf, fua })
+                    }
+                    Plan::WriteSame { .. } => self.write_same(key, Some(buf)),
+                    Plan::PrOut { .. } => {
+                        let params = buf.to_vec();
+                        self.pr_out(key, &params);
+                    }
+                    Plan::ModeSelect { .. } => {
+                        let params = buf.to_vec();
+                        self.mode_select(key, &params);
+                    }
+                    Plan::ReadModifyWrite { offset, len, .. } => {
+                        // Hold the range from the read to the write (SBC-4
+                        // §5.3): the read waits while another command
+                        // holds an overlapping one.
+                        self.cmds[key].held = Some(buf);
+                        let medium = self.pool.sg(len as usize);
+                        self.cmds[key].cont = Cont::Combine;
+                        self.submit_op(
+                            key,
+                            BlockOp::Read {
+                                offset,
+                                buf: medium,
+                            },
+                        );
+                    }
+                    Plan::Compare { offset, len, .. } => {
+                        self.cmds[key].held = Some(buf);
+                        let medium = self.pool.sg(len as usize);
+                        self.submit_op(
+                            key,
+                            BlockOp::Read {
+                                offset,
+                                buf: medium,
+                            },
+                        );
+                    }
+                    Plan::Sanitize { .. } => {
+                        let params = buf.to_vec();
+                        self.sanitize(key, &params);
+                    }
+                    Plan::ExtendedCopy { .. } => {
+                        let params = buf.to_vec();
+                        self.xcopy_start(key, &params);
+                    }
+                    _ => self.unmap(key, buf),
+                }
+            }
+            Err(Abort::ConnectionLost) | Err(Abort::Aborted) => {
+                // Nobody to answer: the command ends here.
+                self.free(key);
+            }
+            Err(Abort::TransportError) => {
+                // RFC 7143 (digest errors): a Data-Out the transport had to drop
+                // ends the command with ABORTED COMMAND.
+                self.respond(key, Response::check(Sense::PROTOCOL_SERVICE_CRC_ERROR));
+            }
+        }
+    }
+}
