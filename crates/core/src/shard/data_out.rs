@@ -3,28 +3,44 @@
 
 use super::*;
 
-impl Shard {
-    /// Asks the fabric for `len` bytes of Data-Out in a pool buffer.
-    pub(super) fn fetch(&mut self, key: usize, len: u32) {
-        self.fetch_at(key, 0, len, None);
+impl Cmd {
+    /// The bytes of Data-Out the command takes next, from `chunk_at` of
+    /// its data: a WRITE's current chunk, WRITE SAME's one block, the data
+    /// or parameter list of the others; `None` for a plan without
+    /// Data-Out.
+    pub(super) fn data_out_len(&self) -> Option<u32> {
+        match self.plan {
+            Plan::Write { len, atomic, .. } => Some(write_chunk(len, self.chunk_at, atomic)),
+            Plan::WriteSame { ndob: false, .. } => Some(
+                self.entry
+                    .as_ref()
+                    .map_or(0, |e| e.device.geometry().block_size),
+            ),
+            Plan::PrOut { param_len: 0, .. } | Plan::Sanitize { param_len: 0, .. } => None,
+            Plan::Unmap { param_len, .. }
+            | Plan::PrOut { param_len, .. }
+            | Plan::ModeSelect { param_len, .. }
+            | Plan::ExtendedCopy { param_len, .. }
+            | Plan::Sanitize { param_len, .. } => Some(param_len),
+            Plan::Compare { data_len, .. } | Plan::ReadModifyWrite { data_len, .. } => {
+                Some(data_len)
+            }
+            _ => None,
+        }
     }
+}
 
-    /// Asks the fabric for the WRITE's current chunk (from `chunk_at`),
-    /// into `reuse` if it is large enough.
-    pub(super) fn fetch_write(&mut self, key: usize, reuse: Option<SgList>) {
+impl Shard {
+    /// Asks the fabric for the command's next Data-Out
+    /// ([`Cmd::data_out_len`] bytes from `chunk_at`), into `reuse` if it
+    /// is large enough; waits in `BufWait` if the budget has no room for
+    /// it.
+    pub(super) fn fetch(&mut self, key: usize, reuse: Option<SgList>) {
         let c = &self.cmds[key];
-        let Plan::Write { len, atomic, .. } = c.plan else {
+        let Some(len) = c.data_out_len() else {
             return;
         };
-        let at = c.chunk_at;
-        let n = write_chunk(len, at, atomic);
-        self.fetch_at(key, at, n, reuse);
-    }
-
-    /// Asks the fabric for `len` bytes of Data-Out from `offset` of the
-    /// command's data, in a buffer of `len` bytes; waits in `BufWait` if
-    /// the budget has no room for it.
-    pub(super) fn fetch_at(&mut self, key: usize, offset: u32, len: u32, reuse: Option<SgList>) {
+        let offset = c.chunk_at;
         if !self.reserve(key, u64::from(len)) {
             return;
         }
@@ -150,25 +166,11 @@ impl Shard {
             return;
         }
         let plan = c.plan;
-        let bs = c
-            .entry
-            .as_ref()
-            .map_or(0, |e| e.device.geometry().block_size);
+        let want = c.data_out_len();
         match data {
             Ok(mut buf) => {
-                let want = match plan {
-                    Plan::Write { len, atomic, .. } => {
-                        write_chunk(len, self.cmds[key].chunk_at, atomic)
-                    }
-                    Plan::WriteSame { .. } => bs,
-                    Plan::Unmap { param_len, .. } => param_len,
-                    Plan::Compare { data_len, .. } => data_len,
-                    Plan::ReadModifyWrite { data_len, .. } => data_len,
-                    Plan::PrOut { param_len, .. } => param_len,
-                    Plan::ModeSelect { param_len, .. } => param_len,
-                    Plan::ExtendedCopy { param_len, .. } => param_len,
-                    Plan::Sanitize { param_len, .. } => param_len,
-                    _ => return,
+                let Some(want) = want else {
+                    return;
                 };
                 if buf.len() < want as usize {
                     // The fabric must deliver what FetchData asked for.

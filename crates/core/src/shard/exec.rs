@@ -52,23 +52,20 @@ impl Shard {
                 };
                 self.submit_op(key, op);
             }
-            Plan::Write { .. } => self.fetch_write(key, None),
             Plan::Flush(_) => self.submit_op(key, BlockOp::Flush),
             Plan::WriteSame { ndob: true, .. } => self.write_same(key, None),
-            Plan::WriteSame { .. } => {
-                let bs = c
-                    .entry
-                    .as_ref()
-                    .map_or(0, |e| e.device.geometry().block_size);
-                self.fetch(key, bs)
-            }
-            Plan::Unmap { param_len, .. } => self.fetch(key, param_len),
-            Plan::Compare { data_len, .. } => self.fetch(key, data_len),
-            Plan::ReadModifyWrite { data_len, .. } => self.fetch(key, data_len),
             Plan::PrOut { param_len: 0, .. } => self.pr_out(key, &[]),
-            Plan::ModeSelect { param_len, .. } => self.fetch(key, param_len),
-            Plan::PrOut { param_len, .. } => self.fetch(key, param_len),
-            Plan::ExtendedCopy { param_len, .. } => self.fetch(key, param_len),
+            Plan::Sanitize { param_len: 0, .. } => self.sanitize(key, &[]),
+            // Data-Out first (`Cmd::data_out_len`).
+            Plan::Write { .. }
+            | Plan::WriteSame { .. }
+            | Plan::Unmap { .. }
+            | Plan::Compare { .. }
+            | Plan::ReadModifyWrite { .. }
+            | Plan::ModeSelect { .. }
+            | Plan::PrOut { .. }
+            | Plan::ExtendedCopy { .. }
+            | Plan::Sanitize { .. } => self.fetch(key, None),
             Plan::CopyResults => self.copy_results(key),
             Plan::PreventAllow { prevent, residual } => {
                 let holder = medium_holder(self.core, c.session);
@@ -79,8 +76,6 @@ impl Shard {
                 self.respond(key, good(residual));
             }
             Plan::LoadEject { load, residual } => self.load_eject(key, load, residual),
-            Plan::Sanitize { param_len: 0, .. } => self.sanitize(key, &[]),
-            Plan::Sanitize { param_len, .. } => self.fetch(key, param_len),
             Plan::Reserve | Plan::Release => {
                 let Some(s) = self.sessions.get(&c.session) else {
                     return;
@@ -491,7 +486,7 @@ impl Shard {
             let next = c.chunk_at + write_chunk(len, c.chunk_at, atomic);
             if next < len {
                 self.cmds[key].chunk_at = next;
-                self.fetch_write(key, dbuf);
+                self.fetch(key, dbuf);
                 return;
             }
         }

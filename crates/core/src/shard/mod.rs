@@ -47,6 +47,7 @@ mod copy;
 mod data_out;
 mod delivery;
 mod exec;
+mod gates;
 mod multi;
 mod sanitizing;
 mod taskset;
@@ -797,90 +798,7 @@ impl Shard {
         };
         let entry = lun.and_then(|l| s.luns.get(l).cloned());
         let op = req.cdb.first().copied().unwrap_or(0);
-        let mut early: Option<Response> = None;
-        if let (Some(l), Some(e)) = (lun, entry.as_ref()) {
-            let st = s.lus.entry(l).or_default();
-            // SBC-4 §4.10: CAPACITY DATA HAS CHANGED once per nexus after a
-            // resize.
-            if changed(&mut st.generation, e.device.generation()) {
-                st.raise(Sense::CAPACITY_DATA_HAS_CHANGED);
-            }
-            // SPC-4 §5.12: MODE PARAMETERS CHANGED for the nexuses that did
-            // not change them.
-            let shared = &e.device.shared;
-            if changed(&mut st.mode_gen, shared.mode_gen.load(Ordering::Acquire)) {
-                st.raise(Sense::MODE_PARAMETERS_CHANGED);
-            }
-            if changed(&mut st.reset_gen, shared.reset_gen.load(Ordering::Acquire)) {
-                st.raise(Sense::BUS_DEVICE_RESET);
-            }
-            // SBC-4 §4.15: a removable medium loaded by another nexus:
-            // NOT READY TO READY CHANGE, MEDIUM MAY HAVE CHANGED.
-            if e.device.flags.removable
-                && changed(
-                    &mut st.medium_gen,
-                    shared.medium.load_gen.load(Ordering::Acquire),
-                )
-            {
-                st.raise(Sense::NOT_READY_TO_READY_CHANGE);
-            }
-            // SBC-4 §4.11.1: while a sanitize runs (on any core) the device
-            // server answers little else, and that before a unit attention
-            // (libiscsi's Sanitize.Reset: the first command of a new nexus
-            // meets SANITIZE IN PROGRESS); after a failed one, media access
-            // meets MEDIUM FORMAT CORRUPTED.
-            if let Some(sense) = e.device.shared.sanitize.gate(op) {
-                early = Some(Response::check(sense));
-            }
-            // SAM-5 §5.14: a pending unit attention fails the next command,
-            // except INQUIRY, REPORT LUNS and REQUEST SENSE, and is cleared.
-            if early.is_none()
-                && !crate::ops::passes_unit_attention(op)
-                && let Some(ua) = st.ua.pop_front()
-            {
-                early = Some(Response::check(ua));
-            }
-            // SPC-4 §5.13.11: unit attentions a PERSISTENT RESERVE OUT of
-            // another nexus (on any core) raised for this one.
-            let mut pr_ua = Vec::new();
-            e.device
-                .shared
-                .take_pr_ua(&s.nexus.initiator_port, &s.nexus.target, &mut pr_ua);
-            for ua in pr_ua {
-                st.raise(ua);
-            }
-            if early.is_none()
-                && !crate::ops::passes_unit_attention(op)
-                && let Some(ua) = st.ua.pop_front()
-            {
-                early = Some(Response::check(ua));
-            }
-            // SPC-4 §5.13.1 table 66: a persistent reservation another nexus
-            // holds.
-            if early.is_none()
-                && e.device.shared.pr_reserved.load(Ordering::Acquire)
-                && e.device
-                    .shared
-                    .pr
-                    .lock()
-                    .is_ok_and(|pr| pr.conflicts(&pr_nexus(&s.nexus), op))
-            {
-                early = Some(Response::status(ferrite_scsi::Status::RESERVATION_CONFLICT));
-            }
-            // SPC-2 §5.5.1: a logical unit reserved by another I_T nexus
-            // answers RESERVATION CONFLICT to all but a few commands.
-            if early.is_none()
-                && !crate::ops::passes_reservation(op)
-                && e.device.shared.is_reserved()
-                && e.device.shared.reserved_by_other(&nexus_key(&s.nexus))
-            {
-                early = Some(Response::status(ferrite_scsi::Status::RESERVATION_CONFLICT));
-            }
-        } else if !crate::ops::serves_unmapped_lun(op) {
-            // SAM-5 (incorrect logical unit selection): a LUN with no logical
-            // unit behind it answers LOGICAL UNIT NOT SUPPORTED.
-            early = Some(Response::check(Sense::LOGICAL_UNIT_NOT_SUPPORTED));
-        }
+        let early = s.gate(lun, entry.as_ref(), op);
         let plan = match early {
             Some(_) => Plan::Good(Residual::None),
             None => emulate::plan(&req.cdb, entry.as_ref(), req.expected_len, req.dir),
