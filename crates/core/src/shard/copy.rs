@@ -67,7 +67,7 @@ impl Shard {
             return;
         }
         self.cmds[key].cont = Cont::Copy(Box::new(run));
-        self.cmds[key].state = CmdState::Exec;
+        self.advance(key, CmdState::Exec);
         self.xcopy_pump(key);
     }
 

@@ -51,8 +51,8 @@ impl Shard {
             }
             _ => self.pool.sg(len as usize),
         };
-        let c = &mut self.cmds[key];
-        c.state = CmdState::NeedData;
+        self.advance(key, CmdState::NeedData);
+        let c = &self.cmds[key];
         let (sid, tag, id) = (c.session, c.tag, cmd_id(key, c.seq));
         self.push_action(
             sid,
@@ -83,16 +83,7 @@ impl Shard {
             self.cmds[key].charged = n;
             return true;
         }
-        let c = &mut self.cmds[key];
-        c.want = n;
-        if c.state != CmdState::BufWait {
-            c.state = CmdState::BufWait;
-            self.buf_wait.push_back(key);
-            self.budget.note_wait(true);
-            if let Some(s) = self.sessions.get_mut(&sid) {
-                s.buf_waiting += 1;
-            }
-        }
+        self.advance(key, CmdState::BufWait { want: n });
         false
     }
 
@@ -104,25 +95,25 @@ impl Shard {
         let mut i = 0;
         while i < self.buf_wait.len() {
             let key = self.buf_wait[i];
-            let Some(c) = self.cmds.get(key).filter(|c| c.state == CmdState::BufWait) else {
+            let Some((c, want)) = self.cmds.get(key).and_then(|c| match c.state {
+                CmdState::BufWait { want } => Some((c, want)),
+                _ => None,
+            }) else {
                 self.buf_wait.remove(i);
                 continue;
             };
-            let (sid, want, extra) = (c.session, c.want, c.want.saturating_sub(c.charged));
+            let (sid, extra) = (c.session, want.saturating_sub(c.charged));
             let held = self.sessions.get(&sid).map_or(0, |s| s.data_held);
             if !self.budget.try_take(extra, held) {
                 i += 1;
                 continue;
             }
             self.buf_wait.remove(i);
-            self.budget.note_wait(false);
             if let Some(s) = self.sessions.get_mut(&sid) {
                 s.data_held += extra;
-                s.buf_waiting = s.buf_waiting.saturating_sub(1);
             }
-            let c = &mut self.cmds[key];
-            c.charged = want;
-            c.state = CmdState::New;
+            self.cmds[key].charged = want;
+            self.advance(key, CmdState::New);
             // Every plan that takes a buffer is started again from the top:
             // a WRITE goes on from `chunk_at`, and the buffer is held now.
             self.start(key);
@@ -131,20 +122,10 @@ impl Shard {
         progress
     }
 
-    /// Gives back the budget a command holds and takes it off `buf_wait`.
-    pub(super) fn release_budget(&mut self, c: &Cmd, key: usize) {
-        let s = self.sessions.get_mut(&c.session);
-        if c.state == CmdState::BufWait {
-            if let Some(p) = self.buf_wait.iter().position(|&k| k == key) {
-                self.buf_wait.remove(p);
-            }
-            self.budget.note_wait(false);
-        }
+    /// Gives back the budget a command leaving the slab holds.
+    pub(super) fn release_budget(&mut self, c: &Cmd) {
         let mut left = 0;
-        if let Some(s) = s {
-            if c.state == CmdState::BufWait {
-                s.buf_waiting = s.buf_waiting.saturating_sub(1);
-            }
+        if let Some(s) = self.sessions.get_mut(&c.session) {
             s.data_held = s.data_held.saturating_sub(c.charged);
             left = s.data_held;
         }
@@ -197,9 +178,8 @@ impl Shard {
                         // Hold the range from the read to the write (SBC-4
                         // §5.3): the read waits while another command
                         // holds an overlapping one.
-                        self.cmds[key].held = Some(buf);
                         let medium = self.pool.sg(len as usize);
-                        self.cmds[key].cont = Cont::Combine;
+                        self.cmds[key].cont = Cont::Combine(buf);
                         self.submit_op(
                             key,
                             BlockOp::Read {
@@ -209,7 +189,7 @@ impl Shard {
                         );
                     }
                     Plan::Compare { offset, len, .. } => {
-                        self.cmds[key].held = Some(buf);
+                        self.cmds[key].cont = Cont::Verify(buf);
                         let medium = self.pool.sg(len as usize);
                         self.submit_op(
                             key,

@@ -4,31 +4,50 @@
 use super::*;
 
 impl Shard {
-    /// Advances a command as far as it can go now.
-    pub(super) fn advance(&mut self, key: usize) {
-        let Some(c) = self.cmds.get(key) else {
+    /// Moves command `key` to state `to`: the one place a command's state
+    /// changes. Entering `BufWait`, `QueueFull` or `RangeWait` queues it
+    /// for its retry (the retry loops take it off again before they move
+    /// it on); entering `Done` takes it off whatever queue its state kept
+    /// it in; leaving `BufWait` ends its wait in the budget's and its
+    /// session's count of waiters.
+    pub(super) fn advance(&mut self, key: usize, to: CmdState) {
+        let Some(c) = self.cmds.get_mut(key) else {
             return;
         };
-        match c.state {
-            CmdState::New | CmdState::Blocked => {
-                if c.aborted {
-                    return;
-                }
-                if !self.may_start(key) {
-                    self.cmds[key].state = CmdState::Blocked;
-                    self.cmds[key].waited = true;
-                    return;
-                }
-                self.start(key);
+        let from = std::mem::replace(&mut c.state, to);
+        let sid = c.session;
+        let waiting = |s: CmdState| matches!(s, CmdState::BufWait { .. });
+        if waiting(from) && !waiting(to) {
+            self.budget.note_wait(false);
+            if let Some(s) = self.sessions.get_mut(&sid) {
+                s.buf_waiting = s.buf_waiting.saturating_sub(1);
             }
-            // The others move on events: data_out_done, poll, response_sent.
-            CmdState::NeedData
-            | CmdState::QueueFull
-            | CmdState::RangeWait
-            | CmdState::BufWait
-            | CmdState::Exec
-            | CmdState::Respond
-            | CmdState::Background => {}
+        }
+        if to == CmdState::Done {
+            let queue = match from {
+                CmdState::BufWait { .. } => Some(&mut self.buf_wait),
+                CmdState::QueueFull => Some(&mut self.retry),
+                CmdState::RangeWait => Some(&mut self.range_wait),
+                _ => None,
+            };
+            if let Some(q) = queue
+                && let Some(p) = q.iter().position(|&k| k == key)
+            {
+                q.remove(p);
+            }
+        }
+        match to {
+            CmdState::Blocked => self.cmds[key].waited = true,
+            CmdState::BufWait { .. } if !waiting(from) => {
+                self.buf_wait.push_back(key);
+                self.budget.note_wait(true);
+                if let Some(s) = self.sessions.get_mut(&sid) {
+                    s.buf_waiting += 1;
+                }
+            }
+            CmdState::QueueFull => self.retry.push_back(key),
+            CmdState::RangeWait => self.range_wait.push_back(key),
+            _ => {}
         }
     }
 
@@ -224,8 +243,7 @@ impl Shard {
             && !self.delivered(key)
         {
             self.cmds[key].op = Some(op);
-            self.cmds[key].state = CmdState::RangeWait;
-            self.range_wait.push_back(key);
+            self.advance(key, CmdState::RangeWait);
             return;
         }
         // SBC-4 §5.3: COMPARE AND WRITE (and ORWRITE) hold their range from
@@ -257,8 +275,7 @@ impl Shard {
             };
             if wait {
                 self.cmds[key].op = Some(op);
-                self.cmds[key].state = CmdState::RangeWait;
-                self.range_wait.push_back(key);
+                self.advance(key, CmdState::RangeWait);
                 return;
             }
             if take {
@@ -268,8 +285,7 @@ impl Shard {
         // Keep arrival order behind operations already waiting for a slot.
         if !self.retry.is_empty() {
             self.cmds[key].op = Some(op);
-            self.cmds[key].state = CmdState::QueueFull;
-            self.retry.push_back(key);
+            self.advance(key, CmdState::QueueFull);
             return;
         }
         let tag = tag_of(key, self.cmds[key].seq);
@@ -282,12 +298,11 @@ impl Shard {
             return;
         };
         match q.submit(tag, with_policy(&dev, op)) {
-            Ok(()) => self.cmds[key].state = CmdState::Exec,
+            Ok(()) => self.advance(key, CmdState::Exec),
             Err(Busy(op)) => {
                 // SPDK/STYLE rule 5: a full queue is a waiting state.
                 self.cmds[key].op = Some(op);
-                self.cmds[key].state = CmdState::QueueFull;
-                self.retry.push_back(key);
+                self.advance(key, CmdState::QueueFull);
             }
         }
     }
@@ -326,7 +341,7 @@ impl Shard {
             };
             match q.submit(tag, with_policy(&dev, op)) {
                 Ok(()) => {
-                    self.cmds[key].state = CmdState::Exec;
+                    self.advance(key, CmdState::Exec);
                     progress = true;
                 }
                 Err(Busy(op)) => {
@@ -490,9 +505,10 @@ impl Shard {
                 return;
             }
         }
-        if d.result.is_ok() && matches!(c.cont, Cont::Combine) {
-            self.cmds[key].cont = Cont::None;
-            self.combine(key, dbuf);
+        if d.result.is_ok() && matches!(c.cont, Cont::Combine(_)) {
+            if let Cont::Combine(data) = std::mem::replace(&mut self.cmds[key].cont, Cont::None) {
+                self.combine(key, data, dbuf);
+            }
             return;
         }
         if d.result.is_ok() && !matches!(c.cont, Cont::None) {
@@ -532,7 +548,10 @@ impl Shard {
             | (Plan::WriteSame { residual, .. }, Ok(()))
             | (Plan::Unmap { residual, .. }, Ok(())) => good(residual),
             (Plan::Compare { residual, .. }, Ok(())) => {
-                let data = self.cmds[key].held.take().map(|b| b.to_vec());
+                let data = match std::mem::replace(&mut self.cmds[key].cont, Cont::None) {
+                    Cont::Verify(b) => Some(b.to_vec()),
+                    _ => None,
+                };
                 let medium = dbuf.map(|b| b.to_vec());
                 match (data, medium) {
                     (Some(d), Some(m)) => match emulate::first_miscompare(&d, &m) {
@@ -558,10 +577,12 @@ impl Shard {
     /// Finishes a command's execution: it leaves its task set (unblocking
     /// younger tasks) and its response is queued.
     pub(super) fn respond(&mut self, key: usize, rsp: Response) {
-        let Some(c) = self.cmds.get_mut(key) else {
+        let Some(c) = self.cmds.get(key) else {
             return;
         };
-        c.state = CmdState::Respond;
+        let counted = c.state == CmdState::Respond;
+        self.advance(key, CmdState::Respond);
+        let c = &mut self.cmds[key];
         let (sid, tag, id) = (c.session, c.tag, cmd_id(key, c.seq));
         let d_sense = c.entry.as_ref().is_some_and(|e| e.device.d_sense());
         if c.locked {
@@ -571,8 +592,7 @@ impl Shard {
                 e.device.shared.ranges.unlock(owner);
             }
         }
-        if c.active {
-            c.active = false;
+        if !counted {
             let done = Completion {
                 dir: c.dir,
                 bytes: u64::from(rsp.data_len) + c.out_bytes,
@@ -595,12 +615,13 @@ impl Shard {
     /// Removes a command; drains pending TMFs and lingering sessions.
     pub(super) fn free(&mut self, key: usize) {
         self.leave_task_set(key);
-        if !self.cmds.contains(key) {
+        let Some(from) = self.cmds.get(key).map(|c| c.state) else {
             return;
-        }
+        };
+        self.advance(key, CmdState::Done);
         let c = self.cmds.remove(key);
-        if c.charged > 0 || c.state == CmdState::BufWait {
-            self.release_budget(&c, key);
+        if c.charged > 0 {
+            self.release_budget(&c);
         }
         if c.locked
             && let Some(e) = c.entry.as_ref()
@@ -610,12 +631,7 @@ impl Shard {
                 .ranges
                 .unlock(((self.core as u64) << 32) | c.seq as u64);
         }
-        if c.state == CmdState::RangeWait
-            && let Some(p) = self.range_wait.iter().position(|&k| k == key)
-        {
-            self.range_wait.remove(p);
-        }
-        if c.active {
+        if from != CmdState::Respond {
             // Aborted (or dropped with its session) before it could answer.
             let done = Completion {
                 dir: c.dir,
@@ -625,11 +641,6 @@ impl Shard {
             };
             let dev = c.entry.as_ref().map(|e| e.device.id);
             self.count_finished(c.session, dev, &done);
-        }
-        if c.state == CmdState::QueueFull
-            && let Some(p) = self.retry.iter().position(|&k| k == key)
-        {
-            self.retry.remove(p);
         }
         if !self.tmfs.is_empty() {
             let mut finished: SmallVec<[usize; 2]> = SmallVec::new();

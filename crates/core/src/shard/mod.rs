@@ -92,6 +92,18 @@ pub struct Nexus {
 }
 
 /// Where a command is in its life; each state says what it waits for.
+/// [`Shard::advance`] alone moves a command from one to the next, and keeps
+/// the shard's wait queues (`buf_wait`, `retry`, `range_wait`) and the data
+/// budget's count of waiters in step with them.
+///
+/// ```text
+/// New -> Blocked -> (BufWait) -> NeedData -> (BufWait) ->
+///   (RangeWait | QueueFull) -> Exec -> ... -> Respond -> Done
+/// ```
+/// A command without Data-Out goes from `New` (or `Blocked`) to `Exec` or
+/// straight to `Respond`; a SANITIZE without IMMED waits in `Background`;
+/// an aborted one goes to `Done` from wherever it is once nothing of it is
+/// in flight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum CmdState {
     /// Checked and planned; not yet looked at by the task set.
@@ -99,27 +111,32 @@ enum CmdState {
     /// Waits for older tasks of its task set (SAM-5 §8.6: an older ORDERED
     /// task, or for an ORDERED task any older task) to finish.
     Blocked,
+    /// Its data buffer does not fit the [`DataBudget`] now: waits in
+    /// `Shard::buf_wait` until `want` bytes (all it will then hold) do,
+    /// and then starts (or fetches its next chunk).
+    BufWait { want: u64 },
     /// `Action::FetchData` is queued or carried out; waits for
     /// `data_out_done`.
     NeedData,
-    /// The backend queue said Busy; the op waits in `Cmd::op` for a retry
-    /// after the next `poll`.
-    QueueFull,
     /// Its write (or COMPARE AND WRITE's read) overlaps a range another
-    /// command holds (SBC-4 §5.3); the op waits in `Cmd::op` for a retry
-    /// after the next `poll`.
+    /// command holds (SBC-4 §5.3), or must wait for the delivery of older
+    /// pipe reads of its session; the op waits in `Cmd::op` and
+    /// `Shard::range_wait` for a retry after the next `poll`.
     RangeWait,
+    /// The backend queue said Busy; the op waits in `Cmd::op` and
+    /// `Shard::retry` for a retry after the next `poll`.
+    QueueFull,
     /// A block operation is in flight; waits for its `BlockDone`.
     Exec,
-    /// `Action::Respond` is queued or being sent; waits for `response_sent`.
-    Respond,
     /// A SANITIZE without IMMED: waits for its device's sanitize operation
     /// (a [`SanitizeJob`]), which outlives it if it is aborted.
     Background,
-    /// Its data buffer does not fit the [`DataBudget`] now; waits in
-    /// `Shard::buf_wait` and starts (or fetches its next chunk) once it
-    /// does.
-    BufWait,
+    /// `Action::Respond` is queued or being sent; waits for `response_sent`.
+    /// Its completion is counted in the statistics on entry.
+    Respond,
+    /// Finished or aborted: out of every wait queue, its slot given back
+    /// next.
+    Done,
 }
 
 /// A sanitize operation this shard runs for a device (SBC-4 §4.11): one
@@ -160,19 +177,18 @@ struct Cmd {
     aborted: bool,
     /// Counted in its LU's task set.
     in_task_set: bool,
-    /// A block operation handed back by a Busy queue.
+    /// The block operation a `RangeWait` or `QueueFull` command waits to
+    /// submit.
     op: Option<BlockOp>,
+    /// What a command of several block operations does after the one in
+    /// flight (`Exec`).
     cont: Cont,
-    /// VERIFY's Data-Out, kept while the medium is read for the comparison.
-    held: Option<SgList>,
     /// The `now` it was submitted with (statistics).
     start: Instant,
     /// Direction it is counted in.
     dir: IoDir,
     /// Data-Out bytes received.
     out_bytes: u64,
-    /// Counted as active in the statistics (until its response is queued).
-    active: bool,
     /// Holds its byte range in the device's [`RangeLocks`](crate::device).
     locked: bool,
     /// Waited in its task set for older tasks (SAM-5 §8.6): it is ordered
@@ -183,8 +199,6 @@ struct Cmd {
     barrier: Option<u64>,
     /// Bytes of the [`DataBudget`] it holds.
     charged: u64,
-    /// Bytes of the budget it waits for in `BufWait`.
-    want: u64,
     /// WRITE: the offset in its data of the chunk fetched or written now.
     chunk_at: u32,
 }
@@ -836,7 +850,6 @@ impl Shard {
             in_task_set: false,
             op: None,
             cont: Cont::None,
-            held: None,
             start: now,
             dir: match plan {
                 Plan::Read { .. } => IoDir::Read,
@@ -844,12 +857,10 @@ impl Shard {
                 _ => IoDir::Other,
             },
             out_bytes: 0,
-            active: true,
             locked: false,
             waited: false,
             barrier: None,
             charged: 0,
-            want: 0,
             chunk_at: 0,
         });
         s.stats.started();
@@ -885,7 +896,7 @@ impl Shard {
         if admitted == Some(true) {
             self.start(key);
         } else {
-            self.advance(key);
+            self.admit(key);
         }
         cid
     }

@@ -16,8 +16,11 @@ pub(super) enum Cont {
     /// UNMAP: byte ranges still to deallocate, last first.
     Unmap(Vec<(u64, u64)>),
     /// COMPARE AND WRITE / ORWRITE: the medium read completes; combine it
-    /// with the held Data-Out and write.
-    Combine,
+    /// with this Data-Out and write.
+    Combine(SgList),
+    /// VERIFY with BYTCHK: the medium read completes; compare it with this
+    /// Data-Out.
+    Verify(SgList),
     /// EXTENDED COPY: the copy runs its own chunks ([`crate::xcopy`]).
     Copy(Box<crate::xcopy::CopyRun>),
 }
@@ -135,7 +138,7 @@ impl Shard {
                 Ok(())
             }
             Cont::Copy(_) => Err(buf),
-            Cont::Combine => Err(buf),
+            Cont::Combine(_) | Cont::Verify(_) => Err(buf),
             Cont::Unmap(ranges) => match ranges.pop() {
                 None => Err(buf),
                 Some((offset, len)) => {
@@ -153,9 +156,9 @@ impl Shard {
     }
 
     /// COMPARE AND WRITE / ORWRITE: the medium was read into `medium`;
-    /// compare or OR with the held Data-Out, then write (the range stays
+    /// compare or OR with the Data-Out `data`, then write (the range stays
     /// held until the response).
-    pub(super) fn combine(&mut self, key: usize, medium: Option<SgList>) {
+    pub(super) fn combine(&mut self, key: usize, data: SgList, medium: Option<SgList>) {
         let c = &mut self.cmds[key];
         let Plan::ReadModifyWrite {
             offset,
@@ -167,7 +170,7 @@ impl Shard {
         else {
             return;
         };
-        let (Some(data), Some(mut medium)) = (c.held.take(), medium) else {
+        let Some(mut medium) = medium else {
             self.respond(key, Response::check(Sense::INTERNAL_TARGET_FAILURE));
             return;
         };

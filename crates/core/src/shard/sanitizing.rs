@@ -63,7 +63,7 @@ impl Shard {
         if immed {
             self.respond(key, good(residual));
         } else {
-            self.cmds[key].state = CmdState::Background;
+            self.advance(key, CmdState::Background);
         }
         self.drive_sanitize(self.now);
     }

@@ -105,7 +105,23 @@ impl Shard {
             .filter(|&k| cmds.get(k).is_some_and(|c| c.state == CmdState::Blocked))
             .collect();
         for k in blocked {
-            self.advance(k);
+            self.admit(k);
         }
+    }
+
+    /// Starts a `New` or `Blocked` command if its task set lets it (SAM-5
+    /// §8.6), or leaves it `Blocked` until an older task leaves the set.
+    pub(super) fn admit(&mut self, key: usize) {
+        let Some(c) = self.cmds.get(key) else {
+            return;
+        };
+        if c.aborted || !matches!(c.state, CmdState::New | CmdState::Blocked) {
+            return;
+        }
+        if !self.may_start(key) {
+            self.advance(key, CmdState::Blocked);
+            return;
+        }
+        self.start(key);
     }
 }

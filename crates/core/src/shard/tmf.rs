@@ -86,7 +86,7 @@ impl Shard {
             | CmdState::Blocked
             | CmdState::QueueFull
             | CmdState::RangeWait
-            | CmdState::BufWait
+            | CmdState::BufWait { .. }
             | CmdState::Background => {
                 self.free(key);
                 false
@@ -113,6 +113,8 @@ impl Shard {
                 c.aborted = true;
                 true
             }
+            // Being freed already.
+            CmdState::Done => false,
             CmdState::Respond => {
                 // SAM-5 §7.2: no status for an aborted task, if it is not on
                 // its way already.
