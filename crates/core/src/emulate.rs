@@ -939,6 +939,8 @@ pub fn data_in(cdb: &[u8], ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<u32, 
                 write_cache: e.device.write_cache_enabled(),
                 d_sense: e.device.d_sense(),
                 swp: e.device.swp(),
+                // The backend makes a FUA write durable before it completes.
+                dpofua: e.device.backend.caps().fua,
             };
             mode::mode_sense(&c, &st, out)?;
             Ok(c.alloc_len as u32)
@@ -1250,6 +1252,40 @@ mod tests {
                 },
             )),
             read_only: false,
+        }
+    }
+
+    #[test]
+    fn mode_sense_reports_dpofua_where_the_backend_honours_fua() {
+        use crate::backend::Caps;
+        use crate::device::DeviceFlags;
+        for fua in [true, false] {
+            let e = LunEntry {
+                device: std::sync::Arc::new(crate::testing::device(
+                    1,
+                    Caps {
+                        fua,
+                        ..Caps::default()
+                    },
+                    DeviceFlags::default(),
+                )),
+                read_only: false,
+            };
+            let luns = LunMap::default();
+            let ctx = DataCtx {
+                entry: Some(&e),
+                luns: &luns,
+                rel_port: 1,
+                target: "t",
+                pending: None,
+            };
+            // MODE SENSE (6), DBD, Caching page; MODE SENSE (10) likewise.
+            let mut out = Vec::new();
+            data_in(&[0x1a, 0x08, 0x08, 0, 255, 0], &ctx, &mut out).unwrap();
+            assert_eq!(out[2] & 0x10 != 0, fua);
+            let mut out = Vec::new();
+            data_in(&[0x5a, 0x08, 0x08, 0, 0, 0, 0, 0, 255, 0], &ctx, &mut out).unwrap();
+            assert_eq!(out[3] & 0x10 != 0, fua);
         }
     }
 

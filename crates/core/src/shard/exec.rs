@@ -422,6 +422,7 @@ impl Shard {
             write_cache: dev.write_cache_enabled(),
             d_sense: dev.d_sense(),
             swp: dev.swp(),
+            dpofua: dev.backend.caps().fua,
         };
         match ferrite_scsi::mode::mode_select(ten, params, &st) {
             Err(s) => self.respond(key, check(s, residual)),
