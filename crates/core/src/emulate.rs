@@ -220,372 +220,603 @@ pub fn plan(cdb: &[u8], entry: Option<&LunEntry>, expected_len: u32, dir: DataDi
         Err(s) => return fail(s),
     };
     let op = Opcode(cdb[0]);
-    match op {
-        Opcode::INQUIRY => match InquiryCdb::decode(cdb) {
-            Ok(_) => Plan::DataIn,
-            Err(s) => fail(s),
-        },
-        Opcode::REPORT_LUNS => match ReportLunsCdb::decode(cdb) {
-            Ok(_) => Plan::DataIn,
-            Err(s) => fail(s),
-        },
-        Opcode::REQUEST_SENSE => match RequestSenseCdb::decode(cdb) {
-            Ok(_) => Plan::DataIn,
-            Err(s) => fail(s),
-        },
-        _ => {
+    match crate::ops::of(op.0).plan {
+        Planner::Nexus(plan) => plan(cdb),
+        Planner::Lu(plan) => {
             let Some(e) = entry else {
                 return fail(Sense::LOGICAL_UNIT_NOT_SUPPORTED);
             };
-            plan_lu(op, cdb, len, e, expected_len, dir)
+            // SBC-4 §4.15, SPC-4 §5.x: with the medium ejected, TEST UNIT
+            // READY and every command that reaches the medium get NOT READY,
+            // MEDIUM NOT PRESENT (libiscsi's NoMedia.NoMediaSBC).
+            let dev = &e.device;
+            if dev.flags.removable && crate::ops::needs_medium(op.0) && !dev.shared.medium.present()
+            {
+                return fail(Sense::MEDIUM_NOT_PRESENT);
+            }
+            plan(&Req {
+                op,
+                cdb,
+                len,
+                e,
+                expected_len,
+                dir,
+            })
         }
     }
 }
 
-fn plan_lu(
-    op: Opcode,
-    cdb: &[u8],
-    len: usize,
-    e: &LunEntry,
-    expected_len: u32,
-    dir: DataDir,
-) -> Plan {
-    let dev = &e.device;
-    let geo = dev.geometry();
-    let bs = geo.block_size as u64;
-    // SBC-4 §4.15, SPC-4 §5.x: with the medium ejected, TEST UNIT READY and
-    // every command that reaches the medium get NOT READY, MEDIUM NOT
-    // PRESENT (libiscsi's NoMedia.NoMediaSBC).
-    if dev.flags.removable && crate::ops::needs_medium(op.0) && !dev.shared.medium.present() {
-        return fail(Sense::MEDIUM_NOT_PRESENT);
+/// A command as a planner of the op table ([`Planner::Lu`]) sees it: its
+/// CDB, checked to be `len` bytes long, the logical unit it addresses, and
+/// what the transport expects.
+#[derive(Clone, Copy)]
+pub(crate) struct Req<'a> {
+    pub op: Opcode,
+    pub cdb: &'a [u8],
+    pub len: usize,
+    pub e: &'a LunEntry,
+    pub expected_len: u32,
+    pub dir: DataDir,
+}
+
+/// How the op table plans a command: each row names its planner.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Planner {
+    /// Served on any LUN, a logical unit behind it or not (INQUIRY,
+    /// REPORT LUNS, REQUEST SENSE): the CDB alone decides.
+    Nexus(fn(&[u8]) -> Plan),
+    /// Needs a logical unit with its medium (where the row says so).
+    Lu(fn(&Req<'_>) -> Plan),
+}
+
+/// TEST UNIT READY.
+pub(crate) fn plan_test_unit_ready(r: &Req<'_>) -> Plan {
+    let Req { expected_len, .. } = *r;
+    Plan::Good(no_data(expected_len))
+}
+
+/// MODE SENSE (6) and (10).
+pub(crate) fn plan_mode_sense(r: &Req<'_>) -> Plan {
+    let Req { cdb, .. } = *r;
+    match ModeSenseCdb::decode(cdb) {
+        Ok(_) => Plan::DataIn,
+        Err(s) => fail(s),
     }
-    match op {
-        Opcode::TEST_UNIT_READY => Plan::Good(no_data(expected_len)),
-        Opcode::MODE_SENSE_6 | Opcode::MODE_SENSE_10 => match ModeSenseCdb::decode(cdb) {
-            Ok(_) => Plan::DataIn,
-            Err(s) => fail(s),
-        },
-        Opcode::READ_CAPACITY_10 => match ReadCapacity10Cdb::decode(cdb) {
-            Ok(_) => Plan::DataIn,
-            Err(s) => fail(s),
-        },
-        Opcode::SERVICE_ACTION_IN_16 => match ServiceActionIn16Cdb::decode(cdb) {
-            Ok(c) if c.action == service_action_in_16::READ_CAPACITY_16 => Plan::DataIn,
-            // SBC-4 §5.8: the STARTING LBA must be within the capacity.
-            Ok(c) if c.action == service_action_in_16::GET_LBA_STATUS => {
-                if c.lba >= geo.num_blocks {
-                    fail(Sense::LBA_OUT_OF_RANGE)
-                } else {
-                    Plan::DataIn
-                }
-            }
-            Ok(_) => fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(4))),
-            Err(s) => fail(s),
-        },
-        // SPC-4 §6.35; other MAINTENANCE IN service actions are reported as
-        // unsupported operation codes, which initiators take as "skip".
-        Opcode::MAINTENANCE_IN
-            if cdb[1] & 0x1f == maintenance_in::REPORT_SUPPORTED_OPERATION_CODES =>
-        {
-            match ReportOpcodesCdb::decode(cdb) {
-                Ok(_) => Plan::DataIn,
-                Err(s) => fail(s),
+}
+
+/// READ CAPACITY (10).
+pub(crate) fn plan_read_capacity_10(r: &Req<'_>) -> Plan {
+    let Req { cdb, .. } = *r;
+    match ReadCapacity10Cdb::decode(cdb) {
+        Ok(_) => Plan::DataIn,
+        Err(s) => fail(s),
+    }
+}
+
+/// SERVICE ACTION IN (16): READ CAPACITY (16), GET LBA STATUS.
+pub(crate) fn plan_service_action_in_16(r: &Req<'_>) -> Plan {
+    let Req { cdb, e, .. } = *r;
+    let geo = e.device.geometry();
+    match ServiceActionIn16Cdb::decode(cdb) {
+        Ok(c) if c.action == service_action_in_16::READ_CAPACITY_16 => Plan::DataIn,
+        // SBC-4 §5.8: the STARTING LBA must be within the capacity.
+        Ok(c) if c.action == service_action_in_16::GET_LBA_STATUS => {
+            if c.lba >= geo.num_blocks {
+                fail(Sense::LBA_OUT_OF_RANGE)
+            } else {
+                Plan::DataIn
             }
         }
+        Ok(_) => fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(4))),
+        Err(s) => fail(s),
+    }
+}
+
+/// MAINTENANCE IN: REPORT SUPPORTED OPERATION CODES, REPORT SUPPORTED
+/// TASK MANAGEMENT FUNCTIONS.
+pub(crate) fn plan_maintenance_in(r: &Req<'_>) -> Plan {
+    let Req { cdb, len, .. } = *r;
+    match cdb[1] & 0x1f {
+        // SPC-4 §6.35; other MAINTENANCE IN service actions are reported as
+        // unsupported operation codes, which initiators take as "skip".
+        maintenance_in::REPORT_SUPPORTED_OPERATION_CODES => match ReportOpcodesCdb::decode(cdb) {
+            Ok(_) => Plan::DataIn,
+            Err(s) => fail(s),
+        },
         // SPC-4 §6.40 REPORT SUPPORTED TASK MANAGEMENT FUNCTIONS.
-        Opcode::MAINTENANCE_IN if cdb[1] & 0x1f == maintenance_in::REPORT_SUPPORTED_TMFS => {
+        maintenance_in::REPORT_SUPPORTED_TMFS => {
             if len != 12 {
                 return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(0, None));
             }
             Plan::DataIn
         }
-        Opcode::START_STOP_UNIT => match StartStopCdb::decode(cdb) {
-            // SBC-4 §5.25: a POWER CONDITION other than 0h (START_VALID)
-            // makes the device server ignore START and LOEJ; this device
-            // has no power conditions to enter, so it is accepted as is
-            // (libiscsi's StartStopUnit.PwrCnd). LOEJ = 1 loads (START = 1)
-            // or ejects (START = 0) a removable medium; IMMED only says when
-            // to answer, and both happen before the answer. Without LOEJ, or
-            // on a medium that is not removable, there is nothing to move:
-            // GOOD.
-            Ok(c) if dev.flags.removable && c.loej && c.power_condition == 0 => Plan::LoadEject {
-                load: c.start,
+        _ => fail(Sense::INVALID_COMMAND_OPERATION_CODE),
+    }
+}
+
+/// START STOP UNIT.
+pub(crate) fn plan_start_stop_unit(r: &Req<'_>) -> Plan {
+    let Req {
+        cdb,
+        e,
+        expected_len,
+        ..
+    } = *r;
+    let dev = &e.device;
+    match StartStopCdb::decode(cdb) {
+        // SBC-4 §5.25: a POWER CONDITION other than 0h (START_VALID)
+        // makes the device server ignore START and LOEJ; this device
+        // has no power conditions to enter, so it is accepted as is
+        // (libiscsi's StartStopUnit.PwrCnd). LOEJ = 1 loads (START = 1)
+        // or ejects (START = 0) a removable medium; IMMED only says when
+        // to answer, and both happen before the answer. Without LOEJ, or
+        // on a medium that is not removable, there is nothing to move:
+        // GOOD.
+        Ok(c) if dev.flags.removable && c.loej && c.power_condition == 0 => Plan::LoadEject {
+            load: c.start,
+            residual: no_data(expected_len),
+        },
+        Ok(_) => Plan::Good(no_data(expected_len)),
+        Err(s) => fail(s),
+    }
+}
+
+/// PREVENT ALLOW MEDIUM REMOVAL.
+pub(crate) fn plan_prevent_allow(r: &Req<'_>) -> Plan {
+    let Req {
+        cdb,
+        e,
+        expected_len,
+        ..
+    } = *r;
+    let dev = &e.device;
+    match PreventAllowCdb::decode(cdb) {
+        // SBC-4 §5.13: PREVENT 00b allows removal, 01b prevents it for
+        // this I_T nexus; 10b and 11b are obsolete and not supported.
+        Ok(c) if dev.flags.removable => match c.prevent {
+            0 | 1 => Plan::PreventAllow {
+                prevent: c.prevent == 1,
                 residual: no_data(expected_len),
             },
-            Ok(_) => Plan::Good(no_data(expected_len)),
-            Err(s) => fail(s),
+            _ => fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(4, Some(1))),
         },
-        Opcode::PREVENT_ALLOW_MEDIUM_REMOVAL => match PreventAllowCdb::decode(cdb) {
-            // SBC-4 §5.13: PREVENT 00b allows removal, 01b prevents it for
-            // this I_T nexus; 10b and 11b are obsolete and not supported.
-            Ok(c) if dev.flags.removable => match c.prevent {
-                0 | 1 => Plan::PreventAllow {
-                    prevent: c.prevent == 1,
-                    residual: no_data(expected_len),
-                },
-                _ => fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(4, Some(1))),
-            },
-            // A medium that is not removable: nothing to prevent.
-            Ok(_) => Plan::Good(no_data(expected_len)),
-            Err(s) => fail(s),
+        // A medium that is not removable: nothing to prevent.
+        Ok(_) => Plan::Good(no_data(expected_len)),
+        Err(s) => fail(s),
+    }
+}
+
+/// READ (6), (10), (12), (16).
+pub(crate) fn plan_read(r: &Req<'_>) -> Plan {
+    let Req {
+        cdb,
+        len,
+        e,
+        expected_len,
+        ..
+    } = *r;
+    let geo = e.device.geometry();
+    let bs = geo.block_size as u64;
+
+    let c = match BlockCdb::decode(cdb) {
+        Ok(c) => c,
+        Err(s) => return fail(s),
+    };
+    if let Err(s) = c.check_no_protect() {
+        return fail(s);
+    }
+    if let Err(s) = c.check_range(geo.num_blocks) {
+        return fail(s);
+    }
+    let spdtl = c.blocks as u64 * bs;
+    if spdtl > MAX_TRANSFER_BYTES {
+        return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(xfer_len_byte(len), None));
+    }
+    // SAM-5 §5.4.3: transfer at most the expected length; read only the
+    // blocks that cover it.
+    let (xfer, residual) = residual_in(spdtl, expected_len);
+    if xfer == 0 {
+        return Plan::Good(residual);
+    }
+    let read = (xfer as u64).div_ceil(bs) * bs;
+    Plan::Read {
+        offset: c.lba * bs,
+        len: read as u32,
+        xfer,
+        residual,
+    }
+}
+
+/// WRITE (6), (10), (12), (16).
+pub(crate) fn plan_write_blocks(r: &Req<'_>) -> Plan {
+    let Req {
+        cdb,
+        len,
+        e,
+        expected_len,
+        dir,
+        ..
+    } = *r;
+
+    let c = match BlockCdb::decode(cdb) {
+        Ok(c) => c,
+        Err(s) => return fail(s),
+    };
+    plan_write(&c, len, e, expected_len, dir, c.fua())
+}
+
+/// WRITE AND VERIFY (10), (12), (16).
+pub(crate) fn plan_write_and_verify(r: &Req<'_>) -> Plan {
+    let Req {
+        cdb,
+        len,
+        e,
+        expected_len,
+        dir,
+        ..
+    } = *r;
+
+    let c = match BlockCdb::decode(cdb) {
+        Ok(c) => c,
+        Err(s) => return fail(s),
+    };
+    // SBC-4 §5.36: the data is verified on the medium after the write;
+    // a write that is durable when it completes (FUA) is what reading
+    // it back would prove. BYTCHK compares the Data-Out with what was
+    // just written from it, which cannot differ.
+    plan_write(&c, len, e, expected_len, dir, true)
+}
+
+/// VERIFY (10), (12), (16).
+pub(crate) fn plan_verify(r: &Req<'_>) -> Plan {
+    let Req {
+        cdb,
+        len,
+        e,
+        expected_len,
+        dir,
+        ..
+    } = *r;
+    let geo = e.device.geometry();
+    let bs = geo.block_size as u64;
+
+    let c = match BlockCdb::decode(cdb) {
+        Ok(c) => c,
+        Err(s) => return fail(s),
+    };
+    if let Err(s) = c.check_no_protect() {
+        return fail(s);
+    }
+    if let Err(s) = c.check_range(geo.num_blocks) {
+        return fail(s);
+    }
+    // SBC-4 §5.34: BYTCHK 00b verifies the medium only (nothing to do
+    // here); 01b compares TRANSFER LENGTH blocks of Data-Out with the
+    // medium; 11b compares one block of Data-Out with every block;
+    // 10b is reserved.
+    let spdtl = c.blocks as u64 * bs;
+    let data_len = match c.bytchk() {
+        0 => return Plan::Good(no_data(expected_len)),
+        1 => spdtl,
+        3 => bs,
+        _ => return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(2))),
+    };
+    if spdtl > MAX_TRANSFER_BYTES {
+        return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(xfer_len_byte(len), None));
+    }
+    let residual = match data_out_residual(
+        if c.blocks == 0 { 0 } else { data_len },
+        data_out_len(expected_len, dir),
+    ) {
+        Ok(r) => r,
+        Err(p) => return p,
+    };
+    if c.blocks == 0 {
+        return Plan::Good(residual);
+    }
+    Plan::Compare {
+        offset: c.lba * bs,
+        len: spdtl as u32,
+        data_len: data_len as u32,
+        residual,
+    }
+}
+
+/// PRE-FETCH (10) and (16).
+pub(crate) fn plan_pre_fetch(r: &Req<'_>) -> Plan {
+    let Req {
+        cdb,
+        e,
+        expected_len,
+        ..
+    } = *r;
+    let geo = e.device.geometry();
+
+    let c = match BlockCdb::decode(cdb) {
+        Ok(c) => c,
+        Err(s) => return fail(s),
+    };
+    // SBC-4 §5.9: the range is checked; GOOD (not CONDITION MET)
+    // says the blocks were not all placed in a cache, which is true:
+    // this device server keeps none of its own.
+    if let Err(s) = c.check_range(geo.num_blocks) {
+        return fail(s);
+    }
+    Plan::Good(no_data(expected_len))
+}
+
+/// READ DEFECT DATA (10) and (12).
+pub(crate) fn plan_read_defect_data(_: &Req<'_>) -> Plan {
+    Plan::DataIn
+}
+
+/// RESERVE (6) and (10).
+pub(crate) fn plan_reserve(r: &Req<'_>) -> Plan {
+    let Req { op, cdb, .. } = *r;
+
+    // SPC-2 §7.21: third-party and extent reservations (byte 1 bits
+    // 4 and 0 of RESERVE (10), LONGID) are not supported.
+    if op == Opcode::RESERVE_10 && cdb[1] & 0x13 != 0 {
+        return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, None));
+    }
+    Plan::Reserve
+}
+
+/// RELEASE (6) and (10).
+pub(crate) fn plan_release(r: &Req<'_>) -> Plan {
+    let Req { op, cdb, .. } = *r;
+
+    if op == Opcode::RELEASE_10 && cdb[1] & 0x13 != 0 {
+        return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, None));
+    }
+    Plan::Release
+}
+
+/// ORWRITE (16).
+pub(crate) fn plan_orwrite(r: &Req<'_>) -> Plan {
+    let Req {
+        cdb,
+        len,
+        e,
+        expected_len,
+        dir,
+        ..
+    } = *r;
+
+    let c = match BlockCdb::decode(cdb) {
+        Ok(c) => c,
+        Err(s) => return fail(s),
+    };
+    // SBC-4 §5.10: BMOP (byte 14 bits 2..0) other than 000b is the
+    // change-generation form, not supported.
+    if cdb[14] & 0x07 != 0 {
+        return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(14, Some(0)));
+    }
+    match plan_write(&c, len, e, expected_len, dir, c.fua()) {
+        Plan::Write {
+            offset,
+            len,
+            fua,
+            residual,
+            ..
+        } => Plan::ReadModifyWrite {
+            offset,
+            len,
+            data_len: len,
+            fua,
+            kind: Rmw::Or,
+            residual,
         },
-        Opcode::READ_6 | Opcode::READ_10 | Opcode::READ_12 | Opcode::READ_16 => {
-            let c = match BlockCdb::decode(cdb) {
-                Ok(c) => c,
-                Err(s) => return fail(s),
-            };
-            if let Err(s) = c.check_no_protect() {
-                return fail(s);
-            }
-            if let Err(s) = c.check_range(geo.num_blocks) {
-                return fail(s);
-            }
-            let spdtl = c.blocks as u64 * bs;
-            if spdtl > MAX_TRANSFER_BYTES {
-                return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(xfer_len_byte(len), None));
-            }
-            // SAM-5 §5.4.3: transfer at most the expected length; read only the
-            // blocks that cover it.
-            let (xfer, residual) = residual_in(spdtl, expected_len);
-            if xfer == 0 {
-                return Plan::Good(residual);
-            }
-            let read = (xfer as u64).div_ceil(bs) * bs;
-            Plan::Read {
-                offset: c.lba * bs,
-                len: read as u32,
-                xfer,
-                residual,
-            }
-        }
-        Opcode::WRITE_6 | Opcode::WRITE_10 | Opcode::WRITE_12 | Opcode::WRITE_16 => {
-            let c = match BlockCdb::decode(cdb) {
-                Ok(c) => c,
-                Err(s) => return fail(s),
-            };
-            plan_write(&c, len, e, expected_len, dir, c.fua())
-        }
-        Opcode::WRITE_AND_VERIFY_10 | Opcode::WRITE_AND_VERIFY_12 | Opcode::WRITE_AND_VERIFY_16 => {
-            let c = match BlockCdb::decode(cdb) {
-                Ok(c) => c,
-                Err(s) => return fail(s),
-            };
-            // SBC-4 §5.36: the data is verified on the medium after the write;
-            // a write that is durable when it completes (FUA) is what reading
-            // it back would prove. BYTCHK compares the Data-Out with what was
-            // just written from it, which cannot differ.
-            plan_write(&c, len, e, expected_len, dir, true)
-        }
-        Opcode::VERIFY_10 | Opcode::VERIFY_12 | Opcode::VERIFY_16 => {
-            let c = match BlockCdb::decode(cdb) {
-                Ok(c) => c,
-                Err(s) => return fail(s),
-            };
-            if let Err(s) = c.check_no_protect() {
-                return fail(s);
-            }
-            if let Err(s) = c.check_range(geo.num_blocks) {
-                return fail(s);
-            }
-            // SBC-4 §5.34: BYTCHK 00b verifies the medium only (nothing to do
-            // here); 01b compares TRANSFER LENGTH blocks of Data-Out with the
-            // medium; 11b compares one block of Data-Out with every block;
-            // 10b is reserved.
-            let spdtl = c.blocks as u64 * bs;
-            let data_len = match c.bytchk() {
-                0 => return Plan::Good(no_data(expected_len)),
-                1 => spdtl,
-                3 => bs,
-                _ => return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(2))),
-            };
-            if spdtl > MAX_TRANSFER_BYTES {
-                return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(xfer_len_byte(len), None));
-            }
-            let residual = match data_out_residual(
-                if c.blocks == 0 { 0 } else { data_len },
-                data_out_len(expected_len, dir),
-            ) {
-                Ok(r) => r,
-                Err(p) => return p,
-            };
-            if c.blocks == 0 {
-                return Plan::Good(residual);
-            }
-            Plan::Compare {
-                offset: c.lba * bs,
-                len: spdtl as u32,
-                data_len: data_len as u32,
-                residual,
-            }
-        }
-        Opcode::WRITE_SAME_10 | Opcode::WRITE_SAME_16 => {
-            plan_write_same(op, cdb, len, e, expected_len, dir)
-        }
-        Opcode::UNMAP => plan_unmap(cdb, e, expected_len, dir),
-        Opcode::PRE_FETCH_10 | Opcode::PRE_FETCH_16 => {
-            let c = match BlockCdb::decode(cdb) {
-                Ok(c) => c,
-                Err(s) => return fail(s),
-            };
-            // SBC-4 §5.9: the range is checked; GOOD (not CONDITION MET)
-            // says the blocks were not all placed in a cache, which is true:
-            // this device server keeps none of its own.
-            if let Err(s) = c.check_range(geo.num_blocks) {
-                return fail(s);
-            }
-            Plan::Good(no_data(expected_len))
-        }
-        Opcode::READ_DEFECT_DATA_10 | Opcode::READ_DEFECT_DATA_12 => Plan::DataIn,
-        Opcode::RESERVE_6 | Opcode::RESERVE_10 => {
-            // SPC-2 §7.21: third-party and extent reservations (byte 1 bits
-            // 4 and 0 of RESERVE (10), LONGID) are not supported.
-            if op == Opcode::RESERVE_10 && cdb[1] & 0x13 != 0 {
-                return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, None));
-            }
-            Plan::Reserve
-        }
-        Opcode::RELEASE_6 | Opcode::RELEASE_10 => {
-            if op == Opcode::RELEASE_10 && cdb[1] & 0x13 != 0 {
-                return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, None));
-            }
-            Plan::Release
-        }
-        Opcode::ORWRITE_16 => {
-            let c = match BlockCdb::decode(cdb) {
-                Ok(c) => c,
-                Err(s) => return fail(s),
-            };
-            // SBC-4 §5.10: BMOP (byte 14 bits 2..0) other than 000b is the
-            // change-generation form, not supported.
-            if cdb[14] & 0x07 != 0 {
-                return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(14, Some(0)));
-            }
-            match plan_write(&c, len, e, expected_len, dir, c.fua()) {
-                Plan::Write {
-                    offset,
-                    len,
-                    fua,
-                    residual,
-                    ..
-                } => Plan::ReadModifyWrite {
-                    offset,
-                    len,
-                    data_len: len,
-                    fua,
-                    kind: Rmw::Or,
-                    residual,
-                },
-                other => other,
-            }
-        }
-        Opcode::COMPARE_AND_WRITE => plan_compare_and_write(cdb, e, expected_len, dir),
-        Opcode::SANITIZE => crate::sanitize::plan(cdb, e, expected_len, dir),
-        Opcode::WRITE_ATOMIC_16 => {
-            // SBC-4 §5.49: LBA in bytes 2..10, ATOMIC BOUNDARY 10..12 (no
-            // boundaries: MAXIMUM ATOMIC BOUNDARY SIZE is zero), TRANSFER
-            // LENGTH 12..14.
-            let boundary = u16::from_be_bytes([cdb[10], cdb[11]]);
-            if boundary != 0 {
-                return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(10, None));
-            }
-            let c = BlockCdb {
-                lba: u64::from_be_bytes([
-                    cdb[2], cdb[3], cdb[4], cdb[5], cdb[6], cdb[7], cdb[8], cdb[9],
-                ]),
-                blocks: u16::from_be_bytes([cdb[12], cdb[13]]) as u32,
-                flags: cdb[1],
-                group: cdb[14],
-            };
-            if c.blocks as u64 > max_atomic_blocks(geo.block_size) as u64 {
-                return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(12, None));
-            }
-            match plan_write(&c, len, e, expected_len, dir, c.fua()) {
-                Plan::Write {
-                    offset,
-                    len,
-                    fua,
-                    residual,
-                    ..
-                } => Plan::Write {
-                    offset,
-                    len,
-                    fua,
-                    residual,
-                    atomic: true,
-                },
-                other => other,
-            }
-        }
-        Opcode::MODE_SELECT_6 | Opcode::MODE_SELECT_10 => {
-            // SPC-4 §6.9: PF must be one (SPC pages); SP: no page is
-            // saveable.
-            if cdb[1] & 0x01 != 0 {
-                return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(0)));
-            }
-            if cdb[1] & 0x10 == 0 {
-                return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(4)));
-            }
-            let param_len = if op == Opcode::MODE_SELECT_6 {
-                cdb[4] as u32
-            } else {
-                u16::from_be_bytes([cdb[7], cdb[8]]) as u32
-            };
-            match data_out_residual(param_len as u64, data_out_len(expected_len, dir)) {
-                Ok(residual) if param_len == 0 => Plan::Good(residual),
-                Ok(residual) => Plan::ModeSelect {
-                    param_len,
-                    residual,
-                },
-                Err(p) => p,
-            }
-        }
-        // SPC-4 §6.16: service actions past READ FULL STATUS are invalid.
-        Opcode::PERSISTENT_RESERVE_IN => {
-            if cdb[1] & 0x1f > crate::pr::in_sa::READ_FULL_STATUS {
-                fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(4)))
-            } else {
-                Plan::DataIn
-            }
-        }
-        Opcode::PERSISTENT_RESERVE_OUT => {
-            // SPC-4 §6.15.2: a service action this device server does not
-            // implement is refused before its parameter list is fetched.
-            if !crate::ops::lists(op.0, cdb[1] & 0x1f) {
-                return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(4)));
-            }
-            let param_len = u32::from_be_bytes([cdb[5], cdb[6], cdb[7], cdb[8]]);
-            // A longer list than any this device server takes is refused
-            // before a byte of it is fetched.
-            if param_len > crate::pr::MAX_OUT_PARAMS {
-                return fail(Sense::PARAMETER_LIST_LENGTH_ERROR);
-            }
-            match data_out_residual(param_len as u64, data_out_len(expected_len, dir)) {
-                Ok(residual) => Plan::PrOut {
-                    param_len,
-                    residual,
-                },
-                Err(p) => p,
-            }
-        }
-        Opcode::SYNCHRONIZE_CACHE_10 | Opcode::SYNCHRONIZE_CACHE_16 => {
-            let c = match BlockCdb::decode(cdb) {
-                Ok(c) => c,
-                Err(s) => return fail(s),
-            };
-            // SBC-4 §5.26: the range is checked even though the whole cache is
-            // flushed.
-            if let Err(s) = c.check_range(geo.num_blocks) {
-                return fail(s);
-            }
-            if dev.flags.nv_cache {
-                Plan::Good(no_data(expected_len))
-            } else {
-                Plan::Flush(no_data(expected_len))
-            }
-        }
-        Opcode::EXTENDED_COPY => crate::xcopy::plan_extended_copy(cdb, expected_len, dir),
-        Opcode::RECEIVE_COPY_RESULTS => crate::xcopy::plan_receive_copy_results(cdb),
-        _ => fail(Sense::INVALID_COMMAND_OPERATION_CODE),
+        other => other,
+    }
+}
+
+/// WRITE ATOMIC (16).
+pub(crate) fn plan_write_atomic(r: &Req<'_>) -> Plan {
+    let Req {
+        cdb,
+        len,
+        e,
+        expected_len,
+        dir,
+        ..
+    } = *r;
+    let geo = e.device.geometry();
+
+    // SBC-4 §5.49: LBA in bytes 2..10, ATOMIC BOUNDARY 10..12 (no
+    // boundaries: MAXIMUM ATOMIC BOUNDARY SIZE is zero), TRANSFER
+    // LENGTH 12..14.
+    let boundary = u16::from_be_bytes([cdb[10], cdb[11]]);
+    if boundary != 0 {
+        return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(10, None));
+    }
+    let c = BlockCdb {
+        lba: u64::from_be_bytes([
+            cdb[2], cdb[3], cdb[4], cdb[5], cdb[6], cdb[7], cdb[8], cdb[9],
+        ]),
+        blocks: u16::from_be_bytes([cdb[12], cdb[13]]) as u32,
+        flags: cdb[1],
+        group: cdb[14],
+    };
+    if c.blocks as u64 > max_atomic_blocks(geo.block_size) as u64 {
+        return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(12, None));
+    }
+    match plan_write(&c, len, e, expected_len, dir, c.fua()) {
+        Plan::Write {
+            offset,
+            len,
+            fua,
+            residual,
+            ..
+        } => Plan::Write {
+            offset,
+            len,
+            fua,
+            residual,
+            atomic: true,
+        },
+        other => other,
+    }
+}
+
+/// MODE SELECT (6) and (10).
+pub(crate) fn plan_mode_select(r: &Req<'_>) -> Plan {
+    let Req {
+        op,
+        cdb,
+        expected_len,
+        dir,
+        ..
+    } = *r;
+
+    // SPC-4 §6.9: PF must be one (SPC pages); SP: no page is
+    // saveable.
+    if cdb[1] & 0x01 != 0 {
+        return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(0)));
+    }
+    if cdb[1] & 0x10 == 0 {
+        return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(4)));
+    }
+    let param_len = if op == Opcode::MODE_SELECT_6 {
+        cdb[4] as u32
+    } else {
+        u16::from_be_bytes([cdb[7], cdb[8]]) as u32
+    };
+    match data_out_residual(param_len as u64, data_out_len(expected_len, dir)) {
+        Ok(residual) if param_len == 0 => Plan::Good(residual),
+        Ok(residual) => Plan::ModeSelect {
+            param_len,
+            residual,
+        },
+        Err(p) => p,
+    }
+}
+
+/// PERSISTENT RESERVE IN.
+pub(crate) fn plan_persistent_reserve_in(r: &Req<'_>) -> Plan {
+    let Req { cdb, .. } = *r;
+    // SPC-4 §6.16: service actions past READ FULL STATUS are invalid.
+
+    if cdb[1] & 0x1f > crate::pr::in_sa::READ_FULL_STATUS {
+        fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(4)))
+    } else {
+        Plan::DataIn
+    }
+}
+
+/// PERSISTENT RESERVE OUT.
+pub(crate) fn plan_persistent_reserve_out(r: &Req<'_>) -> Plan {
+    let Req {
+        op,
+        cdb,
+        expected_len,
+        dir,
+        ..
+    } = *r;
+
+    // SPC-4 §6.15.2: a service action this device server does not
+    // implement is refused before its parameter list is fetched.
+    if !crate::ops::lists(op.0, cdb[1] & 0x1f) {
+        return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(4)));
+    }
+    let param_len = u32::from_be_bytes([cdb[5], cdb[6], cdb[7], cdb[8]]);
+    // A longer list than any this device server takes is refused
+    // before a byte of it is fetched.
+    if param_len > crate::pr::MAX_OUT_PARAMS {
+        return fail(Sense::PARAMETER_LIST_LENGTH_ERROR);
+    }
+    match data_out_residual(param_len as u64, data_out_len(expected_len, dir)) {
+        Ok(residual) => Plan::PrOut {
+            param_len,
+            residual,
+        },
+        Err(p) => p,
+    }
+}
+
+/// SYNCHRONIZE CACHE (10) and (16).
+pub(crate) fn plan_synchronize_cache(r: &Req<'_>) -> Plan {
+    let Req {
+        cdb,
+        e,
+        expected_len,
+        ..
+    } = *r;
+    let dev = &e.device;
+    let geo = e.device.geometry();
+
+    let c = match BlockCdb::decode(cdb) {
+        Ok(c) => c,
+        Err(s) => return fail(s),
+    };
+    // SBC-4 §5.26: the range is checked even though the whole cache is
+    // flushed.
+    if let Err(s) = c.check_range(geo.num_blocks) {
+        return fail(s);
+    }
+    if dev.flags.nv_cache {
+        Plan::Good(no_data(expected_len))
+    } else {
+        Plan::Flush(no_data(expected_len))
+    }
+}
+
+/// WRITE SAME (10) and (16).
+pub(crate) fn plan_write_same_cmd(r: &Req<'_>) -> Plan {
+    plan_write_same(r.op, r.cdb, r.len, r.e, r.expected_len, r.dir)
+}
+
+/// UNMAP.
+pub(crate) fn plan_unmap_cmd(r: &Req<'_>) -> Plan {
+    plan_unmap(r.cdb, r.e, r.expected_len, r.dir)
+}
+
+/// COMPARE AND WRITE.
+pub(crate) fn plan_compare_and_write_cmd(r: &Req<'_>) -> Plan {
+    plan_compare_and_write(r.cdb, r.e, r.expected_len, r.dir)
+}
+
+/// SANITIZE ([`crate::sanitize::plan`]).
+pub(crate) fn plan_sanitize(r: &Req<'_>) -> Plan {
+    crate::sanitize::plan(r.cdb, r.e, r.expected_len, r.dir)
+}
+
+/// EXTENDED COPY ([`crate::xcopy`]).
+pub(crate) fn plan_extended_copy(r: &Req<'_>) -> Plan {
+    crate::xcopy::plan_extended_copy(r.cdb, r.expected_len, r.dir)
+}
+
+/// RECEIVE COPY RESULTS ([`crate::xcopy`]).
+pub(crate) fn plan_receive_copy_results(r: &Req<'_>) -> Plan {
+    crate::xcopy::plan_receive_copy_results(r.cdb)
+}
+
+/// An opcode the table does not list: not implemented.
+pub(crate) fn plan_unlisted(_: &Req<'_>) -> Plan {
+    fail(Sense::INVALID_COMMAND_OPERATION_CODE)
+}
+
+/// INQUIRY: served on any LUN.
+pub(crate) fn plan_inquiry(cdb: &[u8]) -> Plan {
+    match InquiryCdb::decode(cdb) {
+        Ok(_) => Plan::DataIn,
+        Err(s) => fail(s),
+    }
+}
+
+/// REPORT LUNS: served on any LUN.
+pub(crate) fn plan_report_luns(cdb: &[u8]) -> Plan {
+    match ReportLunsCdb::decode(cdb) {
+        Ok(_) => Plan::DataIn,
+        Err(s) => fail(s),
+    }
+}
+
+/// REQUEST SENSE: served on any LUN.
+pub(crate) fn plan_request_sense(cdb: &[u8]) -> Plan {
+    match RequestSenseCdb::decode(cdb) {
+        Ok(_) => Plan::DataIn,
+        Err(s) => fail(s),
     }
 }
 
@@ -939,6 +1170,8 @@ pub fn data_in(cdb: &[u8], ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<u32, 
                 write_cache: e.device.write_cache_enabled(),
                 d_sense: e.device.d_sense(),
                 swp: e.device.swp(),
+                // The backend makes a FUA write durable before it completes.
+                dpofua: e.device.backend.caps().fua,
             };
             mode::mode_sense(&c, &st, out)?;
             Ok(c.alloc_len as u32)
@@ -1253,6 +1486,40 @@ mod tests {
         }
     }
 
+    #[test]
+    fn mode_sense_reports_dpofua_where_the_backend_honours_fua() {
+        use crate::backend::Caps;
+        use crate::device::DeviceFlags;
+        for fua in [true, false] {
+            let e = LunEntry {
+                device: std::sync::Arc::new(crate::testing::device(
+                    1,
+                    Caps {
+                        fua,
+                        ..Caps::default()
+                    },
+                    DeviceFlags::default(),
+                )),
+                read_only: false,
+            };
+            let luns = LunMap::default();
+            let ctx = DataCtx {
+                entry: Some(&e),
+                luns: &luns,
+                rel_port: 1,
+                target: "t",
+                pending: None,
+            };
+            // MODE SENSE (6), DBD, Caching page; MODE SENSE (10) likewise.
+            let mut out = Vec::new();
+            data_in(&[0x1a, 0x08, 0x08, 0, 255, 0], &ctx, &mut out).unwrap();
+            assert_eq!(out[2] & 0x10 != 0, fua);
+            let mut out = Vec::new();
+            data_in(&[0x5a, 0x08, 0x08, 0, 0, 0, 0, 0, 255, 0], &ctx, &mut out).unwrap();
+            assert_eq!(out[3] & 0x10 != 0, fua);
+        }
+    }
+
     /// Whether `plan` knows the command `cdb` starts: anything but INVALID
     /// COMMAND OPERATION CODE, or, for an opcode with service actions, an
     /// INVALID FIELD IN CDB at the SERVICE ACTION field.
@@ -1278,13 +1545,14 @@ mod tests {
                 let mut cdb = vec![0u8; len];
                 cdb[0] = op;
                 cdb[1] = sa;
-                let listed = crate::ops::OPS
+                let row = crate::ops::OPS
                     .iter()
-                    .any(|r| r.opcode == op && r.sa.is_none_or(|x| x == sa));
+                    .find(|r| r.opcode == op && r.sa.is_none_or(|x| x == sa));
                 assert_eq!(
                     planned(&cdb, &e),
-                    listed,
-                    "opcode {op:#04x} service action {sa:#04x}: planned and listed disagree"
+                    row.is_some(),
+                    "opcode {op:#04x} service action {sa:#04x} ({}): planned and listed disagree",
+                    row.map_or("not listed", |r| r.name)
                 );
             }
         }

@@ -1,14 +1,17 @@
 //! One row per command the device server implements (opcode and service
 //! action): its name, its CDB usage data, how it stands against unit
 //! attentions, reservations, a missing medium, a sanitize and persistent
-//! reservations. REPORT SUPPORTED OPERATION CODES is this table; every gate
-//! of the core asks it (SCST keeps the same facts in one op table). A
-//! command not listed is not implemented: `emulate::plan` answers it with
-//! INVALID COMMAND OPERATION CODE, and a test checks that the two agree.
+//! reservations, and the planner `emulate::plan` runs for it. REPORT
+//! SUPPORTED OPERATION CODES is this table; every gate of the core asks it
+//! (SCST keeps the same facts in one op table). A command not listed is not
+//! implemented: `emulate::plan` answers it with INVALID COMMAND OPERATION
+//! CODE, and a test checks that each row's planner accepts its command and
+//! no other planner takes one the table does not list.
 
 use ferrite_scsi::opcode::{maintenance_in, service_action_in_16};
 use ferrite_scsi::opcodes::Supported;
 
+use crate::emulate::{self, Planner};
 use crate::sanitize::sa as sanitize;
 
 /// Served while a unit attention is pending (SAM-5 §5.14, SPC-4 §5.12),
@@ -46,12 +49,19 @@ pub(crate) enum Pr {
 }
 
 /// One command.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Op {
     pub opcode: u8,
     /// The service action, for opcodes that have them.
     pub sa: Option<u8>,
+    /// The command's name in SPC-4 or SBC-4: for the reader of the table
+    /// and for test messages.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub name: &'static str,
+    /// What `emulate::plan` runs for it: the opcode's planner (the first
+    /// row's where it has service actions; each decodes and checks its
+    /// service action itself).
+    pub plan: Planner,
     pub flags: u16,
     pub pr: Pr,
     /// CDB usage data (SPC-4 §6.35.3): the opcode, the service action in
@@ -80,6 +90,7 @@ const UNLISTED: Op = Op {
     opcode: 0,
     sa: None,
     name: "(not implemented)",
+    plan: Planner::Lu(emulate::plan_unlisted),
     flags: 0,
     pr: Pr::Write,
     usage: &[],
@@ -114,8 +125,10 @@ pub(crate) fn needs_medium(op: u8) -> bool {
     !of(op).has(NO_MEDIUM)
 }
 
+/// Planned without a logical unit ([`Planner::Nexus`]): served on a LUN
+/// with none behind it.
 pub(crate) fn serves_unmapped_lun(op: u8) -> bool {
-    of(op).has(UA)
+    matches!(of(op).plan, Planner::Nexus(_))
 }
 
 /// Every command, ascending by opcode and service action.
@@ -124,6 +137,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x00,
         sa: None,
         name: "TEST UNIT READY",
+        plan: Planner::Lu(emulate::plan_test_unit_ready),
         flags: 0,
         pr: Pr::Always,
         usage: &[0x00, 0, 0, 0, 0, 0x04],
@@ -132,6 +146,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x03,
         sa: None,
         name: "REQUEST SENSE",
+        plan: Planner::Nexus(emulate::plan_request_sense),
         flags: UA | RESERVED | NO_MEDIUM | SANITIZING,
         pr: Pr::Always,
         usage: &[0x03, 0x01, 0, 0, 0xff, 0x04],
@@ -140,6 +155,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x08,
         sa: None,
         name: "READ (6)",
+        plan: Planner::Lu(emulate::plan_read),
         flags: BLOCKS,
         pr: Pr::Read,
         usage: &[0x08, 0x1f, 0xff, 0xff, 0xff, 0x04],
@@ -148,6 +164,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x0a,
         sa: None,
         name: "WRITE (6)",
+        plan: Planner::Lu(emulate::plan_write_blocks),
         flags: BLOCKS,
         pr: Pr::Write,
         usage: &[0x0a, 0x1f, 0xff, 0xff, 0xff, 0x04],
@@ -156,6 +173,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x12,
         sa: None,
         name: "INQUIRY",
+        plan: Planner::Nexus(emulate::plan_inquiry),
         flags: UA | RESERVED | NO_MEDIUM | SANITIZING,
         pr: Pr::Always,
         usage: &[0x12, 0x03, 0xff, 0xff, 0xff, 0x04],
@@ -164,6 +182,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x15,
         sa: None,
         name: "MODE SELECT (6)",
+        plan: Planner::Lu(emulate::plan_mode_select),
         flags: NO_MEDIUM,
         pr: Pr::Write,
         usage: &[0x15, 0x11, 0, 0, 0xff, 0x04],
@@ -172,6 +191,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x16,
         sa: None,
         name: "RESERVE (6)",
+        plan: Planner::Lu(emulate::plan_reserve),
         flags: NO_MEDIUM,
         pr: Pr::Write,
         usage: &[0x16, 0, 0, 0, 0, 0x04],
@@ -180,6 +200,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x17,
         sa: None,
         name: "RELEASE (6)",
+        plan: Planner::Lu(emulate::plan_release),
         flags: RESERVED | NO_MEDIUM,
         pr: Pr::Write,
         usage: &[0x17, 0, 0, 0, 0, 0x04],
@@ -188,6 +209,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x1a,
         sa: None,
         name: "MODE SENSE (6)",
+        plan: Planner::Lu(emulate::plan_mode_sense),
         flags: NO_MEDIUM,
         pr: Pr::Read,
         usage: &[0x1a, 0x08, 0xff, 0xff, 0xff, 0x04],
@@ -196,6 +218,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x1b,
         sa: None,
         name: "START STOP UNIT",
+        plan: Planner::Lu(emulate::plan_start_stop_unit),
         flags: NO_MEDIUM,
         pr: Pr::Write,
         usage: &[0x1b, 0x01, 0, 0, 0xf3, 0x04],
@@ -204,6 +227,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x1e,
         sa: None,
         name: "PREVENT ALLOW MEDIUM REMOVAL",
+        plan: Planner::Lu(emulate::plan_prevent_allow),
         flags: NO_MEDIUM,
         pr: Pr::Write,
         usage: &[0x1e, 0, 0, 0, 0x03, 0x04],
@@ -212,6 +236,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x25,
         sa: None,
         name: "READ CAPACITY (10)",
+        plan: Planner::Lu(emulate::plan_read_capacity_10),
         flags: 0,
         pr: Pr::Always,
         usage: &[0x25, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0x01, 0x04],
@@ -220,6 +245,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x28,
         sa: None,
         name: "READ (10)",
+        plan: Planner::Lu(emulate::plan_read),
         flags: BLOCKS,
         pr: Pr::Read,
         usage: &[0x28, 0xfa, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0x04],
@@ -228,6 +254,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x2a,
         sa: None,
         name: "WRITE (10)",
+        plan: Planner::Lu(emulate::plan_write_blocks),
         flags: BLOCKS,
         pr: Pr::Write,
         usage: &[0x2a, 0xfa, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0x04],
@@ -236,6 +263,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x2e,
         sa: None,
         name: "WRITE AND VERIFY (10)",
+        plan: Planner::Lu(emulate::plan_write_and_verify),
         flags: BLOCKS,
         pr: Pr::Write,
         usage: &[0x2e, 0xf2, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0x04],
@@ -244,6 +272,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x2f,
         sa: None,
         name: "VERIFY (10)",
+        plan: Planner::Lu(emulate::plan_verify),
         flags: BLOCKS,
         pr: Pr::Read,
         usage: &[0x2f, 0xf6, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0x04],
@@ -252,6 +281,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x34,
         sa: None,
         name: "PRE-FETCH (10)",
+        plan: Planner::Lu(emulate::plan_pre_fetch),
         flags: BLOCKS,
         pr: Pr::Read,
         usage: &[0x34, 0x02, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0x04],
@@ -260,6 +290,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x35,
         sa: None,
         name: "SYNCHRONIZE CACHE (10)",
+        plan: Planner::Lu(emulate::plan_synchronize_cache),
         flags: BLOCKS,
         pr: Pr::Write,
         usage: &[0x35, 0, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0x04],
@@ -268,6 +299,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x37,
         sa: None,
         name: "READ DEFECT DATA (10)",
+        plan: Planner::Lu(emulate::plan_read_defect_data),
         flags: 0,
         pr: Pr::Read,
         usage: &[0x37, 0, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0x04],
@@ -276,6 +308,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x41,
         sa: None,
         name: "WRITE SAME (10)",
+        plan: Planner::Lu(emulate::plan_write_same_cmd),
         flags: BLOCKS,
         pr: Pr::Write,
         usage: &[0x41, 0xfe, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0x04],
@@ -284,6 +317,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x42,
         sa: None,
         name: "UNMAP",
+        plan: Planner::Lu(emulate::plan_unmap_cmd),
         flags: BLOCKS | THIN,
         pr: Pr::Write,
         usage: &[0x42, 0x01, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04],
@@ -292,6 +326,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x48,
         sa: Some(sanitize::OVERWRITE),
         name: "SANITIZE OVERWRITE",
+        plan: Planner::Lu(emulate::plan_sanitize),
         flags: 0,
         pr: Pr::Write,
         usage: &[0x48, 0xa1, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04],
@@ -300,6 +335,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x48,
         sa: Some(sanitize::BLOCK_ERASE),
         name: "SANITIZE BLOCK ERASE",
+        plan: Planner::Lu(emulate::plan_sanitize),
         flags: BLOCK_ERASE,
         pr: Pr::Write,
         usage: &[0x48, 0xa2, 0, 0, 0, 0, 0, 0, 0, 0x04],
@@ -308,6 +344,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x48,
         sa: Some(sanitize::EXIT_FAILURE_MODE),
         name: "SANITIZE EXIT FAILURE MODE",
+        plan: Planner::Lu(emulate::plan_sanitize),
         flags: 0,
         pr: Pr::Write,
         usage: &[0x48, 0xbf, 0, 0, 0, 0, 0, 0, 0, 0x04],
@@ -316,6 +353,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x55,
         sa: None,
         name: "MODE SELECT (10)",
+        plan: Planner::Lu(emulate::plan_mode_select),
         flags: NO_MEDIUM,
         pr: Pr::Write,
         usage: &[0x55, 0x11, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04],
@@ -324,6 +362,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x56,
         sa: None,
         name: "RESERVE (10)",
+        plan: Planner::Lu(emulate::plan_reserve),
         flags: NO_MEDIUM,
         pr: Pr::Write,
         usage: &[0x56, 0, 0, 0, 0, 0, 0, 0, 0, 0x04],
@@ -332,6 +371,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x57,
         sa: None,
         name: "RELEASE (10)",
+        plan: Planner::Lu(emulate::plan_release),
         flags: RESERVED | NO_MEDIUM,
         pr: Pr::Write,
         usage: &[0x57, 0, 0, 0, 0, 0, 0, 0, 0, 0x04],
@@ -340,6 +380,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x5a,
         sa: None,
         name: "MODE SENSE (10)",
+        plan: Planner::Lu(emulate::plan_mode_sense),
         flags: NO_MEDIUM,
         pr: Pr::Read,
         usage: &[0x5a, 0x18, 0xff, 0xff, 0, 0, 0, 0xff, 0xff, 0x04],
@@ -348,6 +389,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x5e,
         sa: Some(0),
         name: "PERSISTENT RESERVE IN READ KEYS",
+        plan: Planner::Lu(emulate::plan_persistent_reserve_in),
         flags: RESERVED | NO_MEDIUM,
         pr: Pr::Always,
         usage: &[0x5e, 0x00, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04],
@@ -356,6 +398,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x5e,
         sa: Some(1),
         name: "PERSISTENT RESERVE IN READ RESERVATION",
+        plan: Planner::Lu(emulate::plan_persistent_reserve_in),
         flags: RESERVED | NO_MEDIUM,
         pr: Pr::Always,
         usage: &[0x5e, 0x01, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04],
@@ -364,6 +407,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x5e,
         sa: Some(2),
         name: "PERSISTENT RESERVE IN REPORT CAPABILITIES",
+        plan: Planner::Lu(emulate::plan_persistent_reserve_in),
         flags: RESERVED | NO_MEDIUM,
         pr: Pr::Always,
         usage: &[0x5e, 0x02, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04],
@@ -372,6 +416,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x5e,
         sa: Some(3),
         name: "PERSISTENT RESERVE IN READ FULL STATUS",
+        plan: Planner::Lu(emulate::plan_persistent_reserve_in),
         flags: RESERVED | NO_MEDIUM,
         pr: Pr::Always,
         usage: &[0x5e, 0x03, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04],
@@ -380,6 +425,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x5f,
         sa: Some(0),
         name: "PERSISTENT RESERVE OUT REGISTER",
+        plan: Planner::Lu(emulate::plan_persistent_reserve_out),
         flags: RESERVED | NO_MEDIUM,
         pr: Pr::Always,
         usage: &[0x5f, 0x00, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
@@ -388,6 +434,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x5f,
         sa: Some(1),
         name: "PERSISTENT RESERVE OUT RESERVE",
+        plan: Planner::Lu(emulate::plan_persistent_reserve_out),
         flags: RESERVED | NO_MEDIUM,
         pr: Pr::Always,
         usage: &[0x5f, 0x01, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
@@ -396,6 +443,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x5f,
         sa: Some(2),
         name: "PERSISTENT RESERVE OUT RELEASE",
+        plan: Planner::Lu(emulate::plan_persistent_reserve_out),
         flags: RESERVED | NO_MEDIUM,
         pr: Pr::Always,
         usage: &[0x5f, 0x02, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
@@ -404,6 +452,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x5f,
         sa: Some(3),
         name: "PERSISTENT RESERVE OUT CLEAR",
+        plan: Planner::Lu(emulate::plan_persistent_reserve_out),
         flags: RESERVED | NO_MEDIUM,
         pr: Pr::Always,
         usage: &[0x5f, 0x03, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
@@ -412,6 +461,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x5f,
         sa: Some(4),
         name: "PERSISTENT RESERVE OUT PREEMPT",
+        plan: Planner::Lu(emulate::plan_persistent_reserve_out),
         flags: RESERVED | NO_MEDIUM,
         pr: Pr::Always,
         usage: &[0x5f, 0x04, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
@@ -420,6 +470,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x5f,
         sa: Some(5),
         name: "PERSISTENT RESERVE OUT PREEMPT AND ABORT",
+        plan: Planner::Lu(emulate::plan_persistent_reserve_out),
         flags: RESERVED | NO_MEDIUM,
         pr: Pr::Always,
         usage: &[0x5f, 0x05, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
@@ -428,6 +479,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x5f,
         sa: Some(6),
         name: "PERSISTENT RESERVE OUT REGISTER AND IGNORE EXISTING KEY",
+        plan: Planner::Lu(emulate::plan_persistent_reserve_out),
         flags: RESERVED | NO_MEDIUM,
         pr: Pr::Always,
         usage: &[0x5f, 0x06, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
@@ -436,6 +488,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x5f,
         sa: Some(7),
         name: "PERSISTENT RESERVE OUT REGISTER AND MOVE",
+        plan: Planner::Lu(emulate::plan_persistent_reserve_out),
         flags: RESERVED | NO_MEDIUM,
         pr: Pr::Always,
         usage: &[0x5f, 0x07, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
@@ -444,6 +497,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x83,
         sa: Some(0x00),
         name: "EXTENDED COPY (LID1)",
+        plan: Planner::Lu(emulate::plan_extended_copy),
         flags: 0,
         pr: Pr::Write,
         usage: &[
@@ -454,6 +508,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x84,
         sa: Some(0x00),
         name: "RECEIVE COPY STATUS (LID1)",
+        plan: Planner::Lu(emulate::plan_receive_copy_results),
         flags: NO_MEDIUM,
         pr: Pr::Read,
         usage: &[
@@ -464,6 +519,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x84,
         sa: Some(0x01),
         name: "RECEIVE COPY DATA (LID1)",
+        plan: Planner::Lu(emulate::plan_receive_copy_results),
         flags: NO_MEDIUM,
         pr: Pr::Read,
         usage: &[
@@ -474,6 +530,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x84,
         sa: Some(0x03),
         name: "RECEIVE COPY OPERATING PARAMETERS",
+        plan: Planner::Lu(emulate::plan_receive_copy_results),
         flags: NO_MEDIUM,
         pr: Pr::Read,
         usage: &[
@@ -484,6 +541,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x84,
         sa: Some(0x04),
         name: "RECEIVE COPY FAILURE DETAILS (LID1)",
+        plan: Planner::Lu(emulate::plan_receive_copy_results),
         flags: NO_MEDIUM,
         pr: Pr::Read,
         usage: &[
@@ -494,6 +552,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x88,
         sa: None,
         name: "READ (16)",
+        plan: Planner::Lu(emulate::plan_read),
         flags: BLOCKS,
         pr: Pr::Read,
         usage: &[
@@ -505,6 +564,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x89,
         sa: None,
         name: "COMPARE AND WRITE",
+        plan: Planner::Lu(emulate::plan_compare_and_write_cmd),
         flags: BLOCKS,
         pr: Pr::Write,
         usage: &[
@@ -515,6 +575,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x8a,
         sa: None,
         name: "WRITE (16)",
+        plan: Planner::Lu(emulate::plan_write_blocks),
         flags: BLOCKS,
         pr: Pr::Write,
         usage: &[
@@ -526,6 +587,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x8b,
         sa: None,
         name: "ORWRITE (16)",
+        plan: Planner::Lu(emulate::plan_orwrite),
         flags: BLOCKS,
         pr: Pr::Write,
         usage: &[
@@ -537,6 +599,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x8e,
         sa: None,
         name: "WRITE AND VERIFY (16)",
+        plan: Planner::Lu(emulate::plan_write_and_verify),
         flags: BLOCKS,
         pr: Pr::Write,
         usage: &[
@@ -548,6 +611,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x8f,
         sa: None,
         name: "VERIFY (16)",
+        plan: Planner::Lu(emulate::plan_verify),
         flags: BLOCKS,
         pr: Pr::Read,
         usage: &[
@@ -559,6 +623,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x90,
         sa: None,
         name: "PRE-FETCH (16)",
+        plan: Planner::Lu(emulate::plan_pre_fetch),
         flags: BLOCKS,
         pr: Pr::Read,
         usage: &[
@@ -570,6 +635,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x91,
         sa: None,
         name: "SYNCHRONIZE CACHE (16)",
+        plan: Planner::Lu(emulate::plan_synchronize_cache),
         flags: BLOCKS,
         pr: Pr::Write,
         usage: &[
@@ -581,6 +647,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x93,
         sa: None,
         name: "WRITE SAME (16)",
+        plan: Planner::Lu(emulate::plan_write_same_cmd),
         flags: BLOCKS,
         pr: Pr::Write,
         usage: &[
@@ -592,6 +659,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x9c,
         sa: None,
         name: "WRITE ATOMIC (16)",
+        plan: Planner::Lu(emulate::plan_write_atomic),
         flags: BLOCKS,
         pr: Pr::Write,
         usage: &[
@@ -603,6 +671,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x9e,
         sa: Some(service_action_in_16::READ_CAPACITY_16),
         name: "READ CAPACITY (16)",
+        plan: Planner::Lu(emulate::plan_service_action_in_16),
         flags: 0,
         pr: Pr::Always,
         usage: &[
@@ -613,6 +682,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0x9e,
         sa: Some(service_action_in_16::GET_LBA_STATUS),
         name: "GET LBA STATUS",
+        plan: Planner::Lu(emulate::plan_service_action_in_16),
         flags: 0,
         pr: Pr::Always,
         usage: &[
@@ -624,6 +694,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0xa0,
         sa: None,
         name: "REPORT LUNS",
+        plan: Planner::Nexus(emulate::plan_report_luns),
         flags: UA | RESERVED | NO_MEDIUM | SANITIZING,
         pr: Pr::Always,
         usage: &[0xa0, 0, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x04],
@@ -632,6 +703,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0xa3,
         sa: Some(maintenance_in::REPORT_SUPPORTED_OPERATION_CODES),
         name: "REPORT SUPPORTED OPERATION CODES",
+        plan: Planner::Lu(emulate::plan_maintenance_in),
         flags: RESERVED | NO_MEDIUM | SANITIZING,
         pr: Pr::Always,
         usage: &[
@@ -642,6 +714,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0xa3,
         sa: Some(maintenance_in::REPORT_SUPPORTED_TMFS),
         name: "REPORT SUPPORTED TASK MANAGEMENT FUNCTIONS",
+        plan: Planner::Lu(emulate::plan_maintenance_in),
         flags: RESERVED | NO_MEDIUM | SANITIZING,
         pr: Pr::Always,
         usage: &[0xa3, 0x0d, 0x80, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x04],
@@ -650,6 +723,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0xa8,
         sa: None,
         name: "READ (12)",
+        plan: Planner::Lu(emulate::plan_read),
         flags: BLOCKS,
         pr: Pr::Read,
         usage: &[
@@ -660,6 +734,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0xaa,
         sa: None,
         name: "WRITE (12)",
+        plan: Planner::Lu(emulate::plan_write_blocks),
         flags: BLOCKS,
         pr: Pr::Write,
         usage: &[
@@ -670,6 +745,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0xae,
         sa: None,
         name: "WRITE AND VERIFY (12)",
+        plan: Planner::Lu(emulate::plan_write_and_verify),
         flags: BLOCKS,
         pr: Pr::Write,
         usage: &[
@@ -680,6 +756,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0xaf,
         sa: None,
         name: "VERIFY (12)",
+        plan: Planner::Lu(emulate::plan_verify),
         flags: BLOCKS,
         pr: Pr::Read,
         usage: &[
@@ -690,6 +767,7 @@ pub(crate) const OPS: &[Op] = &[
         opcode: 0xb7,
         sa: None,
         name: "READ DEFECT DATA (12)",
+        plan: Planner::Lu(emulate::plan_read_defect_data),
         flags: 0,
         pr: Pr::Read,
         usage: &[0xb7, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x04],
@@ -747,6 +825,10 @@ mod tests {
         }
         assert!(!passes_unit_attention(0x00));
         assert!(!serves_unmapped_lun(0x28));
+        // What needs no logical unit also passes a unit attention.
+        for r in OPS {
+            assert!(!serves_unmapped_lun(r.opcode) || r.has(UA), "{}", r.name);
+        }
         assert!(needs_medium(0x00) && needs_medium(0x25) && needs_medium(0x9e));
         assert!(needs_medium(0x42) && needs_medium(0x35) && needs_medium(0x01));
         assert!(!needs_medium(0x1b) && !needs_medium(0x1e) && !needs_medium(0x5a));

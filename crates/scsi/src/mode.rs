@@ -24,6 +24,9 @@ pub struct ModeState {
     pub d_sense: bool,
     /// SWP in the Control page: software write protect.
     pub swp: bool,
+    /// DPOFUA in the device-specific parameter (SBC-4 §6.5.1): the device
+    /// server honours the DPO and FUA bits of reads and writes.
+    pub dpofua: bool,
 }
 
 fn caching_page(s: &ModeState, pc: PageControl, out: &mut Vec<u8>) {
@@ -87,7 +90,7 @@ pub fn mode_sense(cdb: &ModeSenseCdb, s: &ModeState, out: &mut Vec<u8>) -> Resul
     out.extend(std::iter::repeat_n(0u8, hdr));
     // SBC-4 §6.5.1: WP in bit 7, DPOFUA in bit 4 of the device-specific
     // parameter.
-    let dsp = if s.write_protect { 0x80 } else { 0 } | 0x10;
+    let dsp = (u8::from(s.write_protect) << 7) | (u8::from(s.dpofua) << 4);
     out[start + if cdb.ten { 3 } else { 2 }] = dsp;
     if !cdb.dbd {
         let blocks = s.num_blocks;
@@ -242,6 +245,7 @@ mod tests {
         write_cache: true,
         d_sense: false,
         swp: false,
+        dpofua: true,
     };
 
     #[test]
@@ -294,6 +298,23 @@ mod tests {
         assert_eq!(&v[9..12], &[0, 2, 0]);
         assert_eq!((v[12], v[13], v[14]), (0x08, 0x12, 0x04));
         assert_eq!((v[32], v[33], v[34]), (0x0a, 0x0a, 0x20));
+    }
+
+    #[test]
+    fn device_specific_parameter_has_wp_and_dpofua_as_the_state_says() {
+        for (wp, dpofua, dsp) in [(true, true, 0x90), (false, true, 0x10), (true, false, 0x80)] {
+            let s = ModeState {
+                write_protect: wp,
+                dpofua,
+                ..S
+            };
+            let mut v = Vec::new();
+            mode_sense(&cdb(false, true, PageControl::Current, 0x08), &s, &mut v).unwrap();
+            assert_eq!(v[2], dsp);
+            let mut v = Vec::new();
+            mode_sense(&cdb(true, true, PageControl::Current, 0x08), &s, &mut v).unwrap();
+            assert_eq!(v[3], dsp);
+        }
     }
 
     #[test]
