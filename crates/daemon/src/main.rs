@@ -6,7 +6,6 @@
 
 mod notify;
 mod origin;
-mod portal;
 mod runtime;
 mod srp;
 mod stats;
@@ -25,10 +24,10 @@ use ferrite_mgmt::config::Config;
 use ferrite_reactor::mailbox::mailbox;
 use ferrite_reactor::ring::{self, ReactorConfig};
 
-use crate::portal::Registry;
 use crate::runtime::DaemonRuntime;
 use crate::system::System;
 use crate::worker::{CoreWorker, Msg};
+use ferrite_iscsi::portal::Registry;
 
 /// Ferrite: a userspace SCSI target (iSCSI over TCP).
 #[derive(Parser, Debug)]

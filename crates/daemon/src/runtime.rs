@@ -15,9 +15,9 @@ use ferrite_mgmt::runtime::{DeviceAttr, Runtime, RuntimeError, SessionInfo, Stat
 use ferrite_reactor::mailbox::MailboxTx;
 use ferrite_scsi::Lun;
 
-use crate::portal::Registry;
 use crate::system::{Snapshot, iscsi_config_from, open_backend};
 use crate::worker::Msg;
+use ferrite_iscsi::portal::Registry;
 
 /// A target as the runtime keeps it: its settings and its built maps. Maps
 /// are kept as `Arc`s and replaced only when they change, so cores can tell
@@ -674,7 +674,21 @@ impl Runtime for DaemonRuntime {
 
     fn sessions(&self) -> Vec<SessionInfo> {
         self.fresh_stats();
-        let mut v = self.registry.sessions();
+        let mut v: Vec<SessionInfo> = self
+            .registry
+            .sessions()
+            .into_iter()
+            .map(|r| SessionInfo {
+                fabric: ferrite_mgmt::runtime::Fabric::Iscsi,
+                target: r.target,
+                initiator: r.initiator,
+                isid: r.isid,
+                tsih: r.tsih,
+                group: r.group,
+                connections: r.connections,
+                ..SessionInfo::default()
+            })
+            .collect();
         for s in &mut v {
             if let Some(io) = self.stats_board.session(s.tsih) {
                 s.stats = crate::stats::to_mgmt(&io);

@@ -18,8 +18,8 @@ use ferrite_reactor::mailbox::MailboxTx;
 use ferrite_reactor::ring::{Completion, Ctx, Worker};
 use slab::Slab;
 
-use crate::portal::{CorePortal, Registry};
 use crate::system::Snapshot;
+use ferrite_iscsi::portal::{CorePortal, Registry};
 
 /// Token kind of a listener's accept.
 const TOKEN_ACCEPT: u64 = 3;
@@ -356,7 +356,8 @@ impl CoreWorker {
                 tracing::debug!(core = self.core, peer = %c.peer(), adopted, "connection");
                 let key = self.conns.insert(c);
                 let portal = CorePortal {
-                    snapshot: &self.snapshot,
+                    targets: &self.snapshot.iscsi_targets,
+                    iscsi: &self.snapshot.iscsi,
                     registry: &self.registry,
                     core: self.core,
                     links: &self.links,
@@ -406,7 +407,8 @@ impl CoreWorker {
     /// (AsyncEvent 3).
     fn apply_snapshot(&mut self, ctx: &mut Ctx) {
         let portal = CorePortal {
-            snapshot: &self.snapshot,
+            targets: &self.snapshot.iscsi_targets,
+            iscsi: &self.snapshot.iscsi,
             registry: &self.registry,
             core: self.core,
             links: &self.links,
@@ -463,7 +465,8 @@ impl CoreWorker {
     /// Closes every iSCSI connection of this core that `which` picks.
     fn close_where(&mut self, ctx: &mut Ctx, why: &str, which: impl Fn(&TcpConn) -> bool) {
         let portal = CorePortal {
-            snapshot: &self.snapshot,
+            targets: &self.snapshot.iscsi_targets,
+            iscsi: &self.snapshot.iscsi,
             registry: &self.registry,
             core: self.core,
             links: &self.links,
@@ -517,7 +520,8 @@ impl CoreWorker {
         }
         let keys = keys.clone();
         let portal = CorePortal {
-            snapshot: &self.snapshot,
+            targets: &self.snapshot.iscsi_targets,
+            iscsi: &self.snapshot.iscsi,
             registry: &self.registry,
             core: self.core,
             links: &self.links,
@@ -625,7 +629,8 @@ impl Worker for CoreWorker {
     fn on_completion(&mut self, ctx: &mut Ctx, c: Completion) {
         self.stats_dirty = true;
         let portal = CorePortal {
-            snapshot: &self.snapshot,
+            targets: &self.snapshot.iscsi_targets,
+            iscsi: &self.snapshot.iscsi,
             registry: &self.registry,
             core: self.core,
             links: &self.links,
@@ -747,7 +752,8 @@ impl Worker for CoreWorker {
                 self.stopping = true;
                 self.srp.stop();
                 let portal = CorePortal {
-                    snapshot: &self.snapshot,
+                    targets: &self.snapshot.iscsi_targets,
+                    iscsi: &self.snapshot.iscsi,
                     registry: &self.registry,
                     core: self.core,
                     links: &self.links,
@@ -787,7 +793,8 @@ impl Worker for CoreWorker {
         self.ready.clear();
         self.shard.ready_sessions(&mut self.ready);
         let portal = CorePortal {
-            snapshot: &self.snapshot,
+            targets: &self.snapshot.iscsi_targets,
+            iscsi: &self.snapshot.iscsi,
             registry: &self.registry,
             core: self.core,
             links: &self.links,

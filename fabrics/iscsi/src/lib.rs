@@ -52,6 +52,7 @@ pub mod initiator;
 pub mod keys;
 pub mod login;
 pub mod pdu;
+pub mod portal;
 pub mod session;
 pub mod tcp;
 

@@ -1,31 +1,43 @@
-//! Login decisions shared by every core: target lookup, the initiator ACL,
-//! LUN map choice, TSIH allocation and the per-address backoff after failed
-//! logins. Logins are control path, so a mutex here is fine.
-//!
-//! The ACL rule is the one every fabric shares (`Target::admits`, SCST's):
-//! a target admits every initiator unless it has initiator groups and an
-//! empty default LUN map; then only initiators matching some group's name
-//! patterns log in, and the others are refused here with 0202
-//! (authorization failure, RFC 7143 §11.13.5).
+//! The iSCSI portal's login decisions, shared by every core: target
+//! lookup, the portal check, the core's admission (`Target::admit`: the
+//! access rule every fabric shares, answered here with 0202h), LUN map
+//! choice, TSIH allocation, session reinstatement (RFC 7143 §6.3.5), MC/S
+//! joins and the per-address backoff after failed logins. [`CorePortal`]
+//! is the [`crate::tcp::Portal`] one core's driver asks; the [`Registry`]
+//! behind it is shared by all cores. Logins are control path, so a mutex
+//! here is fine.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ferrite_mgmt::runtime::SessionInfo;
+use ferrite_core::device::{Refused, Target};
 
-use ferrite_core::device::Refused;
-use ferrite_iscsi::tcp::{Grant, Portal, Refusal, SessionLink, SessionRequest};
+use crate::conn::IscsiConfig;
+use crate::tcp::{Grant, Portal, Refusal, SessionLink, SessionRequest};
 
-use crate::system::Snapshot;
+/// One normal session as the registry knows it (management lists them).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SessionRecord {
+    pub target: String,
+    pub initiator: String,
+    /// RFC 7143 §11.12.5: the 6-byte ISID, as a number.
+    pub isid: u64,
+    pub tsih: u16,
+    /// The initiator group whose LUN map the session got (None: the
+    /// target's default map).
+    pub group: Option<String>,
+    /// Peer addresses of the session's connections.
+    pub connections: Vec<String>,
+}
 
 /// Sessions known to the whole daemon.
 #[derive(Debug, Default)]
 pub struct Registry {
     tsihs: Mutex<TsihState>,
-    sessions: Mutex<HashMap<u16, SessionInfo>>,
+    sessions: Mutex<HashMap<u16, SessionRecord>>,
     /// Recent failed logins by source address.
     failures: Mutex<HashMap<IpAddr, Failures>>,
     /// Sessions replaced by a reinstatement, to be closed on their core.
@@ -180,15 +192,15 @@ impl Registry {
         }
     }
 
-    fn record(&self, info: SessionInfo) {
+    fn record(&self, info: SessionRecord) {
         if let Ok(mut s) = self.sessions.lock() {
             s.insert(info.tsih, info);
         }
     }
 
     /// The normal sessions logged in now, by target then initiator.
-    pub fn sessions(&self) -> Vec<SessionInfo> {
-        let mut v: Vec<SessionInfo> = self
+    pub fn sessions(&self) -> Vec<SessionRecord> {
+        let mut v: Vec<SessionRecord> = self
             .sessions
             .lock()
             .map(|s| s.values().cloned().collect())
@@ -208,7 +220,10 @@ impl Registry {
 
 /// The portal view one core uses while deciding logins.
 pub struct CorePortal<'a> {
-    pub snapshot: &'a Snapshot,
+    /// The iSCSI targets by name.
+    pub targets: &'a BTreeMap<String, Arc<Target>>,
+    /// The iSCSI settings (each target's portals).
+    pub iscsi: &'a IscsiConfig,
     pub registry: &'a Arc<Registry>,
     /// This core.
     pub core: usize,
@@ -232,7 +247,7 @@ impl Portal for CorePortal<'_> {
         let Some(name) = req.target else {
             return Err(Refusal::MissingTarget);
         };
-        let Some(target) = self.snapshot.iscsi_targets.get(name) else {
+        let Some(target) = self.targets.get(name) else {
             return Err(Refusal::NoSuchTarget);
         };
         self.check_portal(name, req)?;
@@ -265,14 +280,13 @@ impl Portal for CorePortal<'_> {
         if let Ok(mut o) = self.registry.owners.lock() {
             o.insert(tsih, self.core);
         }
-        self.registry.record(SessionInfo {
+        self.registry.record(SessionRecord {
             target: name.to_string(),
             initiator: req.initiator.to_string(),
             isid,
             tsih,
             group,
             connections: vec![req.peer.to_string()],
-            ..SessionInfo::default()
         });
         Ok(Grant {
             tsih,
@@ -307,14 +321,13 @@ impl Portal for CorePortal<'_> {
 
 impl CorePortal<'_> {
     /// A target is reached only through its own portals
-    /// ([`ferrite_iscsi::conn::IscsiTarget::reachable_at`]). Through any
+    /// ([`crate::conn::IscsiTarget::reachable_at`]). Through any
     /// other, and through one just taken away from it, the login gets 0301
     /// (service unavailable), as LIO answers a portal outside the target's
     /// portal group: RFC 7143 §11.13.5 makes it a target error the
     /// initiator may retry, so a path comes back when the portal does.
     fn check_portal(&self, name: &str, req: &SessionRequest<'_>) -> Result<(), Refusal> {
         let reachable = self
-            .snapshot
             .iscsi
             .targets
             .iter()
@@ -337,7 +350,7 @@ impl CorePortal<'_> {
         let Some(name) = req.target.filter(|_| !req.discovery) else {
             return Err(Refusal::NoSuchSession);
         };
-        let Some(target) = self.snapshot.iscsi_targets.get(name) else {
+        let Some(target) = self.targets.get(name) else {
             return Err(Refusal::NoSuchSession);
         };
         self.check_portal(name, req)?;
