@@ -1052,4 +1052,198 @@ mod tests {
             Err(LoginStatus::INITIATOR_ERROR)
         );
     }
+
+    fn rdma() -> Negotiator {
+        Negotiator::new(Limits {
+            rdma: true,
+            ..Limits::default()
+        })
+    }
+
+    #[test]
+    fn iser_keys_on_an_rdma_connection() {
+        let mut n = rdma();
+        let out = n
+            .apply_all(
+                &[
+                    ("InitiatorRecvDataSegmentLength", "262144"),
+                    ("TargetRecvDataSegmentLength", "262144"),
+                    ("RDMAExtensions", "Yes"),
+                ],
+                Phase::Operational,
+            )
+            .unwrap();
+        assert_eq!(
+            out,
+            vec![
+                (
+                    "InitiatorRecvDataSegmentLength".to_string(),
+                    "262144".to_string()
+                ),
+                (
+                    "TargetRecvDataSegmentLength".to_string(),
+                    "262144".to_string()
+                ),
+                ("RDMAExtensions".to_string(), "Yes".to_string()),
+            ]
+        );
+        assert!(n.params.rdma_extensions);
+        assert_eq!(n.settle(), Ok(()));
+        assert_eq!(n.params.max_recv_data_segment_length, 262_144);
+        assert_eq!(n.params.max_xmit_data_segment_length, 262_144);
+        // What the target receives is at most its MaxRecvDataSegmentLength.
+        let mut n = Negotiator::new(Limits {
+            rdma: true,
+            max_recv_data_segment_length: 8192,
+            ..Limits::default()
+        });
+        assert_eq!(
+            n.apply("TargetRecvDataSegmentLength", "0x40000", Phase::Operational),
+            Ok(Some("8192".into()))
+        );
+        assert_eq!(
+            n.apply("InitiatorRecvDataSegmentLength", "512", Phase::Operational),
+            Ok(Some("512".into()))
+        );
+        assert_eq!(n.params.target_recv_data_segment_length, 8192);
+        assert_eq!(n.params.initiator_recv_data_segment_length, 512);
+    }
+
+    #[test]
+    fn iser_keys_on_a_tcp_connection() {
+        let mut n = neg();
+        assert_eq!(
+            n.apply("RDMAExtensions", "Yes", Phase::Operational),
+            Ok(Some("No".into()))
+        );
+        for k in [
+            "TargetRecvDataSegmentLength",
+            "InitiatorRecvDataSegmentLength",
+            "MaxOutstandingUnexpectedPDUs",
+        ] {
+            assert_eq!(
+                n.apply(k, "262144", Phase::Operational),
+                Ok(Some("Irrelevant".into()))
+            );
+        }
+        assert_eq!(n.settle(), Ok(()));
+        assert_eq!(
+            n.params,
+            Params {
+                default_time2retain: 0,
+                ..Params::default()
+            }
+        );
+    }
+
+    #[test]
+    fn bad_iser_values_are_rejected() {
+        let mut n = rdma();
+        assert_eq!(
+            n.apply("RDMAExtensions", "maybe", Phase::Operational),
+            Ok(Some("Reject".into()))
+        );
+        for (k, v) in [
+            ("TargetRecvDataSegmentLength", "511"),
+            ("InitiatorRecvDataSegmentLength", "16777216"),
+            ("MaxOutstandingUnexpectedPDUs", "1"),
+        ] {
+            assert_eq!(
+                n.apply(k, v, Phase::Operational),
+                Ok(Some("Reject".into())),
+                "{k}={v}"
+            );
+        }
+        let mut n = rdma();
+        for (k, v) in [
+            ("TargetRecvDataSegmentLength", "lots"),
+            ("InitiatorRecvDataSegmentLength", "-1"),
+            ("MaxOutstandingUnexpectedPDUs", "4294967296"),
+        ] {
+            assert_eq!(
+                n.apply(k, v, Phase::Operational),
+                Ok(Some("Reject".into())),
+                "{k}={v}"
+            );
+        }
+        assert_eq!(n.params.target_recv_data_segment_length, 8192);
+        assert_eq!(n.params.initiator_recv_data_segment_length, 8192);
+        assert_eq!(n.params.max_outstanding_unexpected_pdus, 0);
+        // A rejected RDMAExtensions leaves it No: no normal session.
+        let mut n = rdma();
+        n.apply("RDMAExtensions", "maybe", Phase::Operational)
+            .unwrap();
+        assert_eq!(n.settle(), Err(LoginStatus::INITIATOR_ERROR));
+    }
+
+    #[test]
+    fn max_outstanding_unexpected_pdus_is_the_smaller_limit() {
+        let with = |limit| {
+            Negotiator::new(Limits {
+                rdma: true,
+                max_outstanding_unexpected_pdus: limit,
+                ..Limits::default()
+            })
+        };
+        for (limit, offer, result) in [
+            (0, "0", "0"),
+            (0, "8", "8"),
+            (16, "0", "16"),
+            (16, "8", "8"),
+            (4, "4294967295", "4"),
+            (0, "2", "2"),
+        ] {
+            let mut n = with(limit);
+            assert_eq!(
+                n.apply("MaxOutstandingUnexpectedPDUs", offer, Phase::Operational),
+                Ok(Some(result.into())),
+                "limit {limit}, offer {offer}"
+            );
+            assert_eq!(n.params.max_outstanding_unexpected_pdus.to_string(), result);
+        }
+    }
+
+    #[test]
+    fn digests_are_none_on_an_rdma_connection() {
+        // Even where TCP would require CRC32C.
+        let mut n = Negotiator::new(Limits {
+            rdma: true,
+            digests: vec![Digest::Crc32c],
+            ..Limits::default()
+        });
+        assert_eq!(
+            n.apply("HeaderDigest", "CRC32C", Phase::Operational),
+            Ok(Some("None".into()))
+        );
+        assert_eq!(
+            n.apply("DataDigest", "CRC32C,None", Phase::Operational),
+            Ok(Some("None".into()))
+        );
+        assert_eq!(n.params.header_digest, Digest::None);
+        assert_eq!(n.params.data_digest, Digest::None);
+    }
+
+    #[test]
+    fn an_rdma_connection_offers_rdma_extensions() {
+        let mut n = rdma();
+        assert_eq!(
+            n.take_offers(),
+            vec![("RDMAExtensions".to_string(), "Yes".to_string())]
+        );
+        // The initiator's answer gets no response of its own.
+        let out = n
+            .apply_all(&[("RDMAExtensions", "Yes")], Phase::Operational)
+            .unwrap();
+        assert!(out.is_empty());
+        assert!(n.params.rdma_extensions);
+        assert!(n.take_offers().is_empty());
+        // TCP offers nothing of the kind.
+        assert!(neg().take_offers().is_empty());
+        // A discovery session over RDMA needs no RDMAExtensions.
+        let mut n = rdma();
+        n.apply("SessionType", "Discovery", Phase::Security)
+            .unwrap();
+        assert!(n.take_offers().is_empty());
+        assert_eq!(n.settle(), Ok(()));
+    }
 }
