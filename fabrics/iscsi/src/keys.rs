@@ -1,5 +1,6 @@
 //! Text keys (RFC 7143 §6, §13): parsing and encoding of NUL-separated
-//! `key=value` pairs, and the target side of login/text negotiation.
+//! `key=value` pairs, and the target side of login/text negotiation,
+//! iSER's keys (RFC 7145) included for connections whose datamover is RDMA.
 //!
 //! [`Negotiator`] takes the initiator's keys one at a time and answers each
 //! with the value the target responds (or nothing for declarative keys it
