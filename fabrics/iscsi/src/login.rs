@@ -362,8 +362,9 @@ impl Login {
             && !self.neg.seen("TargetRecvDataSegmentLength")
             && !self.declared_trdsl
         {
-            // RFC 7145: on an iSER connection the target declares what it
-            // receives in a control PDU when the initiator did not ask.
+            // On an iSER connection the target declares what it receives
+            // in a control PDU when the initiator did not say (8192, the
+            // default, would stand otherwise).
             self.declared_trdsl = true;
             let n = self.neg.limits.max_recv_data_segment_length;
             self.neg.params.target_recv_data_segment_length = n;
