@@ -488,7 +488,9 @@ impl<D: Datamover> Conn<D> {
         // From below 2^28 it takes 1.8 billion responses to get there.
         let stat = StatSn(u32::from_le_bytes([w[0], w[1], w[2], w[3]]) & STAT_SN_START_MASK);
         let ttt = u32::from_le_bytes([w[4], w[5], w[6], w[7]]);
-        let login = Login::with_rng(cfg.limits(), cfg.clone(), rng);
+        let mut limits = cfg.limits();
+        limits.rdma = dm.is_rdma();
+        let login = Login::with_rng(limits, cfg.clone(), rng);
         Conn {
             login_deadline: later(now, cfg.login_timeout),
             seq: SessionSeq::new(CmdSn(0), cfg.queue_depth),
@@ -1696,6 +1698,9 @@ mod tests {
         }
         fn get_data(&mut self, solicit: Solicit, _sns: Sns) {
             self.gets.push(solicit);
+        }
+        fn is_rdma(&self) -> bool {
+            false
         }
         fn can_splice(&self) -> bool {
             false

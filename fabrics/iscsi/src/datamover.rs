@@ -117,7 +117,13 @@ pub struct Solicit {
 /// clock or touches a socket.
 pub trait Datamover: std::fmt::Debug {
     /// Enable_Datamover: login is over and `params` are the connection's
-    /// operational parameters, in force from the next PDU on.
+    /// operational parameters, in force from the next PDU on. On an RDMA
+    /// connection they carry what iSER negotiated: `rdma_extensions`,
+    /// `target_recv_data_segment_length` (the receive buffers' size for
+    /// the initiator's Sends), `initiator_recv_data_segment_length` (the
+    /// longest control PDU data segment sent) and
+    /// `max_outstanding_unexpected_pdus` (unexpected-PDU credits, 0 for no
+    /// limit); digests are None.
     fn enable_datamover(&mut self, params: &Params);
 
     /// Send_Control: one PDU, its header `bhs` (the data segment length is
@@ -131,6 +137,11 @@ pub trait Datamover: std::fmt::Debug {
     /// through the transport's receive path, which hands it to the session
     /// layer's write bookkeeping.
     fn get_data(&mut self, solicit: Solicit, sns: Sns);
+
+    /// Whether this datamover is RDMA (iSER, RFC 7145): fixed when the
+    /// driver builds the connection, it decides the login's answer to
+    /// RDMAExtensions and whether the iSER keys apply.
+    fn is_rdma(&self) -> bool;
 
     /// Whether [`ReadData::Pipe`] may be given to [`Datamover::put_data`]
     /// (the bytes go from the pipe to the wire unread); if not, the
@@ -329,6 +340,10 @@ impl Datamover for TcpDatamover {
     fn get_data(&mut self, s: Solicit, sns: Sns) {
         let b = pdu::r2t(s.lun, s.itt, s.ttt, s.r2t_sn, s.offset, s.len, sns);
         self.send_control(&b, &[]);
+    }
+
+    fn is_rdma(&self) -> bool {
+        false
     }
 
     /// A data digest needs the bytes, so a pipe's pages go unread only

@@ -1,5 +1,6 @@
 //! Text keys (RFC 7143 §6, §13): parsing and encoding of NUL-separated
-//! `key=value` pairs, and the target side of login/text negotiation.
+//! `key=value` pairs, and the target side of login/text negotiation,
+//! iSER's keys (RFC 7145) included for connections whose datamover is RDMA.
 //!
 //! [`Negotiator`] takes the initiator's keys one at a time and answers each
 //! with the value the target responds (or nothing for declarative keys it
@@ -159,6 +160,16 @@ pub struct Limits {
     pub data_digests: Option<Vec<Digest>>,
     /// Authentication methods accepted.
     pub auth_methods: Vec<AuthMethod>,
+    /// The connection runs over an RDMA datamover (iSER, RFC 7145): its
+    /// driver says so when it builds the connection. RDMAExtensions is
+    /// answered Yes and must end Yes on a normal session, digests are None
+    /// and the iSER keys apply; on TCP RDMAExtensions is No and the iSER
+    /// keys are irrelevant.
+    pub rdma: bool,
+    /// The most unexpected PDUs (those not answering a target's request)
+    /// the target takes from the initiator at once on an RDMA connection:
+    /// its MaxOutstandingUnexpectedPDUs; 0 is no limit.
+    pub max_outstanding_unexpected_pdus: u32,
 }
 
 impl Default for Limits {
@@ -176,6 +187,8 @@ impl Default for Limits {
             digests: vec![Digest::Crc32c, Digest::None],
             data_digests: None,
             auth_methods: vec![AuthMethod::None],
+            rdma: false,
+            max_outstanding_unexpected_pdus: 0,
         }
     }
 }
@@ -207,6 +220,20 @@ pub struct Params {
     pub error_recovery_level: u8,
     pub data_pdu_in_order: bool,
     pub data_sequence_in_order: bool,
+    /// RDMAExtensions=Yes: the connection is in iSER-assisted mode (RFC
+    /// 7145).
+    pub rdma_extensions: bool,
+    /// TargetRecvDataSegmentLength (iSER): the largest data segment of a
+    /// control PDU the initiator sends the target. With RDMAExtensions=Yes
+    /// it is also `max_recv_data_segment_length`.
+    pub target_recv_data_segment_length: u32,
+    /// InitiatorRecvDataSegmentLength (iSER): the largest data segment of a
+    /// control PDU the target sends the initiator. With RDMAExtensions=Yes
+    /// it is also `max_xmit_data_segment_length`.
+    pub initiator_recv_data_segment_length: u32,
+    /// MaxOutstandingUnexpectedPDUs (iSER): how many unexpected PDUs the
+    /// initiator may have outstanding; 0 is no limit.
+    pub max_outstanding_unexpected_pdus: u32,
 }
 
 impl Default for Params {
@@ -233,11 +260,15 @@ impl Default for Params {
             error_recovery_level: 0,
             data_pdu_in_order: true,
             data_sequence_in_order: true,
+            rdma_extensions: false,
+            target_recv_data_segment_length: 8192,
+            initiator_recv_data_segment_length: 8192,
+            max_outstanding_unexpected_pdus: 0,
         }
     }
 }
 
-/// Keys of RFC 7143 §12-§13 (and RFC 7145's RDMAExtensions) this module knows.
+/// Keys of RFC 7143 §12-§13 and RFC 7145's iSER keys this module knows.
 pub const KNOWN_KEYS: &[&str] = &[
     "AuthMethod",
     "HeaderDigest",
@@ -267,6 +298,9 @@ pub const KNOWN_KEYS: &[&str] = &[
     "IFMarkInt",
     "OFMarkInt",
     "RDMAExtensions",
+    "TargetRecvDataSegmentLength",
+    "InitiatorRecvDataSegmentLength",
+    "MaxOutstandingUnexpectedPDUs",
 ];
 
 /// RFC 7143 §13: keys whose "Use" is LO (leading only): they belong to the
@@ -337,6 +371,14 @@ fn yes_no(b: bool) -> String {
     if b { "Yes" } else { "No" }.to_string()
 }
 
+/// The smaller of two limits where 0 is none.
+fn min_limit(a: u32, b: u32) -> u32 {
+    match (a, b) {
+        (0, x) | (x, 0) => x,
+        (a, b) => a.min(b),
+    }
+}
+
 const REJECT: &str = "Reject";
 const IRRELEVANT: &str = "Irrelevant";
 const NOT_UNDERSTOOD: &str = "NotUnderstood";
@@ -397,6 +439,17 @@ impl Negotiator {
             // RFC 7143 §13: "Irrelevant when: SessionType=Discovery".
             return Ok(Some(IRRELEVANT.into()));
         }
+        let iser_only = matches!(
+            key,
+            "TargetRecvDataSegmentLength"
+                | "InitiatorRecvDataSegmentLength"
+                | "MaxOutstandingUnexpectedPDUs"
+        );
+        if iser_only && !l.rdma {
+            // RFC 7145: irrelevant when RDMAExtensions=No, which a TCP
+            // connection always ends with.
+            return Ok(Some(IRRELEVANT.into()));
+        }
         let num = |lo: u64, hi: u64| parse_num(value).filter(|n| (lo..=hi).contains(n));
         let rsp = match key {
             "InitiatorName" => {
@@ -446,6 +499,16 @@ impl Negotiator {
                     }
                     None => Some(REJECT.into()),
                 }
+            }
+            "HeaderDigest" | "DataDigest" if l.rdma => {
+                // RFC 7145: the iSER layer carries no iSCSI digests; whatever
+                // is offered, the answer is None.
+                if key == "HeaderDigest" {
+                    p.header_digest = Digest::None;
+                } else {
+                    p.data_digest = Digest::None;
+                }
+                Some(Digest::None.name().to_string())
             }
             "HeaderDigest" | "DataDigest" => {
                 // RFC 7143 §13.1: each key is negotiated on its own list.
@@ -567,10 +630,50 @@ impl Negotiator {
                 }
                 None => Some(REJECT.into()),
             },
-            "IFMarker" | "OFMarker" | "RDMAExtensions" => match parse_bool(value) {
-                // Markers (RFC 3720 Appendix A, obsolete in RFC 7143) and
-                // RFC 7145 RDMAExtensions: AND; this target says No on TCP.
+            "IFMarker" | "OFMarker" => match parse_bool(value) {
+                // Markers (RFC 3720 Appendix A, obsolete in RFC 7143): AND;
+                // this target says No.
                 Some(_) => Some("No".into()),
+                None => Some(REJECT.into()),
+            },
+            "RDMAExtensions" => match parse_bool(value) {
+                // RFC 7145: AND; Yes only on an RDMA connection (TCP says No).
+                Some(b) => {
+                    p.rdma_extensions = b && l.rdma;
+                    Some(yes_no(p.rdma_extensions))
+                }
+                None => Some(REJECT.into()),
+            },
+            "TargetRecvDataSegmentLength" => match num(512, 0xff_ffff) {
+                // RFC 7145: what the target receives in a control PDU; the
+                // target answers with what it takes, at most its own
+                // MaxRecvDataSegmentLength.
+                Some(n) => {
+                    p.target_recv_data_segment_length =
+                        (n as u32).min(l.max_recv_data_segment_length);
+                    Some(p.target_recv_data_segment_length.to_string())
+                }
+                None => Some(REJECT.into()),
+            },
+            "InitiatorRecvDataSegmentLength" => match num(512, 0xff_ffff) {
+                // RFC 7145: declared by the initiator, it limits the control
+                // PDUs the target sends; the answer repeats it, as LIO's does.
+                Some(n) => {
+                    p.initiator_recv_data_segment_length = n as u32;
+                    Some(p.initiator_recv_data_segment_length.to_string())
+                }
+                None => Some(REJECT.into()),
+            },
+            "MaxOutstandingUnexpectedPDUs" => match parse_num(value)
+                .filter(|&n| n == 0 || (2..=u64::from(u32::MAX)).contains(&n))
+            {
+                // RFC 7145: 0 (no limit) or 2 to 2^32-1; the result is the
+                // smaller limit, 0 on both sides being no limit.
+                Some(n) => {
+                    p.max_outstanding_unexpected_pdus =
+                        min_limit(n as u32, l.max_outstanding_unexpected_pdus);
+                    Some(p.max_outstanding_unexpected_pdus.to_string())
+                }
                 None => Some(REJECT.into()),
             },
             "IFMarkInt" | "OFMarkInt" => Some(IRRELEVANT.into()),
@@ -646,6 +749,11 @@ impl Negotiator {
         if !l.immediate_data {
             want.push(("ImmediateData", "No".into()));
         }
+        if l.rdma {
+            // RFC 7145: an iSER connection runs with RDMAExtensions=Yes; an
+            // initiator that did not offer it is asked.
+            want.push(("RDMAExtensions", "Yes".into()));
+        }
         let mut out = Vec::new();
         for (k, v) in want {
             if !self.seen(k) && !self.offered.iter().any(|o| o == k) {
@@ -654,6 +762,25 @@ impl Negotiator {
             }
         }
         out
+    }
+
+    /// The login is about to enter the full feature phase: checks that a
+    /// normal session on an RDMA connection agreed RDMAExtensions=Yes, and
+    /// with it puts the iSER lengths in the place of
+    /// MaxRecvDataSegmentLength's (RFC 7145: iSER control PDUs are sized
+    /// by TargetRecvDataSegmentLength and InitiatorRecvDataSegmentLength).
+    pub fn settle(&mut self) -> Result<(), LoginStatus> {
+        let p = &mut self.params;
+        if self.limits.rdma && p.session_type == SessionType::Normal && !p.rdma_extensions {
+            return Err(LoginStatus::INITIATOR_ERROR);
+        }
+        if p.rdma_extensions {
+            p.header_digest = Digest::None;
+            p.data_digest = Digest::None;
+            p.max_recv_data_segment_length = p.target_recv_data_segment_length;
+            p.max_xmit_data_segment_length = p.initiator_recv_data_segment_length;
+        }
+        Ok(())
     }
 
     /// Whether [`Negotiator::take_offers`] would offer anything.
@@ -925,5 +1052,199 @@ mod tests {
             n.apply("AuthMethod", "None", Phase::Operational),
             Err(LoginStatus::INITIATOR_ERROR)
         );
+    }
+
+    fn rdma() -> Negotiator {
+        Negotiator::new(Limits {
+            rdma: true,
+            ..Limits::default()
+        })
+    }
+
+    #[test]
+    fn iser_keys_on_an_rdma_connection() {
+        let mut n = rdma();
+        let out = n
+            .apply_all(
+                &[
+                    ("InitiatorRecvDataSegmentLength", "262144"),
+                    ("TargetRecvDataSegmentLength", "262144"),
+                    ("RDMAExtensions", "Yes"),
+                ],
+                Phase::Operational,
+            )
+            .unwrap();
+        assert_eq!(
+            out,
+            vec![
+                (
+                    "InitiatorRecvDataSegmentLength".to_string(),
+                    "262144".to_string()
+                ),
+                (
+                    "TargetRecvDataSegmentLength".to_string(),
+                    "262144".to_string()
+                ),
+                ("RDMAExtensions".to_string(), "Yes".to_string()),
+            ]
+        );
+        assert!(n.params.rdma_extensions);
+        assert_eq!(n.settle(), Ok(()));
+        assert_eq!(n.params.max_recv_data_segment_length, 262_144);
+        assert_eq!(n.params.max_xmit_data_segment_length, 262_144);
+        // What the target receives is at most its MaxRecvDataSegmentLength.
+        let mut n = Negotiator::new(Limits {
+            rdma: true,
+            max_recv_data_segment_length: 8192,
+            ..Limits::default()
+        });
+        assert_eq!(
+            n.apply("TargetRecvDataSegmentLength", "0x40000", Phase::Operational),
+            Ok(Some("8192".into()))
+        );
+        assert_eq!(
+            n.apply("InitiatorRecvDataSegmentLength", "512", Phase::Operational),
+            Ok(Some("512".into()))
+        );
+        assert_eq!(n.params.target_recv_data_segment_length, 8192);
+        assert_eq!(n.params.initiator_recv_data_segment_length, 512);
+    }
+
+    #[test]
+    fn iser_keys_on_a_tcp_connection() {
+        let mut n = neg();
+        assert_eq!(
+            n.apply("RDMAExtensions", "Yes", Phase::Operational),
+            Ok(Some("No".into()))
+        );
+        for k in [
+            "TargetRecvDataSegmentLength",
+            "InitiatorRecvDataSegmentLength",
+            "MaxOutstandingUnexpectedPDUs",
+        ] {
+            assert_eq!(
+                n.apply(k, "262144", Phase::Operational),
+                Ok(Some("Irrelevant".into()))
+            );
+        }
+        assert_eq!(n.settle(), Ok(()));
+        assert_eq!(
+            n.params,
+            Params {
+                default_time2retain: 0,
+                ..Params::default()
+            }
+        );
+    }
+
+    #[test]
+    fn bad_iser_values_are_rejected() {
+        let mut n = rdma();
+        assert_eq!(
+            n.apply("RDMAExtensions", "maybe", Phase::Operational),
+            Ok(Some("Reject".into()))
+        );
+        for (k, v) in [
+            ("TargetRecvDataSegmentLength", "511"),
+            ("InitiatorRecvDataSegmentLength", "16777216"),
+            ("MaxOutstandingUnexpectedPDUs", "1"),
+        ] {
+            assert_eq!(
+                n.apply(k, v, Phase::Operational),
+                Ok(Some("Reject".into())),
+                "{k}={v}"
+            );
+        }
+        let mut n = rdma();
+        for (k, v) in [
+            ("TargetRecvDataSegmentLength", "lots"),
+            ("InitiatorRecvDataSegmentLength", "-1"),
+            ("MaxOutstandingUnexpectedPDUs", "4294967296"),
+        ] {
+            assert_eq!(
+                n.apply(k, v, Phase::Operational),
+                Ok(Some("Reject".into())),
+                "{k}={v}"
+            );
+        }
+        assert_eq!(n.params.target_recv_data_segment_length, 8192);
+        assert_eq!(n.params.initiator_recv_data_segment_length, 8192);
+        assert_eq!(n.params.max_outstanding_unexpected_pdus, 0);
+        // A rejected RDMAExtensions leaves it No: no normal session.
+        let mut n = rdma();
+        n.apply("RDMAExtensions", "maybe", Phase::Operational)
+            .unwrap();
+        assert_eq!(n.settle(), Err(LoginStatus::INITIATOR_ERROR));
+    }
+
+    #[test]
+    fn max_outstanding_unexpected_pdus_is_the_smaller_limit() {
+        let with = |limit| {
+            Negotiator::new(Limits {
+                rdma: true,
+                max_outstanding_unexpected_pdus: limit,
+                ..Limits::default()
+            })
+        };
+        for (limit, offer, result) in [
+            (0, "0", "0"),
+            (0, "8", "8"),
+            (16, "0", "16"),
+            (16, "8", "8"),
+            (4, "4294967295", "4"),
+            (0, "2", "2"),
+        ] {
+            let mut n = with(limit);
+            assert_eq!(
+                n.apply("MaxOutstandingUnexpectedPDUs", offer, Phase::Operational),
+                Ok(Some(result.into())),
+                "limit {limit}, offer {offer}"
+            );
+            assert_eq!(n.params.max_outstanding_unexpected_pdus.to_string(), result);
+        }
+    }
+
+    #[test]
+    fn digests_are_none_on_an_rdma_connection() {
+        // Even where TCP would require CRC32C.
+        let mut n = Negotiator::new(Limits {
+            rdma: true,
+            digests: vec![Digest::Crc32c],
+            ..Limits::default()
+        });
+        assert_eq!(
+            n.apply("HeaderDigest", "CRC32C", Phase::Operational),
+            Ok(Some("None".into()))
+        );
+        assert_eq!(
+            n.apply("DataDigest", "CRC32C,None", Phase::Operational),
+            Ok(Some("None".into()))
+        );
+        assert_eq!(n.params.header_digest, Digest::None);
+        assert_eq!(n.params.data_digest, Digest::None);
+    }
+
+    #[test]
+    fn an_rdma_connection_offers_rdma_extensions() {
+        let mut n = rdma();
+        assert_eq!(
+            n.take_offers(),
+            vec![("RDMAExtensions".to_string(), "Yes".to_string())]
+        );
+        // The initiator's answer gets no response of its own.
+        let out = n
+            .apply_all(&[("RDMAExtensions", "Yes")], Phase::Operational)
+            .unwrap();
+        assert!(out.is_empty());
+        assert!(n.params.rdma_extensions);
+        assert!(n.take_offers().is_empty());
+        // TCP offers nothing of the kind.
+        assert!(neg().take_offers().is_empty());
+        // A discovery session over RDMA needs no RDMAExtensions.
+        let mut n = rdma();
+        n.apply("SessionType", "Discovery", Phase::Security)
+            .unwrap();
+        assert!(n.take_offers().is_empty());
+        assert_eq!(n.settle(), Ok(()));
     }
 }

@@ -29,6 +29,8 @@
 //!   RDMA WRITEs);
 //! - [`Datamover::get_data`](datamover::Datamover::get_data): Get_Data, one
 //!   solicitation of write data (TCP: an R2T; iSER: an RDMA READ);
+//! - [`Datamover::is_rdma`](datamover::Datamover::is_rdma): whether the
+//!   login negotiates iSER (RDMAExtensions=Yes and the iSER keys);
 //! - [`Datamover::can_splice`](datamover::Datamover::can_splice),
 //!   [`Datamover::is_flushed`](datamover::Datamover::is_flushed),
 //!   [`Datamover::discard_tx`](datamover::Datamover::discard_tx): whether

@@ -93,6 +93,8 @@ pub struct Login {
     held: Option<LoginReply>,
     /// Declarations the target makes once (TargetPortalGroupTag, alias).
     declared_target: bool,
+    /// TargetRecvDataSegmentLength was declared (RDMA connections).
+    declared_trdsl: bool,
     /// The targets a login may name (shared, not copied per connection).
     cfg: Arc<IscsiConfig>,
     /// Whether the credentials for this login were looked up (first text).
@@ -125,6 +127,7 @@ impl Login {
             checked_first: false,
             held: None,
             declared_target: false,
+            declared_trdsl: false,
             cfg,
         }
     }
@@ -353,6 +356,20 @@ impl Login {
             self.neg.params.max_recv_data_segment_length = n;
             rsp.push(("MaxRecvDataSegmentLength".into(), n.to_string()));
         }
+        if csg == STAGE_OPERATIONAL
+            && self.neg.limits.rdma
+            && normal
+            && !self.neg.seen("TargetRecvDataSegmentLength")
+            && !self.declared_trdsl
+        {
+            // On an iSER connection the target declares what it receives
+            // in a control PDU when the initiator did not say (8192, the
+            // default, would stand otherwise).
+            self.declared_trdsl = true;
+            let n = self.neg.limits.max_recv_data_segment_length;
+            self.neg.params.target_recv_data_segment_length = n;
+            rsp.push(("TargetRecvDataSegmentLength".into(), n.to_string()));
+        }
         let mut nsg = nsg;
         if transit && nsg == STAGE_FULL_FEATURE && normal {
             if csg == STAGE_SECURITY && self.neg.has_offers() {
@@ -379,6 +396,13 @@ impl Login {
             enters_full_feature: transit && nsg == STAGE_FULL_FEATURE,
         };
         if reply.enters_full_feature {
+            if let Err(st) = self.neg.settle() {
+                tracing::warn!(
+                    initiator = self.neg.params.initiator_name.as_deref().unwrap_or("?"),
+                    "login on an RDMA connection without RDMAExtensions=Yes"
+                );
+                return self.fail(st, itt);
+            }
             self.state = State::AwaitingSession;
             self.held = Some(reply);
             let p = &self.neg.params;

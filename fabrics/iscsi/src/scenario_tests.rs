@@ -1482,3 +1482,231 @@ fn data_out_timeout_drops_a_connection_whose_burst_stalls() {
     i.t.advance(Duration::from_secs(10));
     assert_eq!(i.t.core.closed, Some(CloseReason::DataOutTimeout));
 }
+
+/// What a datamover was given during a login: each Send_Control's opcode,
+/// status and data segment, and the parameters Enable_Datamover carried.
+#[derive(Debug, Default)]
+struct LoginLog {
+    control: Vec<(Opcode, [u8; 2], Vec<u8>)>,
+    enabled: Option<crate::keys::Params>,
+}
+
+/// A datamover that records a login, RDMA or not as built.
+#[derive(Debug)]
+struct LoginRecorder {
+    rdma: bool,
+    log: std::rc::Rc<std::cell::RefCell<LoginLog>>,
+}
+
+impl crate::datamover::Datamover for LoginRecorder {
+    fn enable_datamover(&mut self, params: &crate::keys::Params) {
+        self.log.borrow_mut().enabled = Some(params.clone());
+    }
+    fn send_control(&mut self, bhs: &BhsBuf, data: &[u8]) {
+        let b = crate::pdu::Bhs(&bhs.0);
+        self.log
+            .borrow_mut()
+            .control
+            .push((b.opcode(), [bhs.0[36], bhs.0[37]], data.to_vec()));
+    }
+    fn put_data(
+        &mut self,
+        _put: crate::datamover::PutData,
+        _sns: crate::pdu::Sns,
+    ) -> crate::datamover::PutDone {
+        crate::datamover::PutDone {
+            next_data_sn: crate::pdu::DataSn(0),
+            status_sent: false,
+        }
+    }
+    fn get_data(&mut self, _solicit: crate::datamover::Solicit, _sns: crate::pdu::Sns) {}
+    fn is_rdma(&self) -> bool {
+        self.rdma
+    }
+    fn can_splice(&self) -> bool {
+        false
+    }
+    fn is_flushed(&self) -> bool {
+        true
+    }
+    fn discard_tx(&mut self) {}
+}
+
+/// The keys of the Linux iSER initiator's leading login (open-iscsi's
+/// iscsid over ib_iser with iscsid.conf's defaults): the security stage
+/// names the initiator and target; the operational stage sends no digests,
+/// its session keys, and InitiatorRecvDataSegmentLength,
+/// TargetRecvDataSegmentLength and RDMAExtensions=Yes in place of
+/// MaxRecvDataSegmentLength; MaxOutstandingUnexpectedPDUs is not sent.
+const ISER_SECURITY_KEYS: &[(&str, &str)] = &[
+    ("InitiatorName", "iqn.2004-10.com.ubuntu:01:c0ffee"),
+    ("TargetName", TARGET),
+    ("SessionType", "Normal"),
+    ("AuthMethod", "None"),
+];
+const ISER_OPERATIONAL_KEYS: &[(&str, &str)] = &[
+    ("DefaultTime2Wait", "2"),
+    ("DefaultTime2Retain", "0"),
+    ("IFMarker", "No"),
+    ("OFMarker", "No"),
+    ("ErrorRecoveryLevel", "0"),
+    ("InitialR2T", "No"),
+    ("ImmediateData", "Yes"),
+    ("MaxBurstLength", "16776192"),
+    ("FirstBurstLength", "262144"),
+    ("MaxConnections", "1"),
+    ("DataPDUInOrder", "Yes"),
+    ("DataSequenceInOrder", "Yes"),
+    ("MaxOutstandingR2T", "1"),
+    ("InitiatorRecvDataSegmentLength", "262144"),
+    ("TargetRecvDataSegmentLength", "262144"),
+    ("RDMAExtensions", "Yes"),
+];
+
+/// A Login Response's status (class, detail) and keys.
+type LoginAnswer = ([u8; 2], Vec<(String, String)>);
+
+/// Runs a two-stage login (security, then operational to full feature)
+/// with `security` and `operational` keys over a [`LoginRecorder`]: the
+/// login responses' statuses and keys, and what Enable_Datamover got.
+fn login_over(
+    rdma: bool,
+    security: &[(&str, &str)],
+    operational: &[(&str, &str)],
+) -> (Vec<LoginAnswer>, Option<crate::keys::Params>) {
+    let log = std::rc::Rc::new(std::cell::RefCell::new(LoginLog::default()));
+    let dm = LoginRecorder {
+        rdma,
+        log: log.clone(),
+    };
+    let addr: SocketAddr = "192.0.2.1:3260".parse().unwrap();
+    let now = Instant::now();
+    let mut c = Conn::with_datamover(now, Arc::new(cfg()), addr, addr, 7, dm);
+    for (i, (keys, csg, nsg)) in [(security, 0u8, 1u8), (operational, 1, 3)]
+        .into_iter()
+        .enumerate()
+    {
+        let mut b = BhsBuf::new(Opcode::LOGIN_REQ, flags::T | (csg << 2) | nsg);
+        b.set_immediate();
+        b.0[8..14].copy_from_slice(&[0x80, 0x12, 0x34, 0x56, 0x78, 0x9a]);
+        b.set_itt(0x40 + i as u32);
+        b.set_u32(24, 1);
+        c.pdu_received(&b.0, &[], encode_text(keys), true);
+        while let Some(ev) = c.poll_event() {
+            if let ConnEvent::SessionRequest { .. } = ev {
+                c.accept_session(0x0102);
+            }
+        }
+        if c.is_closed() {
+            break;
+        }
+    }
+    let log = log.borrow();
+    let rsps = log
+        .control
+        .iter()
+        .filter(|(op, _, _)| *op == Opcode::LOGIN_RSP)
+        .map(|(_, st, data)| {
+            let keys = crate::keys::parse_text(data)
+                .unwrap()
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            (*st, keys)
+        })
+        .collect();
+    (rsps, log.enabled.clone())
+}
+
+fn answer<'a>(keys: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    keys.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+}
+
+#[test]
+fn iser_initiator_login_on_an_rdma_connection() {
+    let (rsps, params) = login_over(true, ISER_SECURITY_KEYS, ISER_OPERATIONAL_KEYS);
+    assert_eq!(rsps.len(), 2);
+    let (st, op) = &rsps[1];
+    assert_eq!(*st, [0, 0]);
+    assert_eq!(answer(op, "RDMAExtensions"), Some("Yes"));
+    // The target takes Sends up to its MaxRecvDataSegmentLength (16 KiB
+    // in `cfg`), and repeats what the initiator receives.
+    assert_eq!(answer(op, "TargetRecvDataSegmentLength"), Some("16384"));
+    assert_eq!(answer(op, "InitiatorRecvDataSegmentLength"), Some("262144"));
+    assert_eq!(answer(op, "IFMarker"), Some("No"));
+    assert_eq!(answer(op, "MaxBurstLength"), Some("65536"));
+    assert_eq!(answer(op, "MaxOutstandingUnexpectedPDUs"), None);
+    let p = params.expect("datamover enabled");
+    assert!(p.rdma_extensions);
+    assert_eq!(p.target_recv_data_segment_length, 16384);
+    assert_eq!(p.initiator_recv_data_segment_length, 262_144);
+    assert_eq!(p.max_outstanding_unexpected_pdus, 0);
+    // The iSER lengths are the ones the session layer sizes PDUs by.
+    assert_eq!(p.max_recv_data_segment_length, 16384);
+    assert_eq!(p.max_xmit_data_segment_length, 262_144);
+    assert_eq!(p.header_digest, crate::keys::Digest::None);
+    assert_eq!(p.data_digest, crate::keys::Digest::None);
+    assert_eq!(p.max_burst_length, 65536);
+    assert_eq!(p.first_burst_length, 32768);
+}
+
+#[test]
+fn iser_keys_on_a_tcp_connection_get_rdma_extensions_no() {
+    let (rsps, params) = login_over(false, ISER_SECURITY_KEYS, ISER_OPERATIONAL_KEYS);
+    let (st, op) = &rsps[1];
+    assert_eq!(*st, [0, 0]);
+    assert_eq!(answer(op, "RDMAExtensions"), Some("No"));
+    assert_eq!(
+        answer(op, "TargetRecvDataSegmentLength"),
+        Some("Irrelevant")
+    );
+    assert_eq!(
+        answer(op, "InitiatorRecvDataSegmentLength"),
+        Some("Irrelevant")
+    );
+    // TCP declares MaxRecvDataSegmentLength as always.
+    assert_eq!(answer(op, "MaxRecvDataSegmentLength"), Some("16384"));
+    let p = params.expect("datamover enabled");
+    assert!(!p.rdma_extensions);
+    assert_eq!(p.max_recv_data_segment_length, 16384);
+    assert_eq!(p.max_xmit_data_segment_length, 8192);
+    assert_eq!(p.target_recv_data_segment_length, 8192);
+    assert_eq!(p.initiator_recv_data_segment_length, 8192);
+}
+
+#[test]
+fn digests_offered_on_an_rdma_connection_are_answered_none() {
+    let mut op = ISER_OPERATIONAL_KEYS.to_vec();
+    op.push(("HeaderDigest", "CRC32C,None"));
+    op.push(("DataDigest", "CRC32C"));
+    let (rsps, params) = login_over(true, ISER_SECURITY_KEYS, &op);
+    let (st, keys) = &rsps[1];
+    assert_eq!(*st, [0, 0]);
+    assert_eq!(answer(keys, "HeaderDigest"), Some("None"));
+    assert_eq!(answer(keys, "DataDigest"), Some("None"));
+    let p = params.expect("datamover enabled");
+    assert_eq!(p.header_digest, crate::keys::Digest::None);
+    assert_eq!(p.data_digest, crate::keys::Digest::None);
+}
+
+#[test]
+fn an_rdma_connection_needs_rdma_extensions_yes() {
+    // Refused by the initiator: the login fails before full feature.
+    let mut op = ISER_OPERATIONAL_KEYS.to_vec();
+    op.retain(|(k, _)| *k != "RDMAExtensions");
+    op.push(("RDMAExtensions", "No"));
+    let (rsps, params) = login_over(true, ISER_SECURITY_KEYS, &op);
+    assert_eq!(rsps.last().map(|(st, _)| *st), Some([2, 0]));
+    assert!(params.is_none());
+    // Not offered: the target offers it and holds the transit until the
+    // initiator answers; without TargetRecvDataSegmentLength the target
+    // declares its own.
+    let mut op = ISER_OPERATIONAL_KEYS.to_vec();
+    op.retain(|(k, _)| *k != "RDMAExtensions" && *k != "TargetRecvDataSegmentLength");
+    let (rsps, params) = login_over(true, ISER_SECURITY_KEYS, &op);
+    let (st, keys) = &rsps[1];
+    assert_eq!(*st, [0, 0]);
+    assert_eq!(answer(keys, "RDMAExtensions"), Some("Yes"));
+    assert_eq!(answer(keys, "TargetRecvDataSegmentLength"), Some("16384"));
+    assert!(params.is_none());
+}
