@@ -51,7 +51,9 @@ mod targets;
 mod tests;
 
 pub use devices::HANDLER_USAGE;
-pub(crate) use devices::device_attr_value;
+pub(crate) use devices::{
+    DEVICE_ATTRS, DeviceAttrDef, Write, device_attr_by_scst_name, device_attr_value, parse_size_mb,
+};
 pub use srp::SRP_TARGETS_USAGE;
 pub use targets::{GROUPS_USAGE, INITIATORS_USAGE, LUNS_USAGE, TARGETS_USAGE};
 use {devices::*, sessions::*, srp::*, system::*, targets::*};
@@ -144,7 +146,7 @@ enum Node {
     HandlerDevice(Handler, String),
     Devices,
     Device(String),
-    DeviceAttr(String, &'static AttrDef),
+    DeviceAttr(String, &'static DeviceAttrDef),
     Targets,
     Iscsi,
     IscsiMgmt,
@@ -458,14 +460,14 @@ impl Tree {
                 },
                 Node::Device(ref d) => {
                     let h = cfg.device(d).map_or(Handler::VdiskFileio, |d| d.handler);
-                    match find_attr(DEVICE_ATTRS, c) {
-                        Some(a) if device_attr_applies(h, c) => Node::DeviceAttr(d.clone(), a),
+                    match device_attr(c) {
+                        Some(a) if (a.applies)(h) => Node::DeviceAttr(d.clone(), a),
                         _ => {
                             return Err(no(names_hint(
                                 "attributes",
                                 DEVICE_ATTRS
                                     .iter()
-                                    .filter(|a| device_attr_applies(h, a.name))
+                                    .filter(|a| (a.applies)(h))
                                     .map(|a| a.name),
                             )));
                         }
@@ -705,8 +707,13 @@ impl Tree {
                     .map_or(Handler::VdiskFileio, |d| d.handler);
                 DEVICE_ATTRS
                     .iter()
-                    .filter(|a| device_attr_applies(h, a.name))
-                    .map(|a| attr(a, device_attr_writable(h, a.name)))
+                    .filter(|a| (a.applies)(h))
+                    .map(|a| Entry {
+                        name: a.name.into(),
+                        kind: EntryKind::Attr,
+                        writable: a.writable(h),
+                        description: a.desc.into(),
+                    })
                     .collect()
             }
             Node::Targets => vec![
@@ -876,27 +883,7 @@ impl Tree {
                 writable: false,
                 description: "initiator pattern".into(),
             },
-            Node::DeviceAttr(name, a) => {
-                let d = cfg
-                    .device(name)
-                    .ok_or_else(|| MgmtError::Refused(format!("no device {name:?}")))?;
-                let value = match a.name {
-                    "resync_size" => {
-                        return Err(MgmtError::NotWritable {
-                            path: path.into(),
-                            msg: "write-only: set it to 1 to re-read the backing size".into(),
-                        });
-                    }
-                    "exported" => self.exported(name).join("\n"),
-                    other => device_attr_value(d, other, Some(&*self.rt)).unwrap_or_default(),
-                };
-                AttrValue {
-                    value,
-                    key: device_attr_key(d, a.name),
-                    writable: device_attr_writable(d.handler, a.name),
-                    description: a.desc.into(),
-                }
-            }
+            Node::DeviceAttr(name, a) => self.get_device_attr(name, a, path)?,
             Node::IscsiParam(a) => {
                 let v = serde_json::to_value(&cfg.iscsi).unwrap_or_default();
                 let d = serde_json::to_value(IscsiParamsConfig::default()).unwrap_or_default();
@@ -1084,58 +1071,10 @@ impl Tree {
             Node::RootAttr(a) if a.name == "data_memory_mb" => Change::SetDataMemory {
                 mb: parse_data_memory_mb(value).map_err(bad)?,
             },
-            Node::DeviceAttr(name, a) => {
-                let old = self
-                    .cfg
-                    .device(&name)
-                    .cloned()
-                    .ok_or_else(|| bad("no such device".into()))?;
-                if !device_attr_writable(old.handler, a.name) {
-                    return Err(not_writable(match a.name {
-                        "size" => {
-                            "read-only for vdisk_blockio: the size is the device's; write resync_size"
-                        }
-                        "stats" | "exported" | "handler" => "read-only",
-                        _ => "read-only: del_device and add_device with the new value",
-                    }));
-                }
-                if a.name == "resync_size" {
-                    if parse_bool(value).map_err(bad)? {
-                        return self.execute(Change::ResyncSize { name });
-                    }
-                    return Err(bad("write 1 to re-read the size".into()));
-                }
-                let mut new = old.clone();
-                let opt = |v: &str| {
-                    if v.is_empty() {
-                        None
-                    } else {
-                        Some(v.to_string())
-                    }
-                };
-                match a.name {
-                    "size" => new.size = Some(parse_size(value).map_err(bad)?),
-                    "read_only" => new.read_only = parse_bool(value).map_err(bad)?,
-                    "write_through" => new.write_through = parse_bool(value).map_err(bad)?,
-                    "rotational" => new.rotational = parse_bool(value).map_err(bad)?,
-                    "nv_cache" => new.nv_cache = parse_bool(value).map_err(bad)?,
-                    "serial" => new.serial = opt(value),
-                    "t10_vendor" => new.t10_vendor = opt(value),
-                    "t10_product" => new.t10_product = opt(value),
-                    "t10_revision" => new.t10_revision = opt(value),
-                    "naa" => new.naa = opt(value),
-                    _ => new.eui64 = opt(value),
-                }
-                new.validate("").map_err(|e| match e {
-                    ConfigError::Invalid { msg, .. } => bad(msg),
-                    other => MgmtError::Config(other),
-                })?;
-                let mut cs = device_attr_changes(&old, &new);
-                match cs.len() {
-                    0 => return Ok(format!("{path}: unchanged")),
-                    _ => cs.remove(0),
-                }
-            }
+            Node::DeviceAttr(name, a) => match self.device_attr_change(&name, a, value, path)? {
+                Some(c) => c,
+                None => return Ok(format!("{path}: unchanged")),
+            },
             Node::IscsiParam(a) if read_only_attr(a.name) => {
                 return Err(not_writable(
                     "changed by commands: do /targets/iscsi/mgmt \"add_attribute IncomingUser USER SECRET\"",

@@ -1149,3 +1149,55 @@ fn group_chap_users_and_digest_lists() {
         t.config().iscsi.digests.as_slice()
     );
 }
+
+/// Every saved device attribute survives `add_device` with the parameters
+/// `diff` prints for the device, and reads back as it was set.
+#[test]
+fn device_attribute_table_round_trips() {
+    let mut file = DeviceConfig::new("f1", Handler::VdiskFileio);
+    file.filename = Some(PathBuf::from("/srv/f1.img"));
+    file.size = Some(8 << 20);
+    file.blocksize = 4096;
+    (file.read_only, file.write_through, file.thin_provisioned) = (true, true, true);
+    (file.rotational, file.nv_cache, file.removable) = (true, true, true);
+    file.serial = Some("S1".into());
+    file.t10_vendor = Some("VEND".into());
+    file.t10_product = Some("PROD".into());
+    file.t10_revision = Some("0001".into());
+    file.naa = Some("0x5000000000000001".into());
+    file.eui64 = Some("0x0000000000000002".into());
+    let mut null = DeviceConfig::new("n1", Handler::VdiskNullio);
+    null.size = Some(1 << 20);
+    null.mem = true;
+    for d in [file, null] {
+        let (mut tree, _) = tree();
+        let params = crate::change::device_params(&d);
+        let saved = DEVICE_ATTRS
+            .iter()
+            .filter(|a| (a.applies)(d.handler) && a.parse.is_some())
+            .filter(|a| (a.saved)(&d).is_some())
+            .count();
+        assert_eq!(params.split("; ").count(), saved, "{params}");
+        tree.run(
+            &format!("/handlers/{}/mgmt", d.handler),
+            &format!("add_device {} {params}", d.name),
+        )
+        .unwrap();
+        assert_eq!(tree.config().device(&d.name), Some(&d), "{params}");
+        for a in DEVICE_ATTRS.iter().filter(|a| (a.applies)(d.handler)) {
+            let path = format!("/devices/{}/{}", d.name, a.name);
+            match (tree.get(&path), (a.saved)(&d)) {
+                (Ok(v), Some(s)) => {
+                    assert!(v.key, "{path}");
+                    if let (Read::Value(_), Some(_)) = (&a.read, a.parse) {
+                        let mut back = DeviceConfig::new(&d.name, d.handler);
+                        (a.parse.unwrap())(&mut back, &s).unwrap();
+                        assert_eq!((a.saved)(&back), Some(s), "{path}");
+                    }
+                }
+                (Ok(v), None) => assert!(!v.key, "{path}"),
+                (Err(e), _) => assert!(matches!(a.read, Read::WriteOnly(_)), "{path}: {e}"),
+            }
+        }
+    }
+}
