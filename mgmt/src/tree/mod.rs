@@ -152,7 +152,7 @@ enum Node {
     IscsiMgmt,
     IscsiParam(&'static AttrDef),
     Target(String),
-    TargetAttr(String, &'static AttrDef),
+    TargetAttr(String, &'static TargetAttrDef),
     Luns(String, Option<String>),
     LunsMgmt(String, Option<String>),
     Lun(String, Option<String>, u16),
@@ -526,7 +526,7 @@ impl Tree {
                     "luns" => Node::Luns(t.clone(), None),
                     "ini_groups" => Node::Groups(t.clone()),
                     "sessions" => Node::Sessions(t.clone()),
-                    _ => match find_attr(TARGET_ATTRS, c) {
+                    _ => match TARGET_ATTRS.iter().find(|a| a.name == c) {
                         Some(a) => Node::TargetAttr(t.clone(), a),
                         None => {
                             return Err(no(names_hint(
@@ -755,11 +755,12 @@ impl Tree {
                 dir("sessions", "logged-in sessions"),
             ]
             .into_iter()
-            .chain(
-                TARGET_ATTRS
-                    .iter()
-                    .map(|a| attr(a, !read_only_attr(a.name))),
-            )
+            .chain(TARGET_ATTRS.iter().map(|a| Entry {
+                name: a.name.into(),
+                kind: EntryKind::Attr,
+                writable: a.write.is_ok(),
+                description: a.desc.into(),
+            }))
             .collect(),
             Node::Luns(t, g) => std::iter::once(mgmt("add, del, replace, clear"))
                 .chain(
@@ -917,26 +918,11 @@ impl Tree {
                 let t = cfg
                     .iscsi_target(t)
                     .ok_or_else(|| MgmtError::Refused(format!("no target {t:?}")))?;
-                let (value, key) = match a.name {
-                    "enabled" => (b01(t.enabled), !t.enabled),
-                    "portals" => (t.portals.join(" "), !t.portals.is_empty()),
-                    "tpgt" => (t.tpgt.to_string(), t.tpgt != 1),
-                    "incoming_users" => {
-                        (chap_names(&t.incoming_users), !t.incoming_users.is_empty())
-                    }
-                    "outgoing_user" => (
-                        t.outgoing_user
-                            .as_ref()
-                            .map(|u| u.user.clone())
-                            .unwrap_or_default(),
-                        t.outgoing_user.is_some(),
-                    ),
-                    _ => (t.alias.clone().unwrap_or_default(), t.alias.is_some()),
-                };
+                let (value, key) = (a.read)(t);
                 AttrValue {
                     value,
                     key,
-                    writable: !read_only_attr(a.name),
+                    writable: a.write.is_ok(),
                     description: a.desc.into(),
                 }
             }
@@ -1105,43 +1091,10 @@ impl Tree {
                     .map_err(|_| bad(format!("{value:?} is out of range; {}", a.desc)))?;
                 Change::SetIscsiParams(p)
             }
-            Node::TargetAttr(_, a) if read_only_attr(a.name) => {
-                return Err(not_writable(
-                    "changed by commands: do /targets/iscsi/mgmt \"add_target_attribute IQN IncomingUser USER SECRET\"",
-                ));
-            }
-            Node::TargetAttr(t, a) => {
-                match a.name {
-                    "enabled" => Change::SetEnabled {
-                        name: t,
-                        enabled: parse_bool(value).map_err(bad)?,
-                    },
-                    "portals" => Change::SetTarget {
-                        name: t,
-                        attr: TargetAttr::Portals(
-                            value
-                                .split(|c: char| c == ',' || c.is_whitespace())
-                                .filter(|s| !s.is_empty())
-                                .map(str::to_string)
-                                .collect(),
-                        ),
-                    },
-                    "tpgt" => Change::SetTarget {
-                        name: t,
-                        attr: TargetAttr::Tpgt(value.parse().map_err(|_| {
-                            bad(format!("{value:?} is not a tag; valid: 0..65535"))
-                        })?),
-                    },
-                    _ => Change::SetTarget {
-                        name: t,
-                        attr: TargetAttr::Alias(if value.is_empty() {
-                            None
-                        } else {
-                            Some(value.into())
-                        }),
-                    },
-                }
-            }
+            Node::TargetAttr(t, a) => match a.write {
+                Ok(write) => write(t, value).map_err(bad)?,
+                Err(msg) => return Err(not_writable(msg)),
+            },
             Node::SessionAttr(t, s, a) if a.name == "force_close" => {
                 if !parse_bool(value).map_err(bad)? {
                     return Err(bad("write 1 to close the session".into()));

@@ -4,39 +4,115 @@
 
 use super::*;
 
-pub(super) const TARGET_ATTRS: &[AttrDef] = &[
-    AttrDef {
+/// One attribute of `/targets/iscsi/<iqn>`.
+pub(super) struct TargetAttrDef {
+    pub name: &'static str,
+    pub desc: &'static str,
+    /// The value, and whether a saved configuration carries it (it differs
+    /// from the default).
+    pub read: fn(&IscsiTargetConfig) -> (String, bool),
+    /// The change `set` makes of a value for the named target (an error
+    /// says what is wrong with the value); `Err`: changed by commands, not
+    /// by `set`, and what `set` says.
+    pub write: Result<SetTarget, &'static str>,
+}
+
+/// Parses a value written to a target attribute into its change.
+pub(super) type SetTarget = fn(String, &str) -> Result<Change, String>;
+
+impl PartialEq for TargetAttrDef {
+    fn eq(&self, o: &TargetAttrDef) -> bool {
+        self.name == o.name
+    }
+}
+impl Eq for TargetAttrDef {}
+impl std::fmt::Debug for TargetAttrDef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+const BY_CHAP_COMMANDS: &str = "changed by commands: do /targets/iscsi/mgmt \"add_target_attribute IQN IncomingUser USER SECRET\"";
+
+/// The attributes of an iSCSI target, in the order `ls` lists them.
+pub(super) static TARGET_ATTRS: &[TargetAttrDef] = &[
+    TargetAttrDef {
         name: "enabled",
         desc: "0|1: accept new sessions",
+        read: |t| (b01(t.enabled), !t.enabled),
+        write: Ok(|name, v| {
+            Ok(Change::SetEnabled {
+                name,
+                enabled: parse_bool(v)?,
+            })
+        }),
     },
-    AttrDef {
+    TargetAttrDef {
         name: "portals",
         desc: "listening addresses, space separated (\"192.0.2.1:3260 [::1]:3260\")",
+        read: |t| (t.portals.join(" "), !t.portals.is_empty()),
+        write: Ok(|name, v| {
+            Ok(Change::SetTarget {
+                name,
+                attr: TargetAttr::Portals(
+                    v.split(|c: char| c == ',' || c.is_whitespace())
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_string)
+                        .collect(),
+                ),
+            })
+        }),
     },
-    AttrDef {
+    TargetAttrDef {
         name: "tpgt",
         desc: "target portal group tag",
+        read: |t| (t.tpgt.to_string(), t.tpgt != 1),
+        write: Ok(|name, v| {
+            Ok(Change::SetTarget {
+                name,
+                attr: TargetAttr::Tpgt(
+                    v.parse()
+                        .map_err(|_| format!("{v:?} is not a tag; valid: 0..65535"))?,
+                ),
+            })
+        }),
     },
-    AttrDef {
+    TargetAttrDef {
         name: "alias",
         desc: "TargetAlias sent at login; empty for none",
+        read: |t| (t.alias.clone().unwrap_or_default(), t.alias.is_some()),
+        write: Ok(|name, v| {
+            Ok(Change::SetTarget {
+                name,
+                attr: TargetAttr::Alias((!v.is_empty()).then(|| v.to_string())),
+            })
+        }),
     },
-    AttrDef {
+    TargetAttrDef {
         name: "incoming_users",
         desc: "CHAP users initiators log in as (read-only; IncomingUser commands in /targets/iscsi/mgmt)",
+        read: |t| (chap_names(&t.incoming_users), !t.incoming_users.is_empty()),
+        write: Err(BY_CHAP_COMMANDS),
     },
-    AttrDef {
+    TargetAttrDef {
         name: "outgoing_user",
         desc: "mutual CHAP user of the target (read-only; OutgoingUser commands in /targets/iscsi/mgmt)",
+        read: |t| {
+            (
+                t.outgoing_user
+                    .as_ref()
+                    .map(|u| u.user.clone())
+                    .unwrap_or_default(),
+                t.outgoing_user.is_some(),
+            )
+        },
+        write: Err(BY_CHAP_COMMANDS),
     },
 ];
 
-/// Target and discovery attributes changed by commands, not by `set`.
+/// Discovery attributes changed by commands, not by `set`.
 pub(super) fn read_only_attr(name: &str) -> bool {
-    matches!(
-        name,
-        "incoming_users" | "outgoing_user" | "discovery_incoming_users" | "discovery_outgoing_user"
-    )
+    matches!(name, "discovery_incoming_users" | "discovery_outgoing_user")
 }
 
 pub(super) fn chap_names(users: &[ChapUser]) -> String {
