@@ -24,6 +24,13 @@
 //! it, so `save` writes the model and `apply` is a [`plan`] between two
 //! configurations.
 //!
+//! This module resolves paths and carries out `ls`, `get`, `set`, `do`,
+//! `diff`, `apply` and `save`; each kind of object has its own file with
+//! its attributes and commands: `devices` (the device attribute table,
+//! `add_device`, `del_device`), `targets` (iSCSI parameters, the target
+//! attribute table, CHAP, LUN maps, initiator groups), `srp`, `sessions`
+//! and `system` (the root attributes).
+//!
 //! Not owned here: the socket ([`crate::server`]) and the running system
 //! ([`Runtime`]).
 
@@ -885,35 +892,7 @@ impl Tree {
                 description: "initiator pattern".into(),
             },
             Node::DeviceAttr(name, a) => self.get_device_attr(name, a, path)?,
-            Node::IscsiParam(a) => {
-                let v = serde_json::to_value(&cfg.iscsi).unwrap_or_default();
-                let d = serde_json::to_value(IscsiParamsConfig::default()).unwrap_or_default();
-                let fmt = |v: &serde_json::Value| match v {
-                    serde_json::Value::Bool(b) => b01(*b),
-                    serde_json::Value::Array(items) => items
-                        .iter()
-                        .map(|i| i.as_str().map_or_else(|| i.to_string(), str::to_string))
-                        .collect::<Vec<_>>()
-                        .join(" "),
-                    other => other.to_string(),
-                };
-                let value = match a.name {
-                    "discovery_incoming_users" => chap_names(&cfg.iscsi.discovery_incoming_users),
-                    "discovery_outgoing_user" => cfg
-                        .iscsi
-                        .discovery_outgoing_user
-                        .as_ref()
-                        .map(|u| u.user.clone())
-                        .unwrap_or_default(),
-                    _ => fmt(&v[a.name]),
-                };
-                AttrValue {
-                    value,
-                    key: v.get(a.name) != d.get(a.name),
-                    writable: !read_only_attr(a.name),
-                    description: a.desc.into(),
-                }
-            }
+            Node::IscsiParam(a) => self.get_iscsi_param(a),
             Node::TargetAttr(t, a) => {
                 let t = cfg
                     .iscsi_target(t)
@@ -944,65 +923,8 @@ impl Tree {
                     description: a.desc.into(),
                 }
             }
-            Node::SrpAttr(t, a) => {
-                let t = cfg
-                    .targets
-                    .srp
-                    .iter()
-                    .find(|p| &p.name == t)
-                    .ok_or_else(|| MgmtError::Refused(format!("no SRP port {t:?}")))?;
-                let id: String = t
-                    .port_id_bytes()
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect();
-                let (value, key) = match (a.name, &t.provider) {
-                    ("enabled", _) => (b01(t.enabled), !t.enabled),
-                    ("port_id", _) => (format!("0x{id}"), t.port_id.is_some()),
-                    ("provider", crate::config::SrpProviderConfig::Soft { .. }) => {
-                        ("soft".into(), true)
-                    }
-                    ("provider", crate::config::SrpProviderConfig::Verbs { device, port, .. }) => (
-                        format!("verbs {} port {port}", device.as_deref().unwrap_or("(any)")),
-                        true,
-                    ),
-                    ("listen", crate::config::SrpProviderConfig::Soft { listen })
-                    | ("listen", crate::config::SrpProviderConfig::Verbs { listen, .. }) => {
-                        (listen.clone(), true)
-                    }
-                    _ => (t.credits.to_string(), true),
-                };
-                AttrValue {
-                    value,
-                    key,
-                    writable: a.name == "enabled",
-                    description: a.desc.into(),
-                }
-            }
-            Node::SessionAttr(_, s, a) => {
-                let value = match a.name {
-                    "initiator_name" => s.initiator.clone(),
-                    "isid" => format!("0x{:012x}", s.isid),
-                    "tsih" => s.tsih.to_string(),
-                    "group" => s.group.clone().unwrap_or_default(),
-                    "connections" => s.connections.join("\n"),
-                    "active_commands" => s.active_commands.to_string(),
-                    "lun_count" => s.lun_count.to_string(),
-                    "stats" => fmt_stats(&s.stats),
-                    _ => {
-                        return Err(MgmtError::NotWritable {
-                            path: path.into(),
-                            msg: "write-only: set it to 1 to close the session".into(),
-                        });
-                    }
-                };
-                AttrValue {
-                    value,
-                    key: false,
-                    writable: a.name == "force_close",
-                    description: a.desc.into(),
-                }
-            }
+            Node::SrpAttr(t, a) => self.get_srp_attr(t, a)?,
+            Node::SessionAttr(_, s, a) => self.get_session_attr(s, a, path)?,
             _ => {
                 return Err(MgmtError::NotWritable {
                     path: path.into(),
@@ -1066,62 +988,16 @@ impl Tree {
                     "changed by commands: do /targets/iscsi/mgmt \"add_attribute IncomingUser USER SECRET\"",
                 ));
             }
-            Node::IscsiParam(a) => {
-                let mut v = serde_json::to_value(&self.cfg.iscsi).unwrap_or_default();
-                let newv = match &v[a.name] {
-                    serde_json::Value::Array(_) => serde_json::Value::Array(
-                        value
-                            .split(|c: char| c == ',' || c.is_whitespace())
-                            .filter(|s| !s.is_empty())
-                            .map(|s| serde_json::Value::String(s.to_ascii_lowercase()))
-                            .collect(),
-                    ),
-                    serde_json::Value::Bool(_) => {
-                        serde_json::Value::Bool(parse_bool(value).map_err(bad)?)
-                    }
-                    _ => serde_json::Value::Number(
-                        value
-                            .parse::<u32>()
-                            .map_err(|_| bad(format!("{value:?} is not a number; {}", a.desc)))?
-                            .into(),
-                    ),
-                };
-                v[a.name] = newv;
-                let p: IscsiParamsConfig = serde_json::from_value(v)
-                    .map_err(|_| bad(format!("{value:?} is out of range; {}", a.desc)))?;
-                Change::SetIscsiParams(p)
-            }
+            Node::IscsiParam(a) => self.iscsi_param_change(a, value, path)?,
             Node::TargetAttr(t, a) => match a.write {
                 Ok(write) => write(t, value).map_err(bad)?,
                 Err(msg) => return Err(not_writable(msg)),
             },
             Node::SessionAttr(t, s, a) if a.name == "force_close" => {
-                if !parse_bool(value).map_err(bad)? {
-                    return Err(bad("write 1 to close the session".into()));
-                }
-                self.rt
-                    .close_session(srp_port_of(&t).unwrap_or(&t), &s.initiator, s.isid)
-                    .map_err(|source| MgmtError::Runtime {
-                        what: format!("close session {} of {t}", s.initiator),
-                        source,
-                    })?;
-                return Ok(format!(
-                    "closed session {} (isid 0x{:012x})",
-                    s.initiator, s.isid
-                ));
+                return self.force_close(&t, &s, value, path);
             }
             Node::SrpAttr(t, a) if a.name == "enabled" => {
-                let mut p = self
-                    .cfg
-                    .targets
-                    .srp
-                    .iter()
-                    .find(|p| p.name == t)
-                    .cloned()
-                    .ok_or_else(|| bad("no such SRP port".into()))?;
-                p.enabled = parse_bool(value).map_err(bad)?;
-                let what = format!("set_enabled srp {t} {}", b01(p.enabled));
-                return self.execute_srp(&t, Some(p), what);
+                return self.set_srp_enabled(&t, value, path);
             }
             Node::HandlerMgmt(_)
             | Node::IscsiMgmt

@@ -251,3 +251,63 @@ impl Tree {
         }
     }
 }
+
+impl Tree {
+    /// Reads attribute `a` of SRP port `t`.
+    pub(super) fn get_srp_attr(&self, t: &str, a: &AttrDef) -> Result<AttrValue, MgmtError> {
+        let cfg = &self.cfg;
+        let t = cfg
+            .targets
+            .srp
+            .iter()
+            .find(|p| p.name == t)
+            .ok_or_else(|| MgmtError::Refused(format!("no SRP port {t:?}")))?;
+        let id: String = t
+            .port_id_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let (value, key) = match (a.name, &t.provider) {
+            ("enabled", _) => (b01(t.enabled), !t.enabled),
+            ("port_id", _) => (format!("0x{id}"), t.port_id.is_some()),
+            ("provider", crate::config::SrpProviderConfig::Soft { .. }) => ("soft".into(), true),
+            ("provider", crate::config::SrpProviderConfig::Verbs { device, port, .. }) => (
+                format!("verbs {} port {port}", device.as_deref().unwrap_or("(any)")),
+                true,
+            ),
+            ("listen", crate::config::SrpProviderConfig::Soft { listen })
+            | ("listen", crate::config::SrpProviderConfig::Verbs { listen, .. }) => {
+                (listen.clone(), true)
+            }
+            _ => (t.credits.to_string(), true),
+        };
+        Ok(AttrValue {
+            value,
+            key,
+            writable: a.name == "enabled",
+            description: a.desc.into(),
+        })
+    }
+
+    /// Writes `value` to the `enabled` attribute of SRP port `t` (at
+    /// `path`).
+    pub(super) fn set_srp_enabled(
+        &mut self,
+        t: &str,
+        value: &str,
+        path: &str,
+    ) -> Result<String, MgmtError> {
+        let bad = |msg: String| MgmtError::Refused(format!("{path}: {msg}"));
+        let mut p = self
+            .cfg
+            .targets
+            .srp
+            .iter()
+            .find(|p| p.name == t)
+            .cloned()
+            .ok_or_else(|| bad("no such SRP port".into()))?;
+        p.enabled = parse_bool(value).map_err(bad)?;
+        let what = format!("set_enabled srp {t} {}", b01(p.enabled));
+        self.execute_srp(t, Some(p), what)
+    }
+}

@@ -660,3 +660,68 @@ impl Tree {
         }
     }
 }
+
+impl Tree {
+    /// Reads iSCSI parameter `a`.
+    pub(super) fn get_iscsi_param(&self, a: &AttrDef) -> AttrValue {
+        let cfg = &self.cfg;
+        let v = serde_json::to_value(&cfg.iscsi).unwrap_or_default();
+        let d = serde_json::to_value(IscsiParamsConfig::default()).unwrap_or_default();
+        let fmt = |v: &serde_json::Value| match v {
+            serde_json::Value::Bool(b) => b01(*b),
+            serde_json::Value::Array(items) => items
+                .iter()
+                .map(|i| i.as_str().map_or_else(|| i.to_string(), str::to_string))
+                .collect::<Vec<_>>()
+                .join(" "),
+            other => other.to_string(),
+        };
+        let value = match a.name {
+            "discovery_incoming_users" => chap_names(&cfg.iscsi.discovery_incoming_users),
+            "discovery_outgoing_user" => cfg
+                .iscsi
+                .discovery_outgoing_user
+                .as_ref()
+                .map(|u| u.user.clone())
+                .unwrap_or_default(),
+            _ => fmt(&v[a.name]),
+        };
+        AttrValue {
+            value,
+            key: v.get(a.name) != d.get(a.name),
+            writable: !read_only_attr(a.name),
+            description: a.desc.into(),
+        }
+    }
+
+    /// The change writing `value` to iSCSI parameter `a` (at `path`) makes.
+    pub(super) fn iscsi_param_change(
+        &self,
+        a: &AttrDef,
+        value: &str,
+        path: &str,
+    ) -> Result<Change, MgmtError> {
+        let bad = |msg: String| MgmtError::Refused(format!("{path}: {msg}"));
+        let mut v = serde_json::to_value(&self.cfg.iscsi).unwrap_or_default();
+        let newv = match &v[a.name] {
+            serde_json::Value::Array(_) => serde_json::Value::Array(
+                value
+                    .split(|c: char| c == ',' || c.is_whitespace())
+                    .filter(|s| !s.is_empty())
+                    .map(|s| serde_json::Value::String(s.to_ascii_lowercase()))
+                    .collect(),
+            ),
+            serde_json::Value::Bool(_) => serde_json::Value::Bool(parse_bool(value).map_err(bad)?),
+            _ => serde_json::Value::Number(
+                value
+                    .parse::<u32>()
+                    .map_err(|_| bad(format!("{value:?} is not a number; {}", a.desc)))?
+                    .into(),
+            ),
+        };
+        v[a.name] = newv;
+        let p: IscsiParamsConfig = serde_json::from_value(v)
+            .map_err(|_| bad(format!("{value:?} is out of range; {}", a.desc)))?;
+        Ok(Change::SetIscsiParams(p))
+    }
+}
