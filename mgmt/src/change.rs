@@ -511,16 +511,15 @@ impl Change {
 }
 
 /// Whether going from `old` to `new` needs the device closed and opened
-/// again: its handler, backing file, block size, mem mode, thin
-/// provisioning (which changes the backend's capabilities) or removable
-/// medium (which the core fixes when it opens the device) differ.
+/// again: its handler or an attribute fixed when the device is created
+/// (`Write::No` in the device attribute table: backing file, block size,
+/// mem mode, thin provisioning (which changes the backend's capabilities),
+/// removable medium (which the core fixes when it opens the device)) differ.
 pub fn needs_recreate(old: &DeviceConfig, new: &DeviceConfig) -> bool {
     old.handler != new.handler
-        || old.filename != new.filename
-        || old.blocksize != new.blocksize
-        || old.mem != new.mem
-        || old.thin_provisioned != new.thin_provisioned
-        || old.removable != new.removable
+        || DEVICE_ATTRS
+            .iter()
+            .any(|a| matches!(a.write, Write::No(_)) && (a.saved)(old) != (a.saved)(new))
 }
 
 /// The runtime-changeable attribute differences between two versions of a
