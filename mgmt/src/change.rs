@@ -20,6 +20,7 @@ use crate::config::{
     ReactorConfig, SrpTargetConfig, data_memory_bytes,
 };
 use crate::runtime::{DeviceAttr, Runtime, RuntimeError, TargetAttr};
+use crate::tree::{DEVICE_ATTRS, Write};
 
 /// One change to the configuration and the running system.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -153,42 +154,11 @@ fn fmt_map(luns: &[LunConfig]) -> String {
 
 /// `add_device` parameters that reproduce `d` (SCST syntax).
 pub fn device_params(d: &DeviceConfig) -> String {
-    let mut p = Vec::new();
-    if let Some(f) = &d.filename {
-        p.push(format!("filename={}", f.display()));
-    }
-    if let Some(s) = d.size {
-        p.push(format!("size={s}"));
-    }
-    if d.blocksize != 512 {
-        p.push(format!("blocksize={}", d.blocksize));
-    }
-    for (k, v) in [
-        ("read_only", d.read_only),
-        ("write_through", d.write_through),
-        ("thin_provisioned", d.thin_provisioned),
-        ("rotational", d.rotational),
-        ("nv_cache", d.nv_cache),
-        ("mem", d.mem),
-        ("removable", d.removable),
-    ] {
-        if v {
-            p.push(format!("{k}=1"));
-        }
-    }
-    for (k, v) in [
-        ("serial", &d.serial),
-        ("t10_vendor", &d.t10_vendor),
-        ("t10_product", &d.t10_product),
-        ("t10_revision", &d.t10_revision),
-        ("naa", &d.naa),
-        ("eui64", &d.eui64),
-    ] {
-        if let Some(v) = v {
-            p.push(format!("{k}={v}"));
-        }
-    }
-    p.join("; ")
+    DEVICE_ATTRS
+        .iter()
+        .filter_map(|a| (a.saved)(d).map(|v| format!("{}={v}", a.name)))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 fn lun_prefix(target: &str, group: &Option<String>) -> String {
@@ -541,16 +511,15 @@ impl Change {
 }
 
 /// Whether going from `old` to `new` needs the device closed and opened
-/// again: its handler, backing file, block size, mem mode, thin
-/// provisioning (which changes the backend's capabilities) or removable
-/// medium (which the core fixes when it opens the device) differ.
+/// again: its handler or an attribute fixed when the device is created
+/// (`Write::No` in the device attribute table: backing file, block size,
+/// mem mode, thin provisioning (which changes the backend's capabilities),
+/// removable medium (which the core fixes when it opens the device)) differ.
 pub fn needs_recreate(old: &DeviceConfig, new: &DeviceConfig) -> bool {
     old.handler != new.handler
-        || old.filename != new.filename
-        || old.blocksize != new.blocksize
-        || old.mem != new.mem
-        || old.thin_provisioned != new.thin_provisioned
-        || old.removable != new.removable
+        || DEVICE_ATTRS
+            .iter()
+            .any(|a| matches!(a.write, Write::No(_)) && (a.saved)(old) != (a.saved)(new))
 }
 
 /// The runtime-changeable attribute differences between two versions of a
@@ -558,101 +527,19 @@ pub fn needs_recreate(old: &DeviceConfig, new: &DeviceConfig) -> bool {
 pub fn device_attr_changes(old: &DeviceConfig, new: &DeviceConfig) -> Vec<Change> {
     let mut out = Vec::new();
     let mut cur = old.clone();
-    let mut push = |cur: &mut DeviceConfig,
-                    attr_name: &str,
-                    attr: DeviceAttr,
-                    set: &dyn Fn(&mut DeviceConfig)| {
-        set(cur);
-        out.push(Change::SetDevice {
-            name: new.name.clone(),
-            attr_name: attr_name.into(),
-            attr,
-            new: Box::new(cur.clone()),
-        });
-    };
-    if old.read_only != new.read_only {
-        push(
-            &mut cur,
-            "read_only",
-            DeviceAttr::ReadOnly(new.read_only),
-            &|d| d.read_only = new.read_only,
-        );
-    }
-    if old.write_through != new.write_through {
-        push(
-            &mut cur,
-            "write_through",
-            DeviceAttr::WriteThrough(new.write_through),
-            &|d| d.write_through = new.write_through,
-        );
-    }
-    if old.nv_cache != new.nv_cache {
-        push(
-            &mut cur,
-            "nv_cache",
-            DeviceAttr::NvCache(new.nv_cache),
-            &|d| d.nv_cache = new.nv_cache,
-        );
-    }
-    if old.rotational != new.rotational {
-        push(
-            &mut cur,
-            "rotational",
-            DeviceAttr::Rotational(new.rotational),
-            &|d| d.rotational = new.rotational,
-        );
-    }
-    if old.serial != new.serial {
-        push(
-            &mut cur,
-            "serial",
-            DeviceAttr::Serial(new.effective_serial()),
-            &|d| d.serial = new.serial.clone(),
-        );
-    }
-    let id = new.identity();
-    if old.t10_vendor != new.t10_vendor {
-        push(
-            &mut cur,
-            "t10_vendor",
-            DeviceAttr::T10Vendor(id.vendor.clone()),
-            &|d| d.t10_vendor = new.t10_vendor.clone(),
-        );
-    }
-    if old.t10_product != new.t10_product {
-        push(
-            &mut cur,
-            "t10_product",
-            DeviceAttr::T10Product(id.product.clone()),
-            &|d| d.t10_product = new.t10_product.clone(),
-        );
-    }
-    if old.t10_revision != new.t10_revision {
-        push(
-            &mut cur,
-            "t10_revision",
-            DeviceAttr::T10Revision(id.revision.clone()),
-            &|d| d.t10_revision = new.t10_revision.clone(),
-        );
-    }
-    if old.naa != new.naa {
-        push(&mut cur, "naa", DeviceAttr::Naa(id.naa), &|d| {
-            d.naa = new.naa.clone()
-        });
-    }
-    if old.eui64 != new.eui64 {
-        push(&mut cur, "eui64", DeviceAttr::Eui64(id.eui64), &|d| {
-            d.eui64 = new.eui64.clone()
-        });
-    }
-    // fileio: a size no longer configured leaves the file as it is, so only
-    // a new size is a change to the running device.
-    if old.size != new.size
-        && let Some(s) = new.size
-    {
-        push(&mut cur, "size", DeviceAttr::Size(s), &|d| {
-            d.size = new.size
-        });
+    for a in DEVICE_ATTRS {
+        let Write::Live(l) = &a.write else { continue };
+        if (a.saved)(old) != (a.saved)(new)
+            && let Some(attr) = (l.change)(new)
+        {
+            (l.copy)(&mut cur, new);
+            out.push(Change::SetDevice {
+                name: new.name.clone(),
+                attr_name: a.name.into(),
+                attr,
+                new: Box::new(cur.clone()),
+            });
+        }
     }
     out
 }

@@ -52,6 +52,26 @@ pub enum DeviceAttr {
     Size(u64),
 }
 
+impl DeviceAttr {
+    /// Sets the attribute in the running device's configuration `cfg`
+    /// (identity values as given, the size as the new size).
+    pub fn set_on(&self, cfg: &mut DeviceConfig) {
+        match self {
+            DeviceAttr::ReadOnly(v) => cfg.read_only = *v,
+            DeviceAttr::WriteThrough(v) => cfg.write_through = *v,
+            DeviceAttr::NvCache(v) => cfg.nv_cache = *v,
+            DeviceAttr::Rotational(v) => cfg.rotational = *v,
+            DeviceAttr::Serial(v) => cfg.serial = Some(v.clone()),
+            DeviceAttr::T10Vendor(v) => cfg.t10_vendor = Some(v.clone()),
+            DeviceAttr::T10Product(v) => cfg.t10_product = Some(v.clone()),
+            DeviceAttr::T10Revision(v) => cfg.t10_revision = Some(v.clone()),
+            DeviceAttr::Naa(v) => cfg.naa = Some(format!("{v:016x}")),
+            DeviceAttr::Eui64(v) => cfg.eui64 = Some(format!("{v:016x}")),
+            DeviceAttr::Size(v) => cfg.size = Some(*v),
+        }
+    }
+}
+
 /// A target attribute that can change while the target runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TargetAttr {

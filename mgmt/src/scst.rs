@@ -10,12 +10,11 @@
 //! configuration.
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
 
 use crate::config::{
     Config, DeviceConfig, GroupConfig, Handler, IscsiTargetConfig, LunConfig, parse_hex_u64,
 };
-use crate::tree::{parse_bool, parse_size};
+use crate::tree::{device_attr_by_scst_name, parse_bool, parse_size_mb};
 
 /// Why a file could not be imported.
 #[derive(Debug, thiserror::Error)]
@@ -204,12 +203,6 @@ fn bool_attr(s: &Stmt) -> Result<bool, ImportError> {
     parse_bool(arg(s, 1, "a value")?).map_err(|m| syntax(s.line, format!("{}: {m}", s.words[0])))
 }
 
-fn num<T: std::str::FromStr>(s: &Stmt) -> Result<T, ImportError> {
-    let v = arg(s, 1, "a value")?;
-    v.parse()
-        .map_err(|_| syntax(s.line, format!("{}: {v:?} is not a number", s.words[0])))
-}
-
 /// SCST writes identifiers with or without `0x` and sometimes with `-`.
 fn hex_id(v: &str) -> Option<String> {
     let d: String = v
@@ -327,20 +320,10 @@ fn import_device(
     for a in s.block.iter().flatten() {
         let v = || arg(a, 1, "a value");
         match a.words[0].as_str() {
-            "filename" => d.filename = Some(PathBuf::from(v()?)),
-            "blocksize" => d.blocksize = num(a)?,
-            "size" => d.size = Some(parse_size(v()?).map_err(|m| syntax(a.line, m))?),
-            "size_mb" => d.size = Some(num::<u64>(a)? << 20),
-            "read_only" => d.read_only = bool_attr(a)?,
-            "write_through" => d.write_through = bool_attr(a)?,
-            "nv_cache" => d.nv_cache = bool_attr(a)?,
-            "thin_provisioned" => d.thin_provisioned = bool_attr(a)?,
-            "rotational" => d.rotational = bool_attr(a)?,
-            "removable" => d.removable = bool_attr(a)?,
-            "usn" => d.serial = Some(v()?.to_string()),
-            "t10_vendor_id" => d.t10_vendor = Some(v()?.to_string()),
-            "prod_id" => d.t10_product = Some(v()?.to_string()),
-            "prod_rev_lvl" => d.t10_revision = Some(v()?.to_string()),
+            "size_mb" => {
+                d.size =
+                    Some(parse_size_mb(v()?).map_err(|m| syntax(a.line, format!("size_mb: {m}")))?)
+            }
             "naa_id" => match hex_id(v()?) {
                 Some(x) if x.as_bytes().get(2) == Some(&b'5') => d.naa = Some(x),
                 _ => warn.push(format!(
@@ -361,7 +344,12 @@ fn import_device(
                 "line {}: o_direct ignored; use vdisk_blockio for O_DIRECT",
                 a.line
             )),
-            other => warn.push(format!("line {}: device attribute {other} ignored", a.line)),
+            other => match device_attr_by_scst_name(other).and_then(|x| x.parse) {
+                Some(parse) => {
+                    parse(&mut d, v()?).map_err(|m| syntax(a.line, format!("{other}: {m}")))?
+                }
+                None => warn.push(format!("line {}: device attribute {other} ignored", a.line)),
+            },
         }
     }
     if h == Handler::VdiskNullio && d.size.is_none() {

@@ -418,16 +418,7 @@ impl Runtime for DaemonRuntime {
                 st.devices.insert(name.to_string(), (cfg, dev));
                 return Ok(());
             }
-            DeviceAttr::ReadOnly(v) => cfg.read_only = *v,
-            DeviceAttr::WriteThrough(v) => cfg.write_through = *v,
-            DeviceAttr::NvCache(v) => cfg.nv_cache = *v,
-            DeviceAttr::Rotational(v) => cfg.rotational = *v,
-            DeviceAttr::Serial(v) => cfg.serial = Some(v.clone()),
-            DeviceAttr::T10Vendor(v) => cfg.t10_vendor = Some(v.clone()),
-            DeviceAttr::T10Product(v) => cfg.t10_product = Some(v.clone()),
-            DeviceAttr::T10Revision(v) => cfg.t10_revision = Some(v.clone()),
-            DeviceAttr::Naa(v) => cfg.naa = Some(format!("{v:016x}")),
-            DeviceAttr::Eui64(v) => cfg.eui64 = Some(format!("{v:016x}")),
+            other => other.set_on(&mut cfg),
         }
         // The same LU with new settings: reservations, range locks and mode
         // parameters carry over.
