@@ -7,13 +7,24 @@
 //! (`tools/test-all` installs them); a missing tool fails the test with a
 //! message naming the package.
 //!
+//! One of each thing the end-to-end tests share: [`Ferrited`] starts the
+//! daemon, [`config`] writes its configuration, [`login`] opens sessions of
+//! the project's initiator, [`rng`] makes reproducible data.
+//!
 //! [`lab`] runs scenarios inside a Linux guest under qemu, where the kernel's
 //! own initiators and targets are; [`compare`] reads what its side-by-side
 //! scenarios (ferrited beside LIO and tgtd in one guest) saved.
 #![forbid(unsafe_code)]
 
 pub mod compare;
+pub mod config;
 pub mod lab;
+pub mod login;
+pub mod rng;
+
+pub use config::{Config, Device, Group, SrpTarget, Target};
+pub use login::{Login, clear_unit_attentions};
+pub use rng::Rng;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
