@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command as Proc;
 use std::time::{Duration, Instant};
 
-use ferrite_iscsi::initiator::{Command, InitiatorConfig, connect};
-use ferrite_tests::{Ferrited, Options, ferrited_path, free_port, run_with_timeout};
+use ferrite_iscsi::initiator::Command;
+use ferrite_tests::{Ferrited, Login, Options, ferrited_path, free_port, run_with_timeout};
 
 const IQN: &str = "iqn.2026-11.org.ferrite:keepalive";
 const INI: &str = "iqn.2026-11.org.ferrite.test:silent";
@@ -64,16 +64,9 @@ fn silent_initiator_is_dropped_within_the_nop_in_timeout() {
             args: Vec::new(),
         },
     );
-    let mut i = connect(
-        f.addr,
-        InitiatorConfig {
-            initiator_name: INI.into(),
-            target_name: Some(IQN.into()),
-            ..InitiatorConfig::default()
-        },
-    )
-    .expect("login");
-    i.t.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut i = Login::new(INI, IQN)
+        .read_timeout(Duration::from_secs(30))
+        .connect(f.addr);
     let tur = [0u8; 6];
     i.command(&Command {
         cdb: &tur,

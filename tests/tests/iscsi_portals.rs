@@ -10,8 +10,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ferrite_iscsi::initiator::{InitiatorConfig, connect};
-use ferrite_tests::{ferrited_path, free_port};
+use ferrite_tests::{Login, ferrited_path, free_port};
 
 /// ferrited started with the configuration's own portals (the harness's
 /// `Ferrited` passes `--listen`, which replaces them with one address);
@@ -77,15 +76,9 @@ fn ipv4_and_ipv6_portals_are_reported_with_their_tpgt() {
     }
     for addr in [v4, v6] {
         // Discovery on this portal.
-        let mut d = connect(
-            addr,
-            InitiatorConfig {
-                initiator_name: "iqn.2026-11.org.ferrite.test:portals".into(),
-                target_name: None,
-                ..InitiatorConfig::default()
-            },
-        )
-        .unwrap_or_else(|e| panic!("discovery login on {addr}: {e}"));
+        let mut d = Login::discovery("iqn.2026-11.org.ferrite.test:portals")
+            .try_connect(addr)
+            .unwrap_or_else(|e| panic!("discovery login on {addr}: {e}"));
         let keys = d.text(&[("SendTargets", "All")]).expect("SendTargets");
         let addrs: Vec<&str> = keys
             .iter()
@@ -106,15 +99,9 @@ fn ipv4_and_ipv6_portals_are_reported_with_their_tpgt() {
             );
         }
         // A normal session on this portal, answered with the same TPGT.
-        let n = connect(
-            addr,
-            InitiatorConfig {
-                initiator_name: "iqn.2026-11.org.ferrite.test:portals".into(),
-                target_name: Some(IQN.into()),
-                ..InitiatorConfig::default()
-            },
-        )
-        .unwrap_or_else(|e| panic!("normal login on {addr}: {e}"));
+        let n = Login::new("iqn.2026-11.org.ferrite.test:portals", IQN)
+            .try_connect(addr)
+            .unwrap_or_else(|e| panic!("normal login on {addr}: {e}"));
         assert!(
             n.login_keys
                 .contains(&("TargetPortalGroupTag".to_string(), TPGT.to_string())),
@@ -131,16 +118,9 @@ fn login(
     initiator: &str,
 ) -> Result<ferrite_iscsi::initiator::Initiator<TcpStream>, ferrite_iscsi::initiator::InitiatorError>
 {
-    let i = connect(
-        addr,
-        InitiatorConfig {
-            initiator_name: format!("iqn.2026-11.org.ferrite.test:{initiator}"),
-            target_name: Some(target.into()),
-            ..InitiatorConfig::default()
-        },
-    )?;
-    i.t.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    Ok(i)
+    Login::new(format!("iqn.2026-11.org.ferrite.test:{initiator}"), target)
+        .read_timeout(Duration::from_secs(10))
+        .try_connect(addr)
 }
 
 /// A portal taken from a target live (`ferritectl set .../portals`) ends

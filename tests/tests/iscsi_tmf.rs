@@ -12,9 +12,9 @@ use std::collections::HashMap;
 use std::net::TcpStream;
 use std::time::Duration;
 
-use ferrite_iscsi::initiator::{Command, Initiator, InitiatorConfig, connect};
+use ferrite_iscsi::initiator::{Command, Initiator};
 use ferrite_iscsi::pdu::{BhsBuf, Opcode, Pdu, flags};
-use ferrite_tests::{Ferrited, Options, free_port};
+use ferrite_tests::{Ferrited, Login, Options, free_port};
 
 const IQN: &str = "iqn.2026-11.org.ferrite:tmf";
 const N: u32 = 64;
@@ -87,16 +87,9 @@ fn start_delayed(
             args: Vec::new(),
         },
     );
-    let i = connect(
-        f.addr,
-        InitiatorConfig {
-            initiator_name: initiator.into(),
-            target_name: Some(IQN.into()),
-            ..InitiatorConfig::default()
-        },
-    )
-    .expect("login");
-    i.t.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let i = Login::new(initiator, IQN)
+        .read_timeout(Duration::from_secs(30))
+        .connect(f.addr);
     (f, i)
 }
 
