@@ -11,33 +11,30 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 use std::net::TcpStream;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command as Proc;
 use std::time::Duration;
 
 use ferrite_iscsi::initiator::{Command, Initiator, InitiatorError};
 use ferrite_iscsi::pdu::LoginStatus;
-use ferrite_tests::{Ferrited, Login, Options, free_port, require_tool, run_with_timeout};
+use ferrite_tests::{
+    Config, Device, Ferrited, Login, Options, Target, free_port, require_tool, run_with_timeout,
+};
 
 const T: &str = "iqn.2026-11.org.ferrite:digest-lists";
 
 fn config(dir: &Path, port: u16) -> PathBuf {
-    let json = format!(
-        r#"{{
-  "devices": [ {{ "name": "m0", "handler": "vdisk_nullio", "size": 16777216, "mem": true }} ],
-  "iscsi": {{ "header_digests": ["crc32c"], "data_digests": ["none"] }},
-  "targets": {{ "iscsi": [
-    {{ "name": "{T}", "enabled": true, "portals": ["127.0.0.1:{port}"],
-       "luns": [ {{ "lun": 0, "device": "m0" }} ] }}
-  ] }}
-}}
-"#
-    );
-    let file = dir.join("digest-lists.json");
-    std::fs::write(&file, json).unwrap();
-    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
-    file
+    Config::new()
+        .device(Device::mem("m0", 16777216))
+        .iscsi("header_digests", ["crc32c"])
+        .iscsi("data_digests", ["none"])
+        .target(
+            Target::new(T)
+                .set("enabled", true)
+                .portal(format!("127.0.0.1:{port}"))
+                .lun(0, "m0"),
+        )
+        .write_private(dir.join("digest-lists.json"))
 }
 
 fn login(f: &Ferrited, isid: u8, extra: &[(&str, &str)]) -> Initiator<TcpStream> {

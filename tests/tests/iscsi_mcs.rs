@@ -15,27 +15,25 @@ use std::time::{Duration, Instant};
 
 use ferrite_iscsi::initiator::{Command, Initiator, InitiatorError};
 use ferrite_iscsi::pdu::LoginStatus;
-use ferrite_tests::{Ferrited, Login, Options, ferrited_path, free_port, run_with_timeout};
+use ferrite_tests::{
+    Config, Device, Ferrited, Login, Options, Target, ferrited_path, free_port, run_with_timeout,
+};
 
 const IQN: &str = "iqn.2026-11.org.ferrite:mcs";
 const BS: usize = 512;
 const BLOCKS: u16 = 8;
 
 fn config(dir: &Path, port: u16) -> PathBuf {
-    let json = format!(
-        r#"{{
-  "devices": [ {{ "name": "m0", "handler": "vdisk_nullio", "size": 16777216, "mem": true }} ],
-  "iscsi": {{ "max_connections": 4 }},
-  "targets": {{ "iscsi": [
-    {{ "name": "{IQN}", "enabled": true, "portals": ["127.0.0.1:{port}"],
-       "luns": [ {{ "lun": 0, "device": "m0" }} ] }}
-  ] }}
-}}
-"#
-    );
-    let file = dir.join("mcs.json");
-    std::fs::write(&file, json).unwrap();
-    file
+    Config::new()
+        .device(Device::mem("m0", 16777216))
+        .iscsi("max_connections", 4)
+        .target(
+            Target::new(IQN)
+                .set("enabled", true)
+                .portal(format!("127.0.0.1:{port}"))
+                .lun(0, "m0"),
+        )
+        .write(dir.join("mcs.json"))
 }
 
 /// ferrited with MaxConnections=4 on two cores (so that later connections

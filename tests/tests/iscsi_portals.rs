@@ -10,7 +10,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ferrite_tests::{Login, ferrited_path, free_port};
+use ferrite_tests::{Config, Device, Login, Target, ferrited_path, free_port};
 
 /// ferrited started with the configuration's own portals (the harness's
 /// `Ferrited` passes `--listen`, which replaces them with one address);
@@ -39,19 +39,17 @@ fn ipv4_and_ipv6_portals_are_reported_with_their_tpgt() {
     }
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let json = format!(
-        r#"{{
-  "devices": [ {{ "name": "n0", "handler": "vdisk_nullio", "size": 16777216 }} ],
-  "targets": {{ "iscsi": [
-    {{ "name": "{IQN}", "enabled": true, "tpgt": {TPGT},
-       "portals": ["127.0.0.1:{port}", "[::1]:{port}"],
-       "luns": [ {{ "lun": 0, "device": "n0" }} ] }}
-  ] }}
-}}
-"#
-    );
-    let cfg = dir.path().join("portals.json");
-    std::fs::write(&cfg, json).unwrap();
+    let cfg = Config::new()
+        .device(Device::nullio("n0", 16777216))
+        .target(
+            Target::new(IQN)
+                .set("enabled", true)
+                .set("tpgt", TPGT)
+                .portal(format!("127.0.0.1:{port}"))
+                .portal(format!("[::1]:{port}"))
+                .lun(0, "n0"),
+        )
+        .write(dir.path().join("portals.json"));
     let child = Command::new(ferrited_path())
         .arg("--state-dir")
         .arg(dir.path())
@@ -140,19 +138,12 @@ fn a_portal_taken_from_a_target_ends_its_sessions_there() {
     let (p1, p2) = (free_port(), free_port());
     let a1: SocketAddr = format!("127.0.0.1:{p1}").parse().unwrap();
     let a2: SocketAddr = format!("127.0.0.1:{p2}").parse().unwrap();
-    let json = format!(
-        r#"{{
-  "devices": [ {{ "name": "n0", "handler": "vdisk_nullio", "size": 16777216 }},
-               {{ "name": "n1", "handler": "vdisk_nullio", "size": 16777216 }} ],
-  "targets": {{ "iscsi": [
-    {{ "name": "{A}", "portals": ["{a1}", "{a2}"], "luns": [ {{ "lun": 0, "device": "n0" }} ] }},
-    {{ "name": "{B}", "portals": ["{a2}"], "luns": [ {{ "lun": 0, "device": "n1" }} ] }}
-  ] }}
-}}
-"#
-    );
-    let cfg = dir.path().join("portals.json");
-    std::fs::write(&cfg, json).unwrap();
+    let cfg = Config::new()
+        .device(Device::nullio("n0", 16777216))
+        .device(Device::nullio("n1", 16777216))
+        .target(Target::new(A).portal(a1).portal(a2).lun(0, "n0"))
+        .target(Target::new(B).portal(a2).lun(0, "n1"))
+        .write(dir.path().join("portals.json"));
     let f = ferrite_tests::Ferrited::start_config(dir.path(), &cfg, &[]);
     let tur = [0u8; 6];
     let tur_ok = |i: &mut ferrite_iscsi::initiator::Initiator<TcpStream>| {
