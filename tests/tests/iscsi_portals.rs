@@ -7,22 +7,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ferrite_tests::{Config, Device, Login, Target, ferrited_path, free_port};
-
-/// ferrited started with the configuration's own portals (the harness's
-/// `Ferrited` passes `--listen`, which replaces them with one address);
-/// killed when dropped.
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use ferrite_tests::{Config, Device, Ferrited, Login, Target, free_port};
 
 const IQN: &str = "iqn.2026-11.org.ferrite:twoportals";
 const TPGT: u16 = 5;
@@ -50,19 +37,9 @@ fn ipv4_and_ipv6_portals_are_reported_with_their_tpgt() {
                 .lun(0, "n0"),
         )
         .write(dir.path().join("portals.json"));
-    let child = Command::new(ferrited_path())
-        .arg("--state-dir")
-        .arg(dir.path())
-        .arg("--control")
-        .arg(dir.path().join("ferrited.sock"))
-        .arg("--config")
-        .arg(&cfg)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn ferrited");
-    let _d = Daemon(child);
+    // Started from the configuration alone: `--listen` would replace its
+    // two portals with one address.
+    let _f = Ferrited::start_config(dir.path(), &cfg, &[]);
     let v4: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let v6: SocketAddr = format!("[::1]:{port}").parse().unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -144,7 +121,7 @@ fn a_portal_taken_from_a_target_ends_its_sessions_there() {
         .target(Target::new(A).portal(a1).portal(a2).lun(0, "n0"))
         .target(Target::new(B).portal(a2).lun(0, "n1"))
         .write(dir.path().join("portals.json"));
-    let f = ferrite_tests::Ferrited::start_config(dir.path(), &cfg, &[]);
+    let f = Ferrited::start_config(dir.path(), &cfg, &[]);
     let tur = [0u8; 6];
     let tur_ok = |i: &mut ferrite_iscsi::initiator::Initiator<TcpStream>| {
         // The first command of a nexus may take its POWER ON unit attention.
