@@ -347,6 +347,15 @@ impl SrpTarget {
         SrpTarget(o)
     }
 
+    /// Port `name` on the provider `provider` (`{"kind": "verbs", "port":
+    /// 1, "listen": ADDR}`...), with no port id (ferrited derives one).
+    pub fn on(name: &str, provider: Value) -> SrpTarget {
+        let mut o = Obj::default();
+        o.set("name", name);
+        o.set("provider", provider);
+        SrpTarget(o)
+    }
+
     /// Maps `device` at `lun`.
     pub fn lun(mut self, lun: u64, device: &str) -> SrpTarget {
         self.0.push("luns", lun_entry(lun, device));

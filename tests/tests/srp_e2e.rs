@@ -18,7 +18,8 @@ use ferrite_rdma::soft::{SoftAddr, SoftCq, SoftDevice};
 use ferrite_scsi::Lun;
 use ferrite_srp::initiator::{self, Completed, InitError, Initiator, InitiatorConfig, Layout};
 use ferrite_srp::iu::{self, RspCode, TskFunc};
-use ferrite_tests::{Ferrited, Options, free_port};
+use ferrite_tests::{Config, Device, Ferrited, Group, Options, SrpTarget, Target, free_port};
+use serde_json::{Value, json};
 use srp_util::{clear_ua, clear_ua_on, pattern, port_id_of, report_luns, rw};
 
 const IQN: &str = "iqn.2026-11.org.ferrite:srp-e2e";
@@ -43,23 +44,22 @@ fn rig(fault: Option<&str>) -> Rig {
     let img = dir.path().join("disk0.img");
     let sock = dir.path().join("srp.sock");
     let port = free_port();
-    let fault = fault
-        .map(|f| format!(", \"fault\": {f}"))
-        .unwrap_or_default();
-    let cfg = format!(
-        r#"{{
-  "devices": [{{"name": "disk0", "handler": "vdisk_fileio", "filename": "{img}", "size": {DISK}{fault}}}],
-  "targets": {{
-    "iscsi": [{{"name": "{IQN}", "portals": ["127.0.0.1:{port}"], "luns": [{{"lun": 0, "device": "disk0"}}]}}],
-    "srp": [{{"name": "srp0", "port_id": "{PORT_ID}", "provider": {{"kind": "soft", "listen": "{sock}"}},
-              "luns": [{{"lun": 0, "device": "disk0"}}]}}]
-  }}
-}}"#,
-        img = img.display(),
-        sock = sock.display(),
-    );
-    let cfg_path = dir.path().join("ferrite.json");
-    std::fs::write(&cfg_path, cfg).unwrap();
+    let mut disk = Device::fileio("disk0", &img, DISK);
+    if let Some(f) = fault {
+        disk = disk.set(
+            "fault",
+            serde_json::from_str::<Value>(f).expect("fault JSON"),
+        );
+    }
+    let cfg_path = Config::new()
+        .device(disk)
+        .target(
+            Target::new(IQN)
+                .portal(format!("127.0.0.1:{port}"))
+                .lun(0, "disk0"),
+        )
+        .srp_target(SrpTarget::soft("srp0", PORT_ID, &sock).lun(0, "disk0"))
+        .write(dir.path().join("ferrite.json"));
     let f = Ferrited::start(
         dir.path(),
         port,
@@ -144,15 +144,21 @@ fn no_hca_is_logged_once_and_iscsi_still_serves() {
     let img = dir.path().join("d.img");
     let port = free_port();
     // A verbs SRP port on a machine without an HCA: configured, idle.
-    let cfg = format!(
-        r#"{{"devices": [{{"name": "d", "handler": "vdisk_fileio", "filename": "{}", "size": 1048576}}],
-  "targets": {{"iscsi": [{{"name": "{IQN}", "portals": ["127.0.0.1:{port}"], "luns": [{{"lun": 0, "device": "d"}}]}}],
-              "srp": [{{"name": "hca0", "provider": {{"kind": "verbs", "port": 1, "listen": "127.0.0.1:0"}},
-                        "luns": [{{"lun": 0, "device": "d"}}]}}]}}}}"#,
-        img.display()
-    );
-    let cfg_path = dir.path().join("ferrite.json");
-    std::fs::write(&cfg_path, cfg).unwrap();
+    let cfg_path = Config::new()
+        .device(Device::fileio("d", &img, 1048576))
+        .target(
+            Target::new(IQN)
+                .portal(format!("127.0.0.1:{port}"))
+                .lun(0, "d"),
+        )
+        .srp_target(
+            SrpTarget::on(
+                "hca0",
+                json!({"kind": "verbs", "port": 1, "listen": "127.0.0.1:0"}),
+            )
+            .lun(0, "d"),
+        )
+        .write(dir.path().join("ferrite.json"));
     let f = Ferrited::start(
         dir.path(),
         port,
@@ -1049,23 +1055,20 @@ fn a_port_with_groups_and_no_default_luns_refuses_initiators_in_no_group() {
     let sock = dir.path().join("srp.sock");
     // Initiator ports 0xb2b2... are in group `hosts` (two LUNs); the port
     // has no default LUNs, so 0xa1a1... is in no group and has no access.
-    let cfg = format!(
-        r#"{{
-  "devices": [
-    {{"name": "d0", "handler": "vdisk_nullio", "size": 16777216, "mem": true}},
-    {{"name": "d1", "handler": "vdisk_nullio", "size": 8388608, "mem": true}}
-  ],
-  "targets": {{
-    "srp": [{{"name": "srp0", "port_id": "{PORT_ID}", "provider": {{"kind": "soft", "listen": "{sock}"}},
-              "luns": [],
-              "ini_groups": [{{"name": "hosts", "initiators": ["0xb2*"],
-                               "luns": [{{"lun": 0, "device": "d0"}}, {{"lun": 1, "device": "d1"}}]}}]}}]
-  }}
-}}"#,
-        sock = sock.display(),
-    );
-    let cfg_path = dir.path().join("ferrite.json");
-    std::fs::write(&cfg_path, cfg).unwrap();
+    let cfg_path = Config::new()
+        .device(Device::mem("d0", 16777216))
+        .device(Device::mem("d1", 8388608))
+        .srp_target(
+            SrpTarget::soft("srp0", PORT_ID, &sock)
+                .set("luns", json!([]))
+                .group(
+                    Group::new("hosts")
+                        .initiator("0xb2*")
+                        .lun(0, "d0")
+                        .lun(1, "d1"),
+                ),
+        )
+        .write(dir.path().join("ferrite.json"));
     let f = Ferrited::start_config(dir.path(), &cfg_path, &["--cores", "2"]);
     let outsider = format!("0x{}", "a1".repeat(16));
 

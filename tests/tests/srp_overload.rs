@@ -40,7 +40,8 @@ use ferrite_scsi::Lun;
 use ferrite_srp::initiator::{self, Initiator, InitiatorConfig, Layout};
 use ferrite_srp::iu::{self, CmdBuilder, IuType, LoginReq, LoginRsp};
 use ferrite_tests::{
-    Ferrited, Options, Release, RssWatch, free_port, metric, vm_rss_kib, wait_for_release,
+    Config, Device, Ferrited, Options, Release, RssWatch, SrpTarget, Target, free_port, metric,
+    vm_rss_kib, wait_for_release,
 };
 use srp_util::{clear_ua, port_id_of, rw};
 
@@ -179,20 +180,15 @@ fn hostile_login(sock: &Path, n: usize, fetched: bool, stop: &AtomicBool, seen: 
 fn start(dir: &Path, metrics: SocketAddr) -> (Ferrited, PathBuf) {
     let sock = dir.join("srp.sock");
     let port = free_port();
-    let cfg = format!(
-        r#"{{
-  "devices": [{{"name": "disk0", "handler": "vdisk_nullio", "size": {size}}}],
-  "targets": {{
-    "iscsi": [{{"name": "{IQN}", "portals": ["127.0.0.1:{port}"], "luns": [{{"lun": 0, "device": "disk0"}}]}}],
-    "srp": [{{"name": "srp0", "port_id": "{PORT_ID}", "provider": {{"kind": "soft", "listen": "{sock}"}},
-              "luns": [{{"lun": 0, "device": "disk0"}}]}}]
-  }}
-}}"#,
-        size = 64u64 << 30,
-        sock = sock.display(),
-    );
-    let cfg_path = dir.join("ferrite.json");
-    std::fs::write(&cfg_path, cfg).unwrap();
+    let cfg_path = Config::new()
+        .device(Device::nullio("disk0", 64u64 << 30))
+        .target(
+            Target::new(IQN)
+                .portal(format!("127.0.0.1:{port}"))
+                .lun(0, "disk0"),
+        )
+        .srp_target(SrpTarget::soft("srp0", PORT_ID, &sock).lun(0, "disk0"))
+        .write(dir.join("ferrite.json"));
     let f = Ferrited::start(
         dir,
         port,
