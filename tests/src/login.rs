@@ -28,6 +28,17 @@ impl Login {
         }
     }
 
+    /// A login to `target` under the initiator's default name.
+    pub fn to(target: impl Into<String>) -> Login {
+        Login {
+            cfg: InitiatorConfig {
+                target_name: Some(target.into()),
+                ..InitiatorConfig::default()
+            },
+            read_timeout: None,
+        }
+    }
+
     /// A discovery session of `initiator` (no TargetName).
     pub fn discovery(initiator: impl Into<String>) -> Login {
         Login {

@@ -7,18 +7,18 @@
 
 mod srp_util;
 
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ferrite_iscsi::initiator::{
-    Command as IscsiCmd, Initiator as IscsiIni, InitiatorConfig as IscsiCfg,
-};
+use ferrite_iscsi::initiator::{Command as IscsiCmd, Initiator as IscsiIni};
 use ferrite_rdma::soft::{SoftAddr, SoftCq, SoftDevice};
 use ferrite_scsi::Lun;
 use ferrite_srp::initiator::{self, Completed, InitError, Initiator, InitiatorConfig, Layout};
 use ferrite_srp::iu::{self, RspCode, TskFunc};
-use ferrite_tests::{Config, Device, Ferrited, Group, Options, SrpTarget, Target, free_port};
+use ferrite_tests::{
+    Config, Device, Ferrited, Group, Login, Options, SrpTarget, Target, ferrited_command, free_port,
+};
 use serde_json::{Value, json};
 use srp_util::{clear_ua, clear_ua_on, pattern, port_id_of, report_luns, rw};
 
@@ -106,15 +106,9 @@ fn srp_login(sock: &Path, ini_id: u8) -> Srp {
 }
 
 fn iscsi_login(f: &Ferrited) -> IscsiIni<TcpStream> {
-    let mut i = ferrite_iscsi::initiator::connect(
-        f.addr,
-        IscsiCfg {
-            target_name: Some(IQN.into()),
-            ..IscsiCfg::default()
-        },
-    )
-    .unwrap();
-    i.t.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut i = Login::to(IQN)
+        .read_timeout(Duration::from_secs(30))
+        .connect(f.addr);
     for _ in 0..8 {
         let r = i
             .command(&IscsiCmd {
@@ -216,8 +210,9 @@ fn without_rdma_core_the_idle_line_names_the_library_and_iscsi_still_serves() {
         .collect();
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
+    let ferrited = ferrited_command(dir.path());
     let mut cmd = if installed.is_empty() {
-        std::process::Command::new(ferrite_tests::ferrited_path())
+        ferrited
     } else {
         let empty = dir.path().join("empty");
         std::fs::write(&empty, b"").unwrap();
@@ -240,57 +235,39 @@ fn without_rdma_core_the_idle_line_names_the_library_and_iscsi_still_serves() {
             return;
         }
         hide.push_str("exec \"$@\"\n");
+        // ferrited's own command line, run inside the namespace.
         let mut c = std::process::Command::new("unshare");
         c.args(["-m", "sh", "-c", &hide, "sh"])
-            .arg(ferrite_tests::ferrited_path());
+            .arg(ferrited.get_program())
+            .args(ferrited.get_args());
+        for (k, v) in ferrited.get_envs() {
+            match v {
+                Some(v) => c.env(k, v),
+                None => c.env_remove(k),
+            };
+        }
         c
     };
-    let mut child = cmd
-        .arg("--listen")
+    cmd.arg("--listen")
         .arg(format!("127.0.0.1:{port}"))
-        .arg("--state-dir")
-        .arg(dir.path())
-        .env_remove("FERRITE_SOCKET")
-        .env("RUST_LOG", "info")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn ferrited");
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let mut log = Vec::new();
+        .env("RUST_LOG", "info");
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut f = Ferrited::spawn(cmd, dir.path(), addr);
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !log.iter().any(|l: &String| l.contains("ferrited running")) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(line) => log.push(line),
-            Err(_) => {
-                let _ = child.kill();
-                panic!("ferrited did not start:\n{}", log.join("\n"));
-            }
+    while !f.log_text().contains("ferrited running") {
+        if let Some(st) = f.try_wait() {
+            panic!("ferrited exited with {st}:\n{}", f.log_text());
         }
+        assert!(
+            Instant::now() < deadline,
+            "ferrited did not start:\n{}",
+            f.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
-    let mut i = ferrite_iscsi::initiator::connect(
-        ([127, 0, 0, 1], port).into(),
-        IscsiCfg {
-            target_name: Some("iqn.2026-11.org.ferrite:default".into()),
-            ..IscsiCfg::default()
-        },
-    )
-    .unwrap();
-    i.t.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut i = Login::to("iqn.2026-11.org.ferrite:default")
+        .read_timeout(Duration::from_secs(30))
+        .connect(addr);
     let r = i
         .command(&IscsiCmd {
             cdb: &[0x12, 0, 0, 0, 36, 0],
@@ -302,10 +279,8 @@ fn without_rdma_core_the_idle_line_names_the_library_and_iscsi_still_serves() {
     assert_eq!(r.status, 0);
     assert_eq!(&r.data[8..15], b"FERRITE");
     drop(i);
-    let _ = child.kill();
-    let _ = child.wait();
-    log.extend(rx.try_iter());
-    let log = log.join("\n");
+    f.kill();
+    let log = f.log_text();
     assert_eq!(log.matches("RDMA fabrics idle").count(), 1, "{log}");
     assert_eq!(
         log.matches(
