@@ -12,15 +12,16 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ferrite_iscsi::initiator::{Command as IscsiCmd, Initiator as IscsiIni};
-use ferrite_rdma::soft::{SoftAddr, SoftCq, SoftDevice};
 use ferrite_scsi::Lun;
-use ferrite_srp::initiator::{self, Completed, InitError, Initiator, InitiatorConfig, Layout};
+use ferrite_srp::initiator::{Completed, InitError, InitiatorConfig, Layout};
 use ferrite_srp::iu::{self, RspCode, TskFunc};
 use ferrite_tests::{
     Config, Device, Ferrited, Group, Login, Options, SrpTarget, Target, ferrited_command, free_port,
 };
 use serde_json::{Value, json};
-use srp_util::{clear_ua, clear_ua_on, pattern, port_id_of, report_luns, rw};
+use srp_util::{
+    Srp, clear_ua, clear_ua_on, login_soft, pattern, port_id_of, report_luns, rw, try_login_soft,
+};
 
 const IQN: &str = "iqn.2026-11.org.ferrite:srp-e2e";
 const PORT_ID: &str = "0x66657272697465207372702070307430";
@@ -77,32 +78,18 @@ fn rig(fault: Option<&str>) -> Rig {
 }
 
 /// An SRP initiator and the soft device it lives on.
-struct Srp {
-    ini: Initiator,
-    _dev: SoftDevice,
+/// Initiator port `[ini_id; 16]` to the test port.
+fn srp_cfg(ini_id: u8) -> InitiatorConfig {
+    InitiatorConfig {
+        initiator_port_id: [ini_id; 16],
+        target_port_id: port_id_of(PORT_ID),
+        recv_count: 160,
+        ..InitiatorConfig::default()
+    }
 }
 
 fn srp_login(sock: &Path, ini_id: u8) -> Srp {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let dev = SoftDevice::new("ini");
-        let pd = dev.alloc_pd();
-        let cq = SoftCq::new().unwrap();
-        let cfg = InitiatorConfig {
-            initiator_port_id: [ini_id; 16],
-            target_port_id: port_id_of(PORT_ID),
-            recv_count: 160,
-            ..InitiatorConfig::default()
-        };
-        match initiator::connect_soft(&pd, &cq, &SoftAddr::Unix(sock.into()), cfg) {
-            Ok(ini) => return Srp { ini, _dev: dev },
-            Err(e) if Instant::now() < deadline => {
-                let _ = e;
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            Err(e) => panic!("SRP login to {}: {e}", sock.display()),
-        }
-    }
+    login_soft(sock, srp_cfg(ini_id))
 }
 
 fn iscsi_login(f: &Ferrited) -> IscsiIni<TcpStream> {
@@ -1008,17 +995,7 @@ fn rss_kib(pid: u32) -> u64 {
 
 /// One login attempt (no retry) with initiator port id `[ini_id; 16]`.
 fn try_srp_login(sock: &Path, ini_id: u8) -> Result<Srp, InitError> {
-    let dev = SoftDevice::new("ini");
-    let pd = dev.alloc_pd();
-    let cq = SoftCq::new().unwrap();
-    let cfg = InitiatorConfig {
-        initiator_port_id: [ini_id; 16],
-        target_port_id: port_id_of(PORT_ID),
-        recv_count: 160,
-        ..InitiatorConfig::default()
-    };
-    initiator::connect_soft(&pd, &cq, &SoftAddr::Unix(sock.into()), cfg)
-        .map(|ini| Srp { ini, _dev: dev })
+    try_login_soft(sock, srp_cfg(ini_id))
 }
 
 #[test]

@@ -15,11 +15,14 @@ use std::time::{Duration, Instant};
 use ferrite_rdma::RdmaError;
 use ferrite_rdma::soft::{QpAttrs, SoftAddr, SoftCq, SoftDevice, SoftQp};
 use ferrite_scsi::Lun;
-use ferrite_srp::initiator::{self, InitError, Initiator, InitiatorConfig, Layout};
+use ferrite_srp::initiator::{InitError, InitiatorConfig, Layout};
 use ferrite_srp::iu::{self, LoginLayout, LoginRejReason};
 use ferrite_tests::{Config, Device, Ferrited, Options, SrpTarget, Target, free_port};
 use serde_json::{Value, json};
-use srp_util::{BS, clear_ua, lose_channel_mid_transfer, pattern, port_id_of, read16, rw, write16};
+use srp_util::{
+    BS, Srp, clear_ua, login_soft, lose_channel_mid_transfer, pattern, port_id_of, read16, rw,
+    try_login_soft, write16,
+};
 
 const PORT_ID: &str = "0x66657272697465207372702070307430";
 /// What ib_srp asks for by default: an 8 KiB immediate data payload behind
@@ -74,11 +77,6 @@ fn rig_with(fault: Option<&str>) -> Rig {
     Rig { f, sock, _dir: dir }
 }
 
-struct Srp {
-    ini: Initiator,
-    _dev: SoftDevice,
-}
-
 /// The initiator configured as ib_srp logs in over RDMA CM: the 56-byte
 /// layout, immediate data asked for at offset 68, an IU of 8260 bytes.
 fn linux_cfg(ini_id: u8) -> InitiatorConfig {
@@ -95,24 +93,12 @@ fn linux_cfg(ini_id: u8) -> InitiatorConfig {
 }
 
 fn try_login(sock: &Path, cfg: InitiatorConfig) -> Result<Srp, InitError> {
-    let dev = SoftDevice::new("ini");
-    let pd = dev.alloc_pd();
-    let cq = SoftCq::new().unwrap();
-    initiator::connect_soft(&pd, &cq, &SoftAddr::Unix(sock.into()), cfg)
-        .map(|ini| Srp { ini, _dev: dev })
+    try_login_soft(sock, cfg)
 }
 
 /// Logs in, retrying while ferrited starts.
 fn login(sock: &Path, cfg: InitiatorConfig) -> Srp {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match try_login(sock, cfg.clone()) {
-            Ok(s) => return s,
-            Err(InitError::LoginRejected(r)) => panic!("login rejected: {r:#x}"),
-            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
-            Err(e) => panic!("SRP login to {}: {e}", sock.display()),
-        }
-    }
+    login_soft(sock, cfg)
 }
 
 /// Sends `private_data` as a connect request and returns the target's

@@ -5,14 +5,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
+mod srp_util;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ferrite_rdma::soft::{SoftAddr, SoftCq, SoftDevice};
 use ferrite_scsi::Lun;
-use ferrite_srp::initiator::{self, InitError, Initiator, InitiatorConfig, Layout};
+use ferrite_srp::initiator::{InitError, Initiator, InitiatorConfig, Layout};
 use ferrite_srp::iu;
 use ferrite_tests::{Config, Device, Ferrited, Options, SrpTarget, Target, free_port};
+use srp_util::{Srp, login_soft, try_login_soft};
 
 const IQN: &str = "iqn.2026-11.org.ferrite:srp-mgmt";
 const PORT_ID: &str = "0x66657272697465206d676d7420703100";
@@ -94,39 +96,23 @@ fn sessions_until(f: &Ferrited, pred: impl Fn(&[String]) -> bool) -> Vec<String>
     }
 }
 
-struct Srp {
-    ini: Initiator,
-    _dev: SoftDevice,
-}
-
-fn try_login(sock: &Path, ini_id: u8, multi: bool, first_tag: u64) -> Result<Srp, InitError> {
-    let dev = SoftDevice::new("ini");
-    let pd = dev.alloc_pd();
-    let cq = SoftCq::new().unwrap();
-    let cfg = InitiatorConfig {
+fn cfg(ini_id: u8, multi: bool, first_tag: u64) -> InitiatorConfig {
+    InitiatorConfig {
         initiator_port_id: [ini_id; 16],
         target_port_id: port_id(),
         recv_count: 160,
         multi_channel: multi,
         first_tag,
         ..InitiatorConfig::default()
-    };
-    initiator::connect_soft(&pd, &cq, &SoftAddr::Unix(sock.into()), cfg)
-        .map(|ini| Srp { ini, _dev: dev })
+    }
+}
+
+fn try_login(sock: &Path, ini_id: u8, multi: bool, first_tag: u64) -> Result<Srp, InitError> {
+    try_login_soft(sock, cfg(ini_id, multi, first_tag))
 }
 
 fn login(sock: &Path, ini_id: u8) -> Srp {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match try_login(sock, ini_id, false, 0x1000) {
-            Ok(s) => return s,
-            Err(e) if Instant::now() < deadline => {
-                let _ = e;
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            Err(e) => panic!("SRP login to {}: {e}", sock.display()),
-        }
-    }
+    login_soft(sock, cfg(ini_id, false, 0x1000))
 }
 
 fn tur(s: &mut Srp) -> u8 {
