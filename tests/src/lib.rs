@@ -23,7 +23,7 @@ pub mod login;
 pub mod rng;
 
 pub use config::{Config, Device, Group, SrpTarget, Target};
-pub use login::{Login, clear_unit_attentions};
+pub use login::Login;
 pub use rng::Rng;
 
 use std::io::{BufRead, BufReader, Write};

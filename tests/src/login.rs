@@ -5,7 +5,7 @@
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use ferrite_iscsi::initiator::{Command, Initiator, InitiatorConfig, InitiatorError, connect};
+use ferrite_iscsi::initiator::{Initiator, InitiatorConfig, InitiatorError, connect};
 
 /// A normal session's login: `InitiatorConfig::default()` with the
 /// initiator and target names set, and the changes a test asks for.
@@ -108,22 +108,4 @@ impl Login {
             )
         })
     }
-}
-
-/// Sends TEST UNIT READY to `lun` (the 8-byte LUN field) up to `tries`
-/// times until it is GOOD: a new nexus reports POWER ON, RESET and other
-/// unit attentions first (SAM-5 §5.14). Returns whether it became GOOD.
-pub fn clear_unit_attentions(i: &mut Initiator<TcpStream>, lun: u64, tries: usize) -> bool {
-    for _ in 0..tries {
-        let r = i.command(&Command {
-            lun,
-            cdb: &[0u8; 6],
-            attr: 1,
-            ..Command::default()
-        });
-        if r.is_ok_and(|r| r.status == 0) {
-            return true;
-        }
-    }
-    false
 }
