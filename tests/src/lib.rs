@@ -7,18 +7,29 @@
 //! (`tools/test-all` installs them); a missing tool fails the test with a
 //! message naming the package.
 //!
+//! One of each thing the end-to-end tests share: [`Ferrited`] starts the
+//! daemon, [`config`] writes its configuration, [`login`] opens sessions of
+//! the project's initiator, [`rng`] makes reproducible data.
+//!
 //! [`lab`] runs scenarios inside a Linux guest under qemu, where the kernel's
 //! own initiators and targets are; [`compare`] reads what its side-by-side
 //! scenarios (ferrited beside LIO and tgtd in one guest) saved.
 #![forbid(unsafe_code)]
 
 pub mod compare;
+pub mod config;
 pub mod lab;
+pub mod login;
+pub mod rng;
+
+pub use config::{Config, Device, Group, SrpTarget, Target};
+pub use login::Login;
+pub use rng::Rng;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -61,6 +72,22 @@ pub fn require_tool(tool: &str, package: &str) {
     );
 }
 
+/// The command line every ferrited of the tests starts from: the binary
+/// ([`ferrited_path`]) with `--state-dir state_dir`, without
+/// `FERRITE_SOCKET` in its environment and with `RUST_LOG` from
+/// `FERRITE_TEST_LOG` (default `info`). Callers add their arguments.
+pub fn ferrited_command(state_dir: &Path) -> Command {
+    let mut cmd = Command::new(ferrited_path());
+    cmd.arg("--state-dir")
+        .arg(state_dir)
+        .env_remove("FERRITE_SOCKET")
+        .env(
+            "RUST_LOG",
+            std::env::var("FERRITE_TEST_LOG").unwrap_or_else(|_| "info".into()),
+        );
+    cmd
+}
+
 /// A running ferrited, stopped (SIGTERM, then SIGKILL) when dropped.
 pub struct Ferrited {
     child: Option<Child>,
@@ -89,7 +116,7 @@ impl Ferrited {
     /// one after the other).
     pub fn start(state_dir: &Path, port: u16, opts: Options) -> Ferrited {
         let addr: SocketAddr = SocketAddr::from(([127, 0, 0, 1], port));
-        let mut cmd = Command::new(ferrited_path());
+        let mut cmd = ferrited_command(state_dir);
         cmd.arg("--listen").arg(addr.to_string());
         if let Some(c) = &opts.config {
             cmd.arg("--config").arg(c);
@@ -106,25 +133,20 @@ impl Ferrited {
     /// control socket answers. `addr` is then a placeholder.
     pub fn start_config(state_dir: &Path, config: &Path, extra: &[&str]) -> Ferrited {
         let _ = std::fs::remove_file(state_dir.join("ferrited.sock"));
-        let mut cmd = Command::new(ferrited_path());
+        let mut cmd = ferrited_command(state_dir);
         cmd.arg("--config").arg(config).args(extra);
         let mut f = Ferrited::spawn(cmd, state_dir, SocketAddr::from(([127, 0, 0, 1], 0)));
         f.wait_control();
         f
     }
 
-    /// Spawns `cmd` with the state directory `state_dir`, which also holds
-    /// the control socket (`ferrited.sock`, as ferrited chooses it with
-    /// `--state-dir` alone), its stderr collected into the log.
-    fn spawn(mut cmd: Command, state_dir: &Path, addr: SocketAddr) -> Ferrited {
-        cmd.arg("--state-dir")
-            .arg(state_dir)
-            .env_remove("FERRITE_SOCKET")
-            .env(
-                "RUST_LOG",
-                std::env::var("FERRITE_TEST_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .stdin(Stdio::null())
+    /// Spawns `cmd` (a [`ferrited_command`] for `state_dir` and more
+    /// arguments) and waits for nothing: for a test of how ferrited comes
+    /// up. `state_dir` also holds the control socket (`ferrited.sock`, as
+    /// ferrited chooses it with `--state-dir` alone); `addr` is the portal
+    /// the test expects. Standard error is collected into the log.
+    pub fn spawn(mut cmd: Command, state_dir: &Path, addr: SocketAddr) -> Ferrited {
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn ferrited");
@@ -254,6 +276,42 @@ impl Ferrited {
         self.child
             .as_mut()
             .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Sends SIGTERM and returns at once.
+    pub fn terminate(&self) {
+        if let Some(c) = &self.child {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(c.id().to_string())
+                .status();
+        }
+    }
+
+    /// The exit status if the process has exited (then it is reaped:
+    /// [`Ferrited::alive`] is false from then on).
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        let st = self
+            .child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())?;
+        self.child = None;
+        Some(st)
+    }
+
+    /// Waits up to `limit` for the process to exit; its status, or None if
+    /// it still runs (or was already reaped).
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(st) = self.try_wait() {
+                return Some(st);
+            }
+            if self.child.is_none() || Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// SIGTERM, wait up to 20 s (then SIGKILL); returns whether it exited by itself.

@@ -103,14 +103,9 @@ fn suites_pass_on_loop(bs: u32) {
         eprintln!("skipping: no loop device could be attached");
         return;
     };
-    let dev = device_json(
-        "loop",
-        "vdisk_blockio",
-        &format!(
-            r#""filename": "{}", "blocksize": {bs}, "thin_provisioned": true"#,
-            lo.0.display()
-        ),
-    );
+    let dev = Device::blockio("loop", &lo.0)
+        .set("blocksize", bs)
+        .set("thin_provisioned", true);
     let mut f = start(dir.path(), &[dev]);
     let url = format!("iscsi://{}/{IQN}/0", f.addr);
     let run = run_cu_suites(&mut f, &url, SUITES, &format!("bs {bs} "));

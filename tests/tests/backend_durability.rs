@@ -28,7 +28,7 @@ const WRITES: u64 = 64;
 
 /// Writes `WRITES` patterns on LUN 0 at queue depth 32 (with FUA, or
 /// followed by SYNCHRONIZE CACHE), kills ferrited, restarts it and checks.
-fn crash_and_check(dir: &Path, device: String, fua: bool) {
+fn crash_and_check(dir: &Path, device: Device, fua: bool) {
     let port = free_port();
     let cfg = write_config(dir, port, &[device]);
     let l = lun(0);
@@ -112,15 +112,8 @@ fn wait_port_free(port: u16) {
     }
 }
 
-fn fileio(dir: &Path, write_through: bool) -> String {
-    device_json(
-        "disk0",
-        "vdisk_fileio",
-        &format!(
-            r#""filename": "{}", "size": {SIZE}, "write_through": {write_through}"#,
-            dir.join("disk0.img").display()
-        ),
-    )
+fn fileio(dir: &Path, write_through: bool) -> Device {
+    Device::fileio("disk0", &dir.join("disk0.img"), SIZE).set("write_through", write_through)
 }
 
 #[test]
@@ -152,11 +145,7 @@ fn blockio_fua_and_sync_cache_survive_sigkill() {
         };
         let img = dir.path().join("disk0.img");
         std::fs::File::create(&img).unwrap().set_len(SIZE).unwrap();
-        let dev = device_json(
-            "disk0",
-            "vdisk_blockio",
-            &format!(r#""filename": "{}", "blocksize": 4096"#, img.display()),
-        );
+        let dev = Device::blockio("disk0", &img).set("blocksize", 4096);
         crash_and_check(dir.path(), dev, fua);
     }
 }

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use backend_util::*;
 use ferrite_iscsi::initiator::Initiator;
+use serde_json::json;
 
 // Sense keys (SPC-4 §4.5.6).
 const NOT_READY: u8 = 0x2;
@@ -56,35 +57,23 @@ fn witness(i: &mut Initiator<TcpStream>, l: u64, lba: u64, stamp: u64) {
 #[test]
 fn injected_faults_give_the_exact_sense_and_harm_no_one_else() {
     let dir = tempfile::tempdir().unwrap();
-    let faulty = device_json(
-        "faulty",
-        "vdisk_nullio",
-        r#""size": 16777216, "mem": true, "fault": { "rules": [
+    let faulty = Device::mem("faulty", 16777216).set(
+        "fault",
+        json!({ "rules": [
             { "op": "read", "lba": 100, "blocks": 8, "error": "eio" },
             { "op": "write", "lba": 200, "blocks": 8, "error": "eio" },
             { "op": "write", "lba": 300, "blocks": 8, "error": "enospc" },
             { "op": "write", "lba": 400, "blocks": 8, "delay_ms": 300 },
             { "op": "read", "lba": 500, "blocks": 1, "error": "eio", "after": 1, "count": 1 }
-        ] }"#,
+        ] }),
     );
-    let gone = device_json(
-        "gone",
-        "vdisk_nullio",
-        r#""size": 16777216, "mem": true, "fault": { "rules": [ { "error": "offline" } ] }"#,
-    );
-    let healthy = device_json(
-        "healthy",
-        "vdisk_nullio",
-        r#""size": 16777216, "mem": true"#,
-    );
+    let gone =
+        Device::mem("gone", 16777216).set("fault", json!({ "rules": [ { "error": "offline" } ] }));
+    let healthy = Device::mem("healthy", 16777216);
     // The faulty device behind a fileio image too: injection wraps any backend.
-    let file = device_json(
-        "faultyfile",
-        "vdisk_fileio",
-        &format!(
-            r#""filename": "{}", "size": 16777216, "fault": {{ "rules": [ {{ "op": "write", "lba": 10, "blocks": 1, "error": "eio" }} ] }}"#,
-            dir.path().join("faultyfile.img").display()
-        ),
+    let file = Device::fileio("faultyfile", &dir.path().join("faultyfile.img"), 16777216).set(
+        "fault",
+        json!({ "rules": [ { "op": "write", "lba": 10, "blocks": 1, "error": "eio" } ] }),
     );
     let mut f = start(dir.path(), &[faulty, gone, healthy, file]);
     let (l0, l1, l2, l3) = (lun(0), lun(1), lun(2), lun(3));
@@ -223,16 +212,7 @@ fn injected_faults_give_the_exact_sense_and_harm_no_one_else() {
 #[test]
 fn a_backing_file_that_vanishes_takes_its_lun_offline_only() {
     let dir = tempfile::tempdir().unwrap();
-    let dev = |name: &str| {
-        device_json(
-            name,
-            "vdisk_fileio",
-            &format!(
-                r#""filename": "{}", "size": 8388608"#,
-                dir.path().join(format!("{name}.img")).display()
-            ),
-        )
-    };
+    let dev = |name: &str| Device::fileio(name, &dir.path().join(format!("{name}.img")), 8388608);
     let mut f = start(
         dir.path(),
         &[dev("deleted"), dev("truncated"), dev("healthy")],
@@ -379,12 +359,8 @@ fn a_deleted_blockio_image_takes_its_lun_offline_only() {
         .unwrap()
         .set_len(8 << 20)
         .unwrap();
-    let dev = device_json(
-        "direct",
-        "vdisk_blockio",
-        &format!(r#""filename": "{}""#, img.display()),
-    );
-    let healthy = device_json("healthy", "vdisk_nullio", r#""size": 8388608, "mem": true"#);
+    let dev = Device::blockio("direct", &img);
+    let healthy = Device::mem("healthy", 8388608);
     let mut f = start(dir.path(), &[dev, healthy]);
     let (l0, l1) = (lun(0), lun(1));
     let mut i = login(f.addr, "vanish-direct", 1);

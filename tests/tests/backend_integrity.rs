@@ -149,7 +149,7 @@ fn check_lun(f: &ferrite_tests::Ferrited, n: u16) {
     i.logout(0).expect("logout");
 }
 
-fn run_backend(dir: &Path, devices: &[String]) {
+fn run_backend(dir: &Path, devices: &[Device]) {
     let f = start(dir, devices);
     for n in 0..devices.len() as u16 {
         check_lun(&f, n);
@@ -162,18 +162,12 @@ const SIZE: u64 = 32 << 20;
 
 /// Two fileio LUNs in `dir` (512- and 4096-byte blocks), named `name512`
 /// and `name4096`.
-fn fileio_devices(dir: &Path, name: &str) -> Vec<String> {
+fn fileio_devices(dir: &Path, name: &str) -> Vec<Device> {
     [512u32, 4096]
         .iter()
         .map(|bs| {
-            device_json(
-                &format!("{name}{bs}"),
-                "vdisk_fileio",
-                &format!(
-                    r#""filename": "{}", "size": {SIZE}, "blocksize": {bs}"#,
-                    dir.join(format!("{name}{bs}.img")).display()
-                ),
-            )
+            let img = dir.join(format!("{name}{bs}.img"));
+            Device::fileio(&format!("{name}{bs}"), &img, SIZE).set("blocksize", *bs)
         })
         .collect()
 }
@@ -204,16 +198,12 @@ fn blockio_on_a_file_keeps_every_acknowledged_block() {
         eprintln!("skipping: no directory here accepts O_DIRECT");
         return;
     };
-    let devs: Vec<String> = [512u32, 4096]
+    let devs: Vec<Device> = [512u32, 4096]
         .iter()
         .map(|bs| {
             let img = dir.path().join(format!("block{bs}.img"));
             std::fs::File::create(&img).unwrap().set_len(SIZE).unwrap();
-            device_json(
-                &format!("block{bs}"),
-                "vdisk_blockio",
-                &format!(r#""filename": "{}", "blocksize": {bs}"#, img.display()),
-            )
+            Device::blockio(&format!("block{bs}"), &img).set("blocksize", *bs)
         })
         .collect();
     run_backend(dir.path(), &devs);
@@ -222,14 +212,12 @@ fn blockio_on_a_file_keeps_every_acknowledged_block() {
 #[test]
 fn nullio_mem_keeps_every_acknowledged_block() {
     let dir = tempfile::tempdir().unwrap();
-    let devs: Vec<String> = [512u32, 4096]
+    let devs: Vec<Device> = [512u32, 4096]
         .iter()
         .map(|bs| {
-            device_json(
-                &format!("mem{bs}"),
-                "vdisk_nullio",
-                &format!(r#""size": {SIZE}, "blocksize": {bs}, "mem": true"#),
-            )
+            Device::nullio(&format!("mem{bs}"), SIZE)
+                .set("blocksize", *bs)
+                .set("mem", true)
         })
         .collect();
     run_backend(dir.path(), &devs);
@@ -240,7 +228,7 @@ fn nullio_mem_keeps_every_acknowledged_block() {
 #[test]
 fn the_check_catches_a_device_that_forgets_writes() {
     let dir = tempfile::tempdir().unwrap();
-    let dev = device_json("forgetful", "vdisk_nullio", r#""size": 4194304"#);
+    let dev = Device::nullio("forgetful", 4194304);
     let f = start(dir.path(), &[dev]);
     let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check_lun(&f, 0)));
     let msg = caught.expect_err("a device that drops writes passed the check");

@@ -42,12 +42,8 @@ fn ferritectl(f: &ferrite_tests::Ferrited, args: &[&str]) -> String {
 fn a_grown_image_is_reported_after_resync_size() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("grow.img");
-    let dev = device_json(
-        "grow",
-        "vdisk_fileio",
-        &format!(r#""filename": "{}", "size": {}"#, img.display(), 8 * MIB),
-    );
-    let other = device_json("other", "vdisk_nullio", r#""size": 8388608, "mem": true"#);
+    let dev = Device::fileio("grow", &img, 8 * MIB);
+    let other = Device::mem("other", 8388608);
     let f = start(dir.path(), &[dev, other]);
     let (l, l1) = (lun(0), lun(1));
     let mut i = login(f.addr, "resize", 1);

@@ -13,18 +13,12 @@ use backend_util::*;
 
 const MIB: u64 = 1 << 20;
 
-fn thin_fileio(base: &Path, bs: u32) -> (String, std::path::PathBuf) {
+fn thin_fileio(base: &Path, bs: u32) -> (Device, std::path::PathBuf) {
     let img = base.join(format!("thin{bs}.img"));
     (
-        device_json(
-            &format!("thin{bs}"),
-            "vdisk_fileio",
-            &format!(
-                r#""filename": "{}", "size": {}, "blocksize": {bs}, "thin_provisioned": true"#,
-                img.display(),
-                32 * MIB
-            ),
-        ),
+        Device::fileio(&format!("thin{bs}"), &img, 32 * MIB)
+            .set("blocksize", bs)
+            .set("thin_provisioned", true),
         img,
     )
 }

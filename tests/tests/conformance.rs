@@ -24,60 +24,49 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ferrite_tests::{CU_INITIATORS, Ferrited, Options, free_port, parse_cu, run_with_timeout};
+use ferrite_tests::{
+    CU_INITIATORS, Config, Device, Ferrited, Options, Target, free_port, parse_cu, run_with_timeout,
+};
 
 const IQN: &str = "iqn.2026-11.org.ferrite:conformance";
 
-/// (label, target suffix, device JSON); the 4 KiB fileio LUN lives in
-/// `shm`.
-fn luns(dir: &Path, shm: &Path) -> Vec<(&'static str, String)> {
+/// (label, target suffix, device); the 4 KiB fileio LUN lives in `shm`.
+fn luns(dir: &Path, shm: &Path) -> Vec<(&'static str, Device)> {
     vec![
         (
             "fileio",
-            format!(
-                r#"{{"name":"thin512","handler":"vdisk_fileio","filename":"{}","size":268435456,"thin_provisioned":true,"removable":true}}"#,
-                dir.join("thin512.img").display()
-            ),
+            Device::fileio("thin512", &dir.join("thin512.img"), 268435456)
+                .set("thin_provisioned", true)
+                .set("removable", true),
         ),
         (
             "fileio4k",
-            format!(
-                r#"{{"name":"thin4k","handler":"vdisk_fileio","filename":"{}","size":268435456,"blocksize":4096,"thin_provisioned":true}}"#,
-                shm.join("thin4k.img").display()
-            ),
+            Device::fileio("thin4k", &shm.join("thin4k.img"), 268435456)
+                .set("blocksize", 4096)
+                .set("thin_provisioned", true),
         ),
-        (
-            "mem",
-            r#"{"name":"mem","handler":"vdisk_nullio","size":268435456,"mem":true}"#.to_string(),
-        ),
+        ("mem", Device::mem("mem", 268435456)),
     ]
 }
 
 fn config(dir: &Path, shm: &Path, port: u16) -> std::path::PathBuf {
-    let l = luns(dir, shm);
-    let devices: Vec<String> = l.iter().map(|(_, d)| d.clone()).collect();
-    let names = ["thin512", "thin4k", "mem"];
-    let targets: Vec<String> = l
-        .iter()
-        .zip(names)
-        .map(|((label, _), dev)| {
-            format!(
-                r#"{{"name":"{IQN}-{label}","portals":["127.0.0.1:{port}"],"luns":[{{"lun":0,"device":"{dev}"}}]}}"#
-            )
-        })
-        .collect();
     // libiscsi's Sanitize.Reset polls TEST UNIT READY with sleep(60) in
     // between and reads nothing meanwhile: a NOP-In ping sent after 30 s
     // of silence must be allowed more than the other 30 s of that sleep,
     // or the keepalive drops the session just before the test wakes.
-    let json = format!(
-        r#"{{"iscsi":{{"nop_in_interval_s":30,"nop_in_timeout_s":60}},"devices":[{}],"targets":{{"iscsi":[{}]}}}}"#,
-        devices.join(","),
-        targets.join(",")
-    );
-    let p = dir.join("ferrite.json");
-    std::fs::write(&p, json).expect("write config");
-    p
+    let mut c = Config::new()
+        .iscsi("nop_in_interval_s", 30)
+        .iscsi("nop_in_timeout_s", 60);
+    for (label, dev) in luns(dir, shm) {
+        c = c
+            .target(
+                Target::new(&format!("{IQN}-{label}"))
+                    .portal(format!("127.0.0.1:{port}"))
+                    .lun(0, &dev.name()),
+            )
+            .device(dev);
+    }
+    c.write(dir.join("ferrite.json"))
 }
 
 /// `label -> (test -> reason)` for skips and for failures.

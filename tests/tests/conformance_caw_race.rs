@@ -9,8 +9,8 @@
 use std::net::TcpStream;
 use std::sync::{Arc, Barrier, Mutex};
 
-use ferrite_iscsi::initiator::{Command, Initiator, InitiatorConfig, connect};
-use ferrite_tests::Ferrited;
+use ferrite_iscsi::initiator::{Command, Initiator};
+use ferrite_tests::{Ferrited, Login};
 
 const TARGET: &str = "iqn.2026-11.org.ferrite:default";
 const SESSIONS: usize = 4;
@@ -18,13 +18,9 @@ const ROUNDS: u32 = 40;
 const BS: usize = 512;
 
 fn session(f: &Ferrited, n: usize) -> Initiator<TcpStream> {
-    let cfg = InitiatorConfig {
-        initiator_name: format!("iqn.2026-11.org.ferrite:caw-race-{n}"),
-        target_name: Some(TARGET.into()),
-        isid: [0x80, 0, 0, 0, 0x10, n as u8],
-        ..InitiatorConfig::default()
-    };
-    connect(f.addr, cfg).expect("login")
+    Login::new(format!("iqn.2026-11.org.ferrite:caw-race-{n}"), TARGET)
+        .isid([0x80, 0, 0, 0, 0x10, n as u8])
+        .connect(f.addr)
 }
 
 fn run(

@@ -21,26 +21,15 @@ use std::net::TcpStream;
 use std::process::{Command as Process, Stdio};
 use std::time::Duration;
 
-use ferrite_iscsi::initiator::{Command, Initiator, InitiatorConfig, connect};
-use ferrite_tests::{Ferrited, Options, free_port, run_with_timeout};
+use ferrite_iscsi::initiator::{Command, Initiator};
+use ferrite_tests::{
+    Config, Device, Ferrited, Login, Options, Rng, Target, free_port, run_with_timeout,
+};
 
 const IQN: &str = "iqn.2026-11.org.ferrite:xcopy";
 const SIZE: usize = 64 << 20;
 const BS: usize = 512;
 const CHUNK: usize = 1 << 20;
-
-/// Deterministic pseudo-random bytes (xorshift64*).
-fn random(len: usize, mut seed: u64) -> Vec<u8> {
-    let mut v = Vec::with_capacity(len);
-    while v.len() < len {
-        seed ^= seed >> 12;
-        seed ^= seed << 25;
-        seed ^= seed >> 27;
-        v.extend(seed.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
-    }
-    v.truncate(len);
-    v
-}
 
 fn sha256(data: &[u8]) -> String {
     let mut child = Process::new("sha256sum")
@@ -69,13 +58,9 @@ fn stat(f: &Ferrited, dev: &str, name: &str) -> u64 {
 }
 
 fn session(f: &Ferrited) -> Initiator<TcpStream> {
-    let cfg = InitiatorConfig {
-        initiator_name: "iqn.2026-11.org.ferrite:xcopy-initiator".into(),
-        target_name: Some(IQN.into()),
-        isid: [0x80, 0, 0, 0, 0x33, 1],
-        ..InitiatorConfig::default()
-    };
-    let mut i = connect(f.addr, cfg).expect("login");
+    let mut i = Login::new("iqn.2026-11.org.ferrite:xcopy-initiator", IQN)
+        .isid([0x80, 0, 0, 0, 0x33, 1])
+        .connect(f.addr);
     // Clear the power-on unit attentions of both LUNs.
     for lun in 0..2 {
         for _ in 0..4 {
@@ -209,18 +194,17 @@ fn key_asc(sense: &[u8]) -> (u8, u8, u8) {
 
 fn config(dir: &std::path::Path, port: u16) -> std::path::PathBuf {
     let src = dir.join("src.img");
-    std::fs::write(&src, random(SIZE, 0x5eed_c0de_1234_5678)).unwrap();
-    let json = format!(
-        r#"{{"devices":[
-  {{"name":"src","handler":"vdisk_fileio","filename":"{}","size":{SIZE}}},
-  {{"name":"dst","handler":"vdisk_nullio","size":{SIZE},"mem":true}}],
- "targets":{{"iscsi":[{{"name":"{IQN}","portals":["127.0.0.1:{port}"],
-  "luns":[{{"lun":0,"device":"src"}},{{"lun":1,"device":"dst"}}]}}]}}}}"#,
-        src.display()
-    );
-    let p = dir.join("ferrite.json");
-    std::fs::write(&p, json).unwrap();
-    p
+    std::fs::write(&src, Rng::from_state(0x5eed_c0de_1234_5678).bytes(SIZE)).unwrap();
+    Config::new()
+        .device(Device::fileio("src", &src, SIZE as u64))
+        .device(Device::mem("dst", SIZE as u64))
+        .target(
+            Target::new(IQN)
+                .portal(format!("127.0.0.1:{port}"))
+                .lun(0, "src")
+                .lun(1, "dst"),
+        )
+        .write(dir.join("ferrite.json"))
 }
 
 fn has_qemu_iscsi() -> bool {

@@ -10,8 +10,8 @@
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use ferrite_iscsi::initiator::{Command, Initiator, InitiatorConfig, ScsiResult, connect};
-use ferrite_tests::{Ferrited, Options, free_port};
+use ferrite_iscsi::initiator::{Command, Initiator, ScsiResult};
+use ferrite_tests::{Ferrited, Login, Options, free_port};
 
 const IQN: &str = "iqn.2026-11.org.ferrite:default";
 const NAME_A: &str = "iqn.2026-11.org.ferrite.test:move-a";
@@ -22,16 +22,11 @@ const KEY_B: u64 = 0xbbbb_0000_0000_0002;
 const RESERVATION_CONFLICT: u8 = 0x18;
 
 fn session(addr: SocketAddr, name: &str, isid: Option<[u8; 6]>) -> Initiator<TcpStream> {
-    let mut cfg = InitiatorConfig {
-        initiator_name: name.into(),
-        target_name: Some(IQN.into()),
-        ..InitiatorConfig::default()
-    };
+    let mut login = Login::new(name, IQN).read_timeout(Duration::from_secs(20));
     if let Some(isid) = isid {
-        cfg.isid = isid;
+        login = login.isid(isid);
     }
-    let mut i = connect(addr, cfg).expect("login");
-    i.t.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut i = login.connect(addr);
     // Take the POWER ON unit attention.
     let _ = run(&mut i, &[0u8; 6], 0, &[]);
     i

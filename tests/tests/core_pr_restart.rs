@@ -7,23 +7,16 @@
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use ferrite_iscsi::initiator::{Command, Initiator, InitiatorConfig, ScsiResult, connect};
-use ferrite_tests::{Ferrited, Options, free_port};
+use ferrite_iscsi::initiator::{Command, Initiator, ScsiResult};
+use ferrite_tests::{Ferrited, Login, Options, free_port};
 
 const IQN: &str = "iqn.2026-11.org.ferrite:default";
 const KEY: u64 = 0x1122_3344_5566_7788;
 
 fn session(addr: SocketAddr) -> Initiator<TcpStream> {
-    let mut i = connect(
-        addr,
-        InitiatorConfig {
-            initiator_name: "iqn.2026-11.org.ferrite.test:pr".into(),
-            target_name: Some(IQN.into()),
-            ..InitiatorConfig::default()
-        },
-    )
-    .expect("login");
-    i.t.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut i = Login::new("iqn.2026-11.org.ferrite.test:pr", IQN)
+        .read_timeout(Duration::from_secs(20))
+        .connect(addr);
     // Take the POWER ON unit attention.
     let _ = run(&mut i, &[0u8; 6], 0, &[]);
     i

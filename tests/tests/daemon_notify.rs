@@ -8,46 +8,25 @@
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ferrite_tests::{control_request, ferrited_path, free_port};
+use ferrite_tests::{Ferrited, control_request, ferrited_command, free_port};
 
-/// A ferrited child, killed if the test fails before it stops.
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn(dir: &Path, port: u16, notify_socket: &str) -> Daemon {
-    let log = std::fs::File::create(dir.join("ferrited.log")).expect("log file");
-    let child = Command::new(ferrited_path())
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .arg("--listen")
+/// ferrited on `port` with `NOTIFY_SOCKET=notify_socket`, not waited for:
+/// the notifications are what the test waits for.
+fn spawn(dir: &Path, port: u16, notify_socket: &str) -> Ferrited {
+    let state = dir.join("state");
+    let mut cmd = ferrited_command(&state);
+    cmd.arg("--listen")
         .arg(format!("127.0.0.1:{port}"))
-        .env_remove("FERRITE_SOCKET")
         .env("NOTIFY_SOCKET", notify_socket)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("spawn ferrited");
-    Daemon(child)
-}
-
-fn log(dir: &Path) -> String {
-    std::fs::read_to_string(dir.join("ferrited.log")).unwrap_or_default()
+        .env("RUST_LOG", "info");
+    Ferrited::spawn(cmd, &state, SocketAddr::from(([127, 0, 0, 1], port)))
 }
 
 /// Waits up to `limit` for one datagram; fails the test if ferrited exits
 /// first.
-fn next_message(rx: &UnixDatagram, d: &mut Daemon, dir: &Path, limit: Duration) -> String {
+fn next_message(rx: &UnixDatagram, d: &mut Ferrited, limit: Duration) -> String {
     rx.set_read_timeout(Some(Duration::from_millis(200)))
         .expect("read timeout");
     let deadline = Instant::now() + limit;
@@ -62,13 +41,16 @@ fn next_message(rx: &UnixDatagram, d: &mut Daemon, dir: &Path, limit: Duration) 
                 ) => {}
             Err(e) => panic!("recv on the notify socket: {e}"),
         }
-        if let Ok(Some(st)) = d.0.try_wait() {
-            panic!("ferrited exited with {st} before notifying:\n{}", log(dir));
+        if let Some(st) = d.try_wait() {
+            panic!(
+                "ferrited exited with {st} before notifying:\n{}",
+                d.log_text()
+            );
         }
         assert!(
             Instant::now() < deadline,
             "no notification within {limit:?}:\n{}",
-            log(dir)
+            d.log_text()
         );
     }
 }
@@ -78,24 +60,26 @@ fn next_message(rx: &UnixDatagram, d: &mut Daemon, dir: &Path, limit: Duration) 
 fn ready_then_stopping(rx: &UnixDatagram, notify_socket: &str, dir: &Path) {
     let port = free_port();
     let mut d = spawn(dir, port, notify_socket);
-    let msg = next_message(rx, &mut d, dir, Duration::from_secs(60));
+    let msg = next_message(rx, &mut d, Duration::from_secs(60));
     // Checked at once, before anything else can come up.
     let portal: SocketAddr = SocketAddr::from(([127, 0, 0, 1], port));
     let connected = TcpStream::connect_timeout(&portal, Duration::from_secs(2));
     let control = control_request(&dir.join("state/ferrited.sock"), r#"{"op":"config"}"#);
-    assert_eq!(msg, "READY=1", "first notification:\n{}", log(dir));
+    assert_eq!(msg, "READY=1", "first notification:\n{}", d.log_text());
     assert!(
         connected.is_ok(),
         "READY=1 sent while the portal {portal} refuses connections: {:?}\n{}",
         connected.err(),
-        log(dir)
+        d.log_text()
     );
     assert!(
         control.as_deref().is_ok_and(|r| r.contains("\"ok\":true")),
         "READY=1 sent before the control socket answers: {control:?}\n{}",
-        log(dir)
+        d.log_text()
     );
-    let l = log(dir);
+    // The log reaches the test through a pipe and a reader thread: wait
+    // for the line that comes last.
+    let l = d.wait_log("control socket ready", 1);
     let ready_at = l.find("control socket ready").expect("logged");
     assert!(
         l.find("iSCSI portal listening")
@@ -104,30 +88,16 @@ fn ready_then_stopping(rx: &UnixDatagram, notify_socket: &str, dir: &Path) {
     );
     drop(connected);
 
-    let st = Command::new("kill")
-        .arg("-TERM")
-        .arg(d.0.id().to_string())
-        .status()
-        .expect("kill");
-    assert!(st.success());
-    let msg = next_message(rx, &mut d, dir, Duration::from_secs(20));
-    assert_eq!(msg, "STOPPING=1", "after SIGTERM:\n{}", log(dir));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(st) = d.0.try_wait().expect("try_wait") {
-            break st;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "ferrited did not stop:\n{}",
-            log(dir)
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    d.terminate();
+    let msg = next_message(rx, &mut d, Duration::from_secs(20));
+    assert_eq!(msg, "STOPPING=1", "after SIGTERM:\n{}", d.log_text());
+    let status = d
+        .wait_exit(Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("ferrited did not stop:\n{}", d.log_text()));
     assert!(
         status.success(),
         "ferrited exited with {status}:\n{}",
-        log(dir)
+        d.log_text()
     );
     // Nothing after STOPPING=1.
     rx.set_nonblocking(true).expect("nonblocking");

@@ -10,9 +10,9 @@
 
 use std::time::{Duration, Instant};
 
-use ferrite_iscsi::initiator::{Command, InitiatorConfig, connect};
+use ferrite_iscsi::initiator::Command;
 use ferrite_iscsi::pdu::Opcode;
-use ferrite_tests::Ferrited;
+use ferrite_tests::{Ferrited, Login};
 
 const IQN: &str = "iqn.2026-11.org.ferrite:default";
 
@@ -20,16 +20,9 @@ const IQN: &str = "iqn.2026-11.org.ferrite:default";
 fn lun_added_live_is_announced_by_an_async_message() {
     let dir = tempfile::tempdir().unwrap();
     let f = Ferrited::start_default(dir.path());
-    let mut i = connect(
-        f.addr,
-        InitiatorConfig {
-            initiator_name: "iqn.2026-11.org.ferrite.test:aen".into(),
-            target_name: Some(IQN.into()),
-            ..InitiatorConfig::default()
-        },
-    )
-    .expect("login");
-    i.t.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut i = Login::new("iqn.2026-11.org.ferrite.test:aen", IQN)
+        .read_timeout(Duration::from_secs(10))
+        .connect(f.addr);
     let tur = [0u8; 6];
     // The first command takes the nexus' POWER ON unit attention.
     let _ = i.command(&Command {
@@ -86,17 +79,9 @@ fn async_events_until_close(
 }
 
 fn logged_in(f: &Ferrited, name: &str) -> ferrite_iscsi::initiator::Initiator<std::net::TcpStream> {
-    let i = connect(
-        f.addr,
-        InitiatorConfig {
-            initiator_name: format!("iqn.2026-11.org.ferrite.test:{name}"),
-            target_name: Some(IQN.into()),
-            ..InitiatorConfig::default()
-        },
-    )
-    .expect("login");
-    i.t.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    i
+    Login::new(format!("iqn.2026-11.org.ferrite.test:{name}"), IQN)
+        .read_timeout(Duration::from_secs(10))
+        .connect(f.addr)
 }
 
 #[test]

@@ -7,7 +7,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use ferrite_tests::{Ferrited, Options, free_port, require_tool, run_cu_suites, run_with_timeout};
+use ferrite_tests::{
+    Config, Device, Ferrited, Options, Target, free_port, require_tool, run_cu_suites,
+    run_with_timeout,
+};
 
 const DEFAULT_IQN: &str = "iqn.2026-11.org.ferrite:default";
 
@@ -134,17 +137,17 @@ fn libiscsi_foundation_suites_pass() {
 }
 
 fn config_with_fileio(dir: &Path, port: u16, mib: u64) -> std::path::PathBuf {
-    let cfg = format!(
-        r#"{{
-  "devices": [ {{ "name": "disk0", "handler": "vdisk_fileio", "filename": "{img}", "size": {size}, "thin_provisioned": true }} ],
-  "targets": {{ "iscsi": [ {{ "name": "{DEFAULT_IQN}", "portals": ["127.0.0.1:{port}"], "luns": [ {{ "lun": 0, "device": "disk0" }} ] }} ] }}
-}}"#,
-        img = dir.join("disk0.img").display(),
-        size = mib << 20,
-    );
-    let p = dir.join("ferrite.json");
-    std::fs::write(&p, cfg).unwrap();
-    p
+    Config::new()
+        .device(
+            Device::fileio("disk0", &dir.join("disk0.img"), mib << 20)
+                .set("thin_provisioned", true),
+        )
+        .target(
+            Target::new(DEFAULT_IQN)
+                .portal(format!("127.0.0.1:{port}"))
+                .lun(0, "disk0"),
+        )
+        .write(dir.join("ferrite.json"))
 }
 
 #[test]

@@ -5,12 +5,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use ferrite_tests::{Ferrited, Options, free_port, require_tool, run_with_timeout};
+use ferrite_tests::{
+    Config, Device, Ferrited, Group, Options, Target, free_port, require_tool, run_with_timeout,
+};
 
 const CHAP_T: &str = "iqn.2026-11.org.ferrite:chap";
 const ACL_T: &str = "iqn.2026-11.org.ferrite:acl";
@@ -27,31 +28,26 @@ const DSECRET: &str = "discovery-secret-56";
 /// map) and CHAP on discovery; written mode 0600 as secrets must be.
 fn config(dir: &Path, port: u16) -> PathBuf {
     let p = format!("127.0.0.1:{port}");
-    let json = format!(
-        r#"{{
-  "devices": [
-    {{ "name": "n0", "handler": "vdisk_nullio", "size": 16777216 }},
-    {{ "name": "n1", "handler": "vdisk_nullio", "size": 16777216 }}
-  ],
-  "iscsi": {{
-    "discovery_incoming_users": [ {{ "user": "{DUSER}", "secret": "{DSECRET}" }} ]
-  }},
-  "targets": {{ "iscsi": [
-    {{ "name": "{CHAP_T}", "enabled": true, "portals": ["{p}"],
-       "luns": [ {{ "lun": 0, "device": "n0" }} ],
-       "incoming_users": [ {{ "user": "{USER}", "secret": "{SECRET}" }} ],
-       "outgoing_user": {{ "user": "{TUSER}", "secret": "{TSECRET}" }} }},
-    {{ "name": "{ACL_T}", "enabled": true, "portals": ["{p}"],
-       "ini_groups": [ {{ "name": "allowed", "initiators": ["iqn.2026-11.org.ferrite:allowed*"],
-                          "luns": [ {{ "lun": 0, "device": "n1" }} ] }} ] }}
-  ] }}
-}}
-"#
-    );
-    let file = dir.join("chap.json");
-    std::fs::write(&file, json).unwrap();
-    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
-    file
+    Config::new()
+        .device(Device::nullio("n0", 16777216))
+        .device(Device::nullio("n1", 16777216))
+        .discovery_user(DUSER, DSECRET)
+        .target(
+            Target::new(CHAP_T)
+                .set("enabled", true)
+                .portal(&p)
+                .lun(0, "n0")
+                .incoming_user(USER, SECRET)
+                .outgoing_user(TUSER, TSECRET),
+        )
+        .target(
+            Target::new(ACL_T).set("enabled", true).portal(&p).group(
+                Group::new("allowed")
+                    .initiator("iqn.2026-11.org.ferrite:allowed*")
+                    .lun(0, "n1"),
+            ),
+        )
+        .write_private(dir.join("chap.json"))
 }
 
 fn start(dir: &Path) -> Ferrited {

@@ -9,12 +9,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use ferrite_tests::{Ferrited, Options, ferrited_path, free_port, require_tool, run_with_timeout};
+use ferrite_tests::{
+    Config, Device, Ferrited, Group, Options, Target, ferrited_path, free_port, require_tool,
+    run_with_timeout,
+};
+use serde_json::json;
 
 const T: &str = "iqn.2026-11.org.ferrite:chap-groups";
 const ADMIN: &str = "iqn.2026-11.org.ferrite:admin-host";
@@ -25,31 +28,31 @@ const BOB: (&str, &str) = ("bob", "bob-group-secret-34");
 const TARGET_USER: (&str, &str) = ("ferrite-target", "target-secret-56");
 
 fn config(dir: &Path, port: u16) -> PathBuf {
-    let p = format!("127.0.0.1:{port}");
-    let json = format!(
-        r#"{{
-  "devices": [ {{ "name": "n0", "handler": "vdisk_nullio", "size": 16777216 }} ],
-  "targets": {{ "iscsi": [
-    {{ "name": "{T}", "enabled": true, "portals": ["{p}"],
-       "luns": [ {{ "lun": 0, "device": "n0" }} ],
-       "ini_groups": [
-         {{ "name": "admins", "initiators": ["iqn.2026-11.org.ferrite:admin*"],
-            "luns": [ {{ "lun": 0, "device": "n0" }} ] }},
-         {{ "name": "plain", "initiators": ["iqn.2026-11.org.ferrite:plain*"],
-            "luns": [ {{ "lun": 0, "device": "n0" }} ] }}
-       ],
-       "incoming_users": [ {{ "user": "{}", "secret": "{}" }} ],
-       "outgoing_user": {{ "user": "{}", "secret": "{}" }},
-       "group_incoming_users": {{ "admins": [ {{ "user": "{}", "secret": "{}" }} ] }} }}
-  ] }}
-}}
-"#,
-        ALICE.0, ALICE.1, TARGET_USER.0, TARGET_USER.1, BOB.0, BOB.1
-    );
-    let file = dir.join("chap-groups.json");
-    std::fs::write(&file, json).unwrap();
-    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
-    file
+    Config::new()
+        .device(Device::nullio("n0", 16777216))
+        .target(
+            Target::new(T)
+                .set("enabled", true)
+                .portal(format!("127.0.0.1:{port}"))
+                .lun(0, "n0")
+                .group(
+                    Group::new("admins")
+                        .initiator("iqn.2026-11.org.ferrite:admin*")
+                        .lun(0, "n0"),
+                )
+                .group(
+                    Group::new("plain")
+                        .initiator("iqn.2026-11.org.ferrite:plain*")
+                        .lun(0, "n0"),
+                )
+                .incoming_user(ALICE.0, ALICE.1)
+                .outgoing_user(TARGET_USER.0, TARGET_USER.1)
+                .set(
+                    "group_incoming_users",
+                    json!({ "admins": [ { "user": BOB.0, "secret": BOB.1 } ] }),
+                ),
+        )
+        .write_private(dir.join("chap-groups.json"))
 }
 
 fn inq(initiator: &str, url: &str) -> Output {

@@ -10,24 +10,16 @@
 use std::net::TcpStream;
 use std::time::Duration;
 
-use ferrite_iscsi::initiator::{Command, Initiator, InitiatorConfig, InitiatorError, connect};
+use ferrite_iscsi::initiator::{Command, Initiator, InitiatorError};
 use ferrite_iscsi::pdu::{Opcode, RESERVED_TAG, tmf_fn, tmf_rsp};
-use ferrite_tests::Ferrited;
+use ferrite_tests::{Ferrited, Login};
 
 const IQN: &str = "iqn.2026-11.org.ferrite:default";
 
 fn login(f: &Ferrited, name: &str) -> Initiator<TcpStream> {
-    let i = connect(
-        f.addr,
-        InitiatorConfig {
-            initiator_name: format!("iqn.2026-11.org.ferrite.test:{name}"),
-            target_name: Some(IQN.into()),
-            ..InitiatorConfig::default()
-        },
-    )
-    .expect("login");
-    i.t.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    i
+    Login::new(format!("iqn.2026-11.org.ferrite.test:{name}"), IQN)
+        .read_timeout(Duration::from_secs(30))
+        .connect(f.addr)
 }
 
 fn tur(i: &mut Initiator<TcpStream>) -> (u8, Vec<u8>) {

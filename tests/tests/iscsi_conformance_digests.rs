@@ -8,31 +8,25 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use ferrite_tests::{Ferrited, Options, free_port, require_tool, run_cu_suites};
+use ferrite_tests::{
+    Config, Device, Ferrited, Options, Target, free_port, require_tool, run_cu_suites,
+};
 
 const T: &str = "iqn.2026-11.org.ferrite:header-digests";
 
 fn config(dir: &Path, port: u16) -> PathBuf {
-    let img = dir.join("disk0.img");
-    let json = format!(
-        r#"{{
-  "devices": [ {{ "name": "disk0", "handler": "vdisk_fileio", "filename": "{}", "size": 67108864 }} ],
-  "iscsi": {{ "header_digests": ["crc32c"] }},
-  "targets": {{ "iscsi": [
-    {{ "name": "{T}", "enabled": true, "portals": ["127.0.0.1:{port}"],
-       "luns": [ {{ "lun": 0, "device": "disk0" }} ] }}
-  ] }}
-}}
-"#,
-        img.display()
-    );
-    let file = dir.join("header-digests.json");
-    std::fs::write(&file, json).unwrap();
-    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
-    file
+    Config::new()
+        .device(Device::fileio("disk0", &dir.join("disk0.img"), 67108864))
+        .iscsi("header_digests", ["crc32c"])
+        .target(
+            Target::new(T)
+                .set("enabled", true)
+                .portal(format!("127.0.0.1:{port}"))
+                .lun(0, "disk0"),
+        )
+        .write_private(dir.join("header-digests.json"))
 }
 
 #[test]

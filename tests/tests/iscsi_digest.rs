@@ -9,26 +9,17 @@
 use std::net::TcpStream;
 use std::time::Duration;
 
-use ferrite_iscsi::initiator::{Command, Initiator, InitiatorConfig, connect};
+use ferrite_iscsi::initiator::{Command, Initiator};
 use ferrite_iscsi::pdu::Opcode;
-use ferrite_tests::Ferrited;
+use ferrite_tests::{Ferrited, Login};
 
 const IQN: &str = "iqn.2026-11.org.ferrite:default";
 
 fn login(f: &Ferrited) -> Initiator<TcpStream> {
-    let i = connect(
-        f.addr,
-        InitiatorConfig {
-            initiator_name: "iqn.2026-11.org.ferrite.test:digests".into(),
-            target_name: Some(IQN.into()),
-            header_digest: true,
-            data_digest: true,
-            ..InitiatorConfig::default()
-        },
-    )
-    .expect("login with digests");
-    i.t.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    i
+    Login::new("iqn.2026-11.org.ferrite.test:digests", IQN)
+        .digests()
+        .read_timeout(Duration::from_secs(30))
+        .connect(f.addr)
 }
 
 fn rw10(op: u8, lba: u32, blocks: u16) -> [u8; 10] {

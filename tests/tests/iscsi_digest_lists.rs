@@ -11,54 +11,41 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 use std::net::TcpStream;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command as Proc;
 use std::time::Duration;
 
-use ferrite_iscsi::initiator::{Command, Initiator, InitiatorConfig, InitiatorError, connect};
+use ferrite_iscsi::initiator::{Command, Initiator, InitiatorError};
 use ferrite_iscsi::pdu::LoginStatus;
-use ferrite_tests::{Ferrited, Options, free_port, require_tool, run_with_timeout};
+use ferrite_tests::{
+    Config, Device, Ferrited, Login, Options, Target, free_port, require_tool, run_with_timeout,
+};
 
 const T: &str = "iqn.2026-11.org.ferrite:digest-lists";
 
 fn config(dir: &Path, port: u16) -> PathBuf {
-    let json = format!(
-        r#"{{
-  "devices": [ {{ "name": "m0", "handler": "vdisk_nullio", "size": 16777216, "mem": true }} ],
-  "iscsi": {{ "header_digests": ["crc32c"], "data_digests": ["none"] }},
-  "targets": {{ "iscsi": [
-    {{ "name": "{T}", "enabled": true, "portals": ["127.0.0.1:{port}"],
-       "luns": [ {{ "lun": 0, "device": "m0" }} ] }}
-  ] }}
-}}
-"#
-    );
-    let file = dir.join("digest-lists.json");
-    std::fs::write(&file, json).unwrap();
-    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
-    file
+    Config::new()
+        .device(Device::mem("m0", 16777216))
+        .iscsi("header_digests", ["crc32c"])
+        .iscsi("data_digests", ["none"])
+        .target(
+            Target::new(T)
+                .set("enabled", true)
+                .portal(format!("127.0.0.1:{port}"))
+                .lun(0, "m0"),
+        )
+        .write_private(dir.join("digest-lists.json"))
 }
 
 fn login(f: &Ferrited, isid: u8, extra: &[(&str, &str)]) -> Initiator<TcpStream> {
-    let i = connect(
-        f.addr,
-        InitiatorConfig {
-            initiator_name: "iqn.2026-11.org.ferrite.test:digest-lists".into(),
-            target_name: Some(T.into()),
-            isid: [0x80, 0, 0, 0x44, 0, isid],
-            header_digest: true,
-            data_digest: true,
-            extra_keys: extra
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            ..InitiatorConfig::default()
-        },
-    )
-    .expect("login");
-    i.t.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    i
+    let mut login = Login::new("iqn.2026-11.org.ferrite.test:digest-lists", T)
+        .isid([0x80, 0, 0, 0x44, 0, isid])
+        .digests()
+        .read_timeout(Duration::from_secs(30));
+    for (k, v) in extra {
+        login = login.key(k, v);
+    }
+    login.connect(f.addr)
 }
 
 fn key(i: &Initiator<TcpStream>, k: &str) -> String {
@@ -148,17 +135,9 @@ fn header_and_data_digests_follow_their_own_lists() {
     // An initiator that offers only None for headers: the key has no
     // common value, and the target will not run without the digest it
     // requires (0200, initiator error).
-    let r = connect(
-        f.addr,
-        InitiatorConfig {
-            initiator_name: "iqn.2026-11.org.ferrite.test:digest-lists".into(),
-            target_name: Some(T.into()),
-            isid: [0x80, 0, 0, 0x44, 0, 3],
-            header_digest: false,
-            data_digest: false,
-            ..InitiatorConfig::default()
-        },
-    );
+    let r = Login::new("iqn.2026-11.org.ferrite.test:digest-lists", T)
+        .isid([0x80, 0, 0, 0x44, 0, 3])
+        .try_connect(f.addr);
     match r {
         Err(InitiatorError::Login(s)) => assert_eq!(s, LoginStatus::INITIATOR_ERROR),
         Err(e) => panic!("expected login status 0200, got {e}"),

@@ -18,7 +18,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ferrite_iscsi::pdu::{BhsBuf, Opcode};
-use ferrite_tests::{Ferrited, RssWatch, require_tool, run_with_timeout, vm_rss_kib};
+use ferrite_tests::{Ferrited, Rng, RssWatch, require_tool, run_with_timeout, vm_rss_kib};
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
 
 const IQN: &str = "iqn.2026-11.org.ferrite:default";
@@ -145,17 +145,6 @@ fn big_login_header(n: usize) -> [u8; 48] {
     b.0
 }
 
-/// xorshift64*: deterministic junk, no RNG crate needed.
-fn junk(state: &mut u64, out: &mut [u8]) {
-    for chunk in out.chunks_mut(8) {
-        *state ^= *state >> 12;
-        *state ^= *state << 25;
-        *state ^= *state >> 27;
-        let v = state.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes();
-        chunk.copy_from_slice(&v[..chunk.len()]);
-    }
-}
-
 fn nofile_soft(pid: u32) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/limits"))
         .ok()
@@ -265,11 +254,12 @@ fn connection_flood_leaves_memory_bounded_and_the_target_serving() {
         poll_some(&mut probes, n);
     }
     inq(&f, "after the 16 MiB logins");
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    // Deterministic junk: the same bytes every run.
+    let mut rng = Rng::from_state(0x9e37_79b9_7f4a_7c15);
     let mut bytes = vec![0u8; RANDOM_BYTES];
     for n in 0..RANDOM {
         let mut p = Probe::new(f.addr, Kind::Random);
-        junk(&mut seed, &mut bytes);
+        rng.fill(&mut bytes);
         p.send(&bytes);
         probes.push(p);
         poll_some(&mut probes, n);

@@ -9,8 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command as Proc;
 use std::time::{Duration, Instant};
 
-use ferrite_iscsi::initiator::{Command, InitiatorConfig, connect};
-use ferrite_tests::{Ferrited, Options, ferrited_path, free_port, run_with_timeout};
+use ferrite_iscsi::initiator::Command;
+use ferrite_tests::{
+    Config, Device, Ferrited, Login, Options, Target, ferrited_path, free_port, run_with_timeout,
+};
 
 const IQN: &str = "iqn.2026-11.org.ferrite:keepalive";
 const INI: &str = "iqn.2026-11.org.ferrite.test:silent";
@@ -18,20 +20,17 @@ const INTERVAL_S: u64 = 1;
 const TIMEOUT_S: u64 = 2;
 
 fn config(dir: &Path, port: u16) -> PathBuf {
-    let json = format!(
-        r#"{{
-  "devices": [ {{ "name": "n0", "handler": "vdisk_nullio", "size": 16777216 }} ],
-  "iscsi": {{ "nop_in_interval_s": {INTERVAL_S}, "nop_in_timeout_s": {TIMEOUT_S} }},
-  "targets": {{ "iscsi": [
-    {{ "name": "{IQN}", "enabled": true, "portals": ["127.0.0.1:{port}"],
-       "luns": [ {{ "lun": 0, "device": "n0" }} ] }}
-  ] }}
-}}
-"#
-    );
-    let file = dir.join("keepalive.json");
-    std::fs::write(&file, json).unwrap();
-    file
+    Config::new()
+        .device(Device::nullio("n0", 16777216))
+        .iscsi("nop_in_interval_s", INTERVAL_S)
+        .iscsi("nop_in_timeout_s", TIMEOUT_S)
+        .target(
+            Target::new(IQN)
+                .set("enabled", true)
+                .portal(format!("127.0.0.1:{port}"))
+                .lun(0, "n0"),
+        )
+        .write(dir.join("keepalive.json"))
 }
 
 fn sessions(f: &Ferrited) -> String {
@@ -64,16 +63,9 @@ fn silent_initiator_is_dropped_within_the_nop_in_timeout() {
             args: Vec::new(),
         },
     );
-    let mut i = connect(
-        f.addr,
-        InitiatorConfig {
-            initiator_name: INI.into(),
-            target_name: Some(IQN.into()),
-            ..InitiatorConfig::default()
-        },
-    )
-    .expect("login");
-    i.t.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut i = Login::new(INI, IQN)
+        .read_timeout(Duration::from_secs(30))
+        .connect(f.addr);
     let tur = [0u8; 6];
     i.command(&Command {
         cdb: &tur,

@@ -13,29 +13,27 @@ use std::path::{Path, PathBuf};
 use std::process::Command as Proc;
 use std::time::{Duration, Instant};
 
-use ferrite_iscsi::initiator::{Command, Initiator, InitiatorConfig, InitiatorError, connect};
+use ferrite_iscsi::initiator::{Command, Initiator, InitiatorError};
 use ferrite_iscsi::pdu::LoginStatus;
-use ferrite_tests::{Ferrited, Options, ferrited_path, free_port, run_with_timeout};
+use ferrite_tests::{
+    Config, Device, Ferrited, Login, Options, Target, ferrited_path, free_port, run_with_timeout,
+};
 
 const IQN: &str = "iqn.2026-11.org.ferrite:mcs";
 const BS: usize = 512;
 const BLOCKS: u16 = 8;
 
 fn config(dir: &Path, port: u16) -> PathBuf {
-    let json = format!(
-        r#"{{
-  "devices": [ {{ "name": "m0", "handler": "vdisk_nullio", "size": 16777216, "mem": true }} ],
-  "iscsi": {{ "max_connections": 4 }},
-  "targets": {{ "iscsi": [
-    {{ "name": "{IQN}", "enabled": true, "portals": ["127.0.0.1:{port}"],
-       "luns": [ {{ "lun": 0, "device": "m0" }} ] }}
-  ] }}
-}}
-"#
-    );
-    let file = dir.join("mcs.json");
-    std::fs::write(&file, json).unwrap();
-    file
+    Config::new()
+        .device(Device::mem("m0", 16777216))
+        .iscsi("max_connections", 4)
+        .target(
+            Target::new(IQN)
+                .set("enabled", true)
+                .portal(format!("127.0.0.1:{port}"))
+                .lun(0, "m0"),
+        )
+        .write(dir.join("mcs.json"))
 }
 
 /// ferrited with MaxConnections=4 on two cores (so that later connections
@@ -69,20 +67,15 @@ fn sessions(f: &Ferrited) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn cfg(name: &str) -> InitiatorConfig {
-    InitiatorConfig {
-        initiator_name: name.into(),
-        target_name: Some(IQN.into()),
-        // RFC 7143 §13.2: the session's limit is the lower of both offers.
-        extra_keys: vec![("MaxConnections".into(), "4".into())],
-        ..InitiatorConfig::default()
-    }
+fn login(name: &str) -> Login {
+    // RFC 7143 §13.2: the session's limit is the lower of both offers.
+    Login::new(name, IQN).key("MaxConnections", "4")
 }
 
 fn leading(f: &Ferrited, name: &str) -> Initiator<TcpStream> {
-    let i = connect(f.addr, cfg(name)).expect("leading login");
-    i.t.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    i
+    login(name)
+        .read_timeout(Duration::from_secs(20))
+        .connect(f.addr)
 }
 
 fn more(f: &Ferrited, lead: &mut Initiator<TcpStream>, cid: u16) -> Initiator<TcpStream> {
@@ -209,15 +202,13 @@ fn unknown_tsih_is_refused_with_session_does_not_exist() {
     let dir = tempfile::tempdir().unwrap();
     let f = start(dir.path());
     let name = "iqn.2026-11.org.ferrite.test:mcs-tsih";
-    let r = connect(
-        f.addr,
-        InitiatorConfig {
-            tsih: 0x7777,
-            cid: 1,
-            extra_keys: Vec::new(),
-            ..cfg(name)
-        },
-    );
+    let r = login(name)
+        .with(|c| {
+            c.tsih = 0x7777;
+            c.cid = 1;
+            c.extra_keys = Vec::new();
+        })
+        .try_connect(f.addr);
     assert!(
         matches!(
             r,
@@ -227,16 +218,14 @@ fn unknown_tsih_is_refused_with_session_does_not_exist() {
     );
     // A live session's TSIH with another ISID is not that session either.
     let lead = leading(&f, name);
-    let r = connect(
-        f.addr,
-        InitiatorConfig {
-            tsih: lead.tsih,
-            cid: 1,
-            isid: [0x80, 0, 0, 0, 0, 0x42],
-            extra_keys: Vec::new(),
-            ..cfg(name)
-        },
-    );
+    let r = login(name)
+        .isid([0x80, 0, 0, 0, 0, 0x42])
+        .with(|c| {
+            c.tsih = lead.tsih;
+            c.cid = 1;
+            c.extra_keys = Vec::new();
+        })
+        .try_connect(f.addr);
     assert!(
         matches!(
             r,

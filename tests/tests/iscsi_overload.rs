@@ -22,10 +22,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use ferrite_iscsi::initiator::{Command, Initiator, InitiatorConfig, connect};
+use ferrite_iscsi::initiator::{Command, Initiator, InitiatorConfig};
 use ferrite_iscsi::pdu::{BhsBuf, Opcode, Pdu};
 use ferrite_tests::{
-    Ferrited, Options, Release, RssWatch, free_port, metric, vm_rss_kib, wait_for_release,
+    Ferrited, Login, Options, Release, RssWatch, free_port, metric, vm_rss_kib, wait_for_release,
 };
 
 const TARGET: &str = "iqn.2026-11.org.ferrite:default";
@@ -58,13 +58,12 @@ fn data_out(itt: u32, ttt: u32, sn: u32, offset: u32, data: &[u8]) -> Pdu {
 fn flood(addr: SocketAddr, n: usize, zeros: Arc<Vec<u8>>, stop: Arc<AtomicBool>) -> usize {
     let s = TcpStream::connect(addr).expect("connect");
     s.set_nodelay(true).ok();
-    let cfg = InitiatorConfig {
-        initiator_name: format!("iqn.2026-12.test:flood{n}"),
-        target_name: Some(TARGET.into()),
-        initial_r2t: true,
-        immediate_data: false,
-        ..InitiatorConfig::default()
-    };
+    let cfg = Login::new(format!("iqn.2026-12.test:flood{n}"), TARGET)
+        .with(|c| {
+            c.initial_r2t = true;
+            c.immediate_data = false;
+        })
+        .config();
     let mut tx = Initiator::new(s.try_clone().expect("clone"), cfg);
     tx.login().expect("flood login");
     s.set_read_timeout(Some(Duration::from_millis(200))).ok();
@@ -141,15 +140,8 @@ fn write_flood_without_data_stays_in_budget_and_others_are_served() {
     let addr = f.addr;
 
     // The well-behaved session, warmed up before the flood.
-    let mut good = connect(
-        addr,
-        InitiatorConfig {
-            initiator_name: "iqn.2026-12.test:good".into(),
-            target_name: Some(TARGET.into()),
-            ..InitiatorConfig::default()
-        },
-    )
-    .expect("good login");
+    let good_login = Login::new("iqn.2026-12.test:good", TARGET);
+    let mut good = good_login.connect(addr);
     let block = vec![0xa5u8; 4096];
     let write = |good: &mut Initiator<TcpStream>, lba: u64| {
         good.command(&Command {
@@ -224,15 +216,7 @@ fn write_flood_without_data_stays_in_budget_and_others_are_served() {
     // A new session is served (the good one may have been silent longer
     // than the keepalive allows).
     drop(good);
-    let mut again = connect(
-        addr,
-        InitiatorConfig {
-            initiator_name: "iqn.2026-12.test:good".into(),
-            target_name: Some(TARGET.into()),
-            ..InitiatorConfig::default()
-        },
-    )
-    .expect("login after the flood");
+    let mut again = good_login.connect(addr);
     write(&mut again, 0);
     assert_eq!(write(&mut again, 0).status, 0);
     let limit_kib = (BUDGET_MB + 256) * 1024;

@@ -7,23 +7,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ferrite_iscsi::initiator::{InitiatorConfig, connect};
-use ferrite_tests::{ferrited_path, free_port};
-
-/// ferrited started with the configuration's own portals (the harness's
-/// `Ferrited` passes `--listen`, which replaces them with one address);
-/// killed when dropped.
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use ferrite_tests::{Config, Device, Ferrited, Login, Target, free_port};
 
 const IQN: &str = "iqn.2026-11.org.ferrite:twoportals";
 const TPGT: u16 = 5;
@@ -40,32 +26,20 @@ fn ipv4_and_ipv6_portals_are_reported_with_their_tpgt() {
     }
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let json = format!(
-        r#"{{
-  "devices": [ {{ "name": "n0", "handler": "vdisk_nullio", "size": 16777216 }} ],
-  "targets": {{ "iscsi": [
-    {{ "name": "{IQN}", "enabled": true, "tpgt": {TPGT},
-       "portals": ["127.0.0.1:{port}", "[::1]:{port}"],
-       "luns": [ {{ "lun": 0, "device": "n0" }} ] }}
-  ] }}
-}}
-"#
-    );
-    let cfg = dir.path().join("portals.json");
-    std::fs::write(&cfg, json).unwrap();
-    let child = Command::new(ferrited_path())
-        .arg("--state-dir")
-        .arg(dir.path())
-        .arg("--control")
-        .arg(dir.path().join("ferrited.sock"))
-        .arg("--config")
-        .arg(&cfg)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn ferrited");
-    let _d = Daemon(child);
+    let cfg = Config::new()
+        .device(Device::nullio("n0", 16777216))
+        .target(
+            Target::new(IQN)
+                .set("enabled", true)
+                .set("tpgt", TPGT)
+                .portal(format!("127.0.0.1:{port}"))
+                .portal(format!("[::1]:{port}"))
+                .lun(0, "n0"),
+        )
+        .write(dir.path().join("portals.json"));
+    // Started from the configuration alone: `--listen` would replace its
+    // two portals with one address.
+    let _f = Ferrited::start_config(dir.path(), &cfg, &[]);
     let v4: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let v6: SocketAddr = format!("[::1]:{port}").parse().unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -77,15 +51,9 @@ fn ipv4_and_ipv6_portals_are_reported_with_their_tpgt() {
     }
     for addr in [v4, v6] {
         // Discovery on this portal.
-        let mut d = connect(
-            addr,
-            InitiatorConfig {
-                initiator_name: "iqn.2026-11.org.ferrite.test:portals".into(),
-                target_name: None,
-                ..InitiatorConfig::default()
-            },
-        )
-        .unwrap_or_else(|e| panic!("discovery login on {addr}: {e}"));
+        let mut d = Login::discovery("iqn.2026-11.org.ferrite.test:portals")
+            .try_connect(addr)
+            .unwrap_or_else(|e| panic!("discovery login on {addr}: {e}"));
         let keys = d.text(&[("SendTargets", "All")]).expect("SendTargets");
         let addrs: Vec<&str> = keys
             .iter()
@@ -106,15 +74,9 @@ fn ipv4_and_ipv6_portals_are_reported_with_their_tpgt() {
             );
         }
         // A normal session on this portal, answered with the same TPGT.
-        let n = connect(
-            addr,
-            InitiatorConfig {
-                initiator_name: "iqn.2026-11.org.ferrite.test:portals".into(),
-                target_name: Some(IQN.into()),
-                ..InitiatorConfig::default()
-            },
-        )
-        .unwrap_or_else(|e| panic!("normal login on {addr}: {e}"));
+        let n = Login::new("iqn.2026-11.org.ferrite.test:portals", IQN)
+            .try_connect(addr)
+            .unwrap_or_else(|e| panic!("normal login on {addr}: {e}"));
         assert!(
             n.login_keys
                 .contains(&("TargetPortalGroupTag".to_string(), TPGT.to_string())),
@@ -131,16 +93,9 @@ fn login(
     initiator: &str,
 ) -> Result<ferrite_iscsi::initiator::Initiator<TcpStream>, ferrite_iscsi::initiator::InitiatorError>
 {
-    let i = connect(
-        addr,
-        InitiatorConfig {
-            initiator_name: format!("iqn.2026-11.org.ferrite.test:{initiator}"),
-            target_name: Some(target.into()),
-            ..InitiatorConfig::default()
-        },
-    )?;
-    i.t.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    Ok(i)
+    Login::new(format!("iqn.2026-11.org.ferrite.test:{initiator}"), target)
+        .read_timeout(Duration::from_secs(10))
+        .try_connect(addr)
 }
 
 /// A portal taken from a target live (`ferritectl set .../portals`) ends
@@ -160,20 +115,13 @@ fn a_portal_taken_from_a_target_ends_its_sessions_there() {
     let (p1, p2) = (free_port(), free_port());
     let a1: SocketAddr = format!("127.0.0.1:{p1}").parse().unwrap();
     let a2: SocketAddr = format!("127.0.0.1:{p2}").parse().unwrap();
-    let json = format!(
-        r#"{{
-  "devices": [ {{ "name": "n0", "handler": "vdisk_nullio", "size": 16777216 }},
-               {{ "name": "n1", "handler": "vdisk_nullio", "size": 16777216 }} ],
-  "targets": {{ "iscsi": [
-    {{ "name": "{A}", "portals": ["{a1}", "{a2}"], "luns": [ {{ "lun": 0, "device": "n0" }} ] }},
-    {{ "name": "{B}", "portals": ["{a2}"], "luns": [ {{ "lun": 0, "device": "n1" }} ] }}
-  ] }}
-}}
-"#
-    );
-    let cfg = dir.path().join("portals.json");
-    std::fs::write(&cfg, json).unwrap();
-    let f = ferrite_tests::Ferrited::start_config(dir.path(), &cfg, &[]);
+    let cfg = Config::new()
+        .device(Device::nullio("n0", 16777216))
+        .device(Device::nullio("n1", 16777216))
+        .target(Target::new(A).portal(a1).portal(a2).lun(0, "n0"))
+        .target(Target::new(B).portal(a2).lun(0, "n1"))
+        .write(dir.path().join("portals.json"));
+    let f = Ferrited::start_config(dir.path(), &cfg, &[]);
     let tur = [0u8; 6];
     let tur_ok = |i: &mut ferrite_iscsi::initiator::Initiator<TcpStream>| {
         // The first command of a nexus may take its POWER ON unit attention.

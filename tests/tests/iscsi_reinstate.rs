@@ -9,19 +9,16 @@ use std::net::TcpStream;
 use std::process::Command as Proc;
 use std::time::{Duration, Instant};
 
-use ferrite_iscsi::initiator::{Command, Initiator, InitiatorConfig, InitiatorError, connect};
-use ferrite_tests::{Ferrited, ferrited_path, run_with_timeout};
+use ferrite_iscsi::initiator::{Command, Initiator, InitiatorError};
+use ferrite_tests::{Ferrited, Login, ferrited_path, run_with_timeout};
 
 const IQN: &str = "iqn.2026-11.org.ferrite:default";
 const INI: &str = "iqn.2026-11.org.ferrite.test:reinstate";
 
-fn cfg() -> InitiatorConfig {
-    InitiatorConfig {
-        initiator_name: INI.into(),
-        target_name: Some(IQN.into()),
-        isid: [0x80, 0x12, 0x34, 0x56, 0x78, 0x9a],
-        ..InitiatorConfig::default()
-    }
+fn login() -> Login {
+    Login::new(INI, IQN)
+        .isid([0x80, 0x12, 0x34, 0x56, 0x78, 0x9a])
+        .read_timeout(Duration::from_secs(20))
 }
 
 fn rw10(op: u8, lba: u32, blocks: u16) -> [u8; 10] {
@@ -77,10 +74,7 @@ fn io_works(i: &mut Initiator<TcpStream>) {
 fn same_isid_and_name_replace_a_busy_session() {
     let dir = tempfile::tempdir().unwrap();
     let f = Ferrited::start_default(dir.path());
-    let mut old = connect(f.addr, cfg()).expect("first login");
-    old.t
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
+    let mut old = login().connect(f.addr);
     let old_tsih = old.tsih;
     assert_ne!(old_tsih, 0);
     // 32 writes in flight on the old session, not waited for.
@@ -99,10 +93,7 @@ fn same_isid_and_name_replace_a_busy_session() {
         old.send_pdu(&p).unwrap();
     }
 
-    let mut new = connect(f.addr, cfg()).expect("reinstating login");
-    new.t
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
+    let mut new = login().connect(f.addr);
     assert_ne!(new.tsih, 0);
     assert_ne!(new.tsih, old_tsih, "RFC 7143 §6.3.5: a new TSIH");
 

@@ -12,9 +12,10 @@ use std::collections::HashMap;
 use std::net::TcpStream;
 use std::time::Duration;
 
-use ferrite_iscsi::initiator::{Command, Initiator, InitiatorConfig, connect};
+use ferrite_iscsi::initiator::{Command, Initiator};
 use ferrite_iscsi::pdu::{BhsBuf, Opcode, Pdu, flags};
-use ferrite_tests::{Ferrited, Options, free_port};
+use ferrite_tests::{Config, Device, Ferrited, Login, Options, Target, free_port};
+use serde_json::json;
 
 const IQN: &str = "iqn.2026-11.org.ferrite:tmf";
 const N: u32 = 64;
@@ -57,28 +58,25 @@ fn read_all(i: &mut Initiator<TcpStream>) -> Vec<u8> {
 fn start_delayed(
     dir: &std::path::Path,
     op: &str,
-    iscsi: &str,
+    iscsi: &[(&str, u64)],
     initiator: &str,
 ) -> (Ferrited, Initiator<TcpStream>) {
     let port = free_port();
-    let iscsi = if iscsi.is_empty() {
-        String::new()
-    } else {
-        format!(",\n  \"iscsi\": {iscsi}")
-    };
-    let json = format!(
-        r#"{{
-  "devices": [ {{ "name": "m0", "handler": "vdisk_nullio", "mem": true, "size": 16777216,
-                 "fault": {{ "rules": [ {{ "op": "{op}", "delay_ms": {DELAY_MS} }} ] }} }} ],
-  "targets": {{ "iscsi": [
-    {{ "name": "{IQN}", "enabled": true, "portals": ["127.0.0.1:{port}"],
-       "luns": [ {{ "lun": 0, "device": "m0" }} ] }}
-  ] }}{iscsi}
-}}
-"#
-    );
-    let cfg = dir.join("tmf.json");
-    std::fs::write(&cfg, json).unwrap();
+    let mut config = Config::new()
+        .device(Device::mem("m0", 16777216).set(
+            "fault",
+            json!({ "rules": [ { "op": op, "delay_ms": DELAY_MS } ] }),
+        ))
+        .target(
+            Target::new(IQN)
+                .set("enabled", true)
+                .portal(format!("127.0.0.1:{port}"))
+                .lun(0, "m0"),
+        );
+    for (key, value) in iscsi {
+        config = config.iscsi(key, *value);
+    }
+    let cfg = config.write(dir.join("tmf.json"));
     let f = Ferrited::start(
         dir,
         port,
@@ -87,23 +85,16 @@ fn start_delayed(
             args: Vec::new(),
         },
     );
-    let i = connect(
-        f.addr,
-        InitiatorConfig {
-            initiator_name: initiator.into(),
-            target_name: Some(IQN.into()),
-            ..InitiatorConfig::default()
-        },
-    )
-    .expect("login");
-    i.t.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let i = Login::new(initiator, IQN)
+        .read_timeout(Duration::from_secs(30))
+        .connect(f.addr);
     (f, i)
 }
 
 #[test]
 fn abort_task_set_with_64_writes_in_flight() {
     let dir = tempfile::tempdir().unwrap();
-    let (f, mut i) = start_delayed(dir.path(), "write", "", "iqn.2026-11.org.ferrite.test:tmf");
+    let (f, mut i) = start_delayed(dir.path(), "write", &[], "iqn.2026-11.org.ferrite.test:tmf");
     let before = read_all(&mut i);
     assert!(before.iter().all(|b| *b == 0));
 
@@ -229,7 +220,7 @@ fn an_aborted_commands_itt_and_window_slot_are_reused() {
     let (_f, mut i) = start_delayed(
         dir.path(),
         "read",
-        &format!("{{ \"queue_depth\": {QUEUE_DEPTH} }}"),
+        &[("queue_depth", QUEUE_DEPTH.into())],
         "iqn.2026-11.org.ferrite.test:tmf-reuse",
     );
     // The nexus's POWER ON unit attention goes to a first command.

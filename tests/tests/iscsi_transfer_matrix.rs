@@ -18,8 +18,8 @@
 use std::net::TcpStream;
 use std::time::Duration;
 
-use ferrite_iscsi::initiator::{Command, Initiator, InitiatorConfig, ScsiResult, connect};
-use ferrite_tests::Ferrited;
+use ferrite_iscsi::initiator::{Command, Initiator, ScsiResult};
+use ferrite_tests::{Ferrited, Login};
 
 const IQN: &str = "iqn.2026-11.org.ferrite:default";
 const BS: usize = 512;
@@ -96,28 +96,24 @@ fn key<'a>(i: &'a Initiator<TcpStream>, k: &str) -> &'a str {
 }
 
 fn login(f: &Ferrited, n: usize, c: &Case) -> Initiator<TcpStream> {
-    let mut extra = vec![("MaxOutstandingR2T".to_string(), c.outstanding.to_string())];
+    let mut login = Login::new("iqn.2026-11.org.ferrite.test:matrix", IQN)
+        .isid([0x80, 0, 0, 0x4d, (n >> 8) as u8, n as u8])
+        .with(|cfg| {
+            cfg.immediate_data = c.immediate;
+            cfg.initial_r2t = c.initial_r2t;
+            cfg.first_burst_length = c.first;
+            cfg.max_burst_length = c.max;
+        })
+        .key("MaxOutstandingR2T", &c.outstanding.to_string())
+        .read_timeout(Duration::from_secs(30));
     if c.outstanding > 1 {
-        extra.push(("DataPDUInOrder".into(), "No".into()));
-        extra.push(("DataSequenceInOrder".into(), "No".into()));
+        login = login
+            .key("DataPDUInOrder", "No")
+            .key("DataSequenceInOrder", "No");
     }
-    let i = connect(
-        f.addr,
-        InitiatorConfig {
-            initiator_name: "iqn.2026-11.org.ferrite.test:matrix".into(),
-            target_name: Some(IQN.into()),
-            isid: [0x80, 0, 0, 0x4d, (n >> 8) as u8, n as u8],
-            immediate_data: c.immediate,
-            initial_r2t: c.initial_r2t,
-            first_burst_length: c.first,
-            max_burst_length: c.max,
-            extra_keys: extra,
-            ..InitiatorConfig::default()
-        },
-    )
-    .unwrap_or_else(|e| panic!("login {c:?}: {e}"));
-    i.t.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    i
+    login
+        .try_connect(f.addr)
+        .unwrap_or_else(|e| panic!("login {c:?}: {e}"))
 }
 
 fn rw16(write: bool, lba: u64, blocks: u32) -> [u8; 16] {

@@ -8,24 +8,21 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use ferrite_iscsi::initiator::{Command, Initiator, InitiatorConfig, connect};
+use ferrite_iscsi::initiator::{Command, Initiator};
 use ferrite_iscsi::pdu::{BhsBuf, Opcode};
-use ferrite_tests::Ferrited;
+use ferrite_tests::{Ferrited, Login};
 
 const IQN: &str = "iqn.2026-11.org.ferrite:default";
 
-fn cfg(name: &str, isid_last: u8) -> InitiatorConfig {
-    InitiatorConfig {
-        initiator_name: format!("iqn.2026-11.org.ferrite.test:{name}"),
-        target_name: Some(IQN.into()),
-        isid: [0x80, 0, 0, 0, 0, isid_last],
-        ..InitiatorConfig::default()
-    }
+fn session(name: &str, isid_last: u8) -> Login {
+    Login::new(format!("iqn.2026-11.org.ferrite.test:{name}"), IQN)
+        .isid([0x80, 0, 0, 0, 0, isid_last])
 }
 
 fn login(addr: SocketAddr, name: &str, isid_last: u8) -> Initiator<TcpStream> {
-    let mut i = connect(addr, cfg(name, isid_last)).expect("login");
-    i.t.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut i = session(name, isid_last)
+        .read_timeout(Duration::from_secs(20))
+        .connect(addr);
     // The first command of a new nexus reports POWER ON, RESET (SAM-5
     // §5.14); TEST UNIT READY takes it.
     let tur = [0u8; 6];
@@ -153,7 +150,7 @@ fn malformed_input_gets_the_prescribed_answer_and_harms_no_one() {
     {
         let s = TcpStream::connect(f.addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let mut a = Initiator::new(s, cfg("garbage", 5));
+        let mut a = Initiator::new(s, session("garbage", 5).config());
         let mut p = a.login_pdu(true, 1, 3, &[]);
         p.data = b"\xff\xfe=\x00===\x00InitiatorName\x00no-equals-sign\x00".to_vec();
         a.send_pdu(&p).unwrap();

@@ -9,6 +9,7 @@ mod mgmt_util;
 
 use std::net::SocketAddr;
 
+use ferrite_tests::{Config, Device, Group, Target};
 use mgmt_util::{Daemon, empty_config, iscsi_ls_luns, login, portal, report_luns};
 
 const TA: &str = "iqn.2026-11.org.ferrite.test:mgmt-a";
@@ -134,26 +135,15 @@ fn configuration_built_with_ferritectl_survives_save_and_restart() {
 }
 
 fn config_json(p: SocketAddr, extra_lun: bool) -> String {
-    let extra = if extra_lun {
-        r#", { "lun": 2, "device": "n1" }"#
-    } else {
-        ""
-    };
-    format!(
-        r#"{{
-  "devices": [
-    {{ "name": "n0", "handler": "vdisk_nullio", "size": 33554432 }},
-    {{ "name": "n1", "handler": "vdisk_nullio", "size": 16777216 }}
-  ],
-  "targets": {{ "iscsi": [
-    {{ "name": "{TA}", "enabled": true, "portals": ["{p}"],
-       "luns": [ {{ "lun": 0, "device": "n0" }}{extra} ],
-       "ini_groups": [ {{ "name": "g", "initiators": ["{INI_B}"],
-                          "luns": [ {{ "lun": 0, "device": "n1" }} ] }} ] }}
-  ] }}
-}}
-"#
-    )
+    let mut t = Target::new(TA).set("enabled", true).portal(p).lun(0, "n0");
+    if extra_lun {
+        t = t.lun(2, "n1");
+    }
+    Config::new()
+        .device(Device::nullio("n0", 33554432))
+        .device(Device::nullio("n1", 16777216))
+        .target(t.group(Group::new("g").initiator(INI_B).lun(0, "n1")))
+        .json()
 }
 
 #[test]

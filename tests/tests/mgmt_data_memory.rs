@@ -12,10 +12,9 @@
 mod mgmt_util;
 
 use std::net::SocketAddr;
-use std::process::Command;
 use std::time::Duration;
 
-use ferrite_tests::{ferrited_path, free_port, run_with_timeout};
+use ferrite_tests::{ferrited_command, free_port, run_with_timeout};
 use mgmt_util::{Daemon, empty_config};
 
 const MIB: u64 = 1 << 20;
@@ -125,11 +124,9 @@ fn data_memory_limit_is_read_set_saved_and_applied_through_the_tree() {
 fn a_bad_data_memory_option_stops_ferrited_naming_the_range() {
     let dir = tempfile::tempdir().unwrap();
     let o = run_with_timeout(
-        Command::new(ferrited_path())
+        ferrited_command(dir.path())
             .arg("--config")
             .arg(empty_config(dir.path()))
-            .arg("--state-dir")
-            .arg(dir.path())
             .arg("--control")
             .arg(dir.path().join("ferrited.sock"))
             .args(["--data-memory-mb", "10"]),

@@ -11,8 +11,8 @@
 use std::process::Command;
 use std::time::Duration;
 
-use ferrite_iscsi::initiator::{Command as IscsiCmd, InitiatorConfig, connect};
-use ferrite_tests::{Ferrited, ferrited_path, run_with_timeout};
+use ferrite_iscsi::initiator::Command as IscsiCmd;
+use ferrite_tests::{Ferrited, Login, ferrited_path, run_with_timeout};
 
 const IQN: &str = "iqn.2026-11.org.ferrite:default";
 const INITIATOR: &str = "iqn.2026-12.org.ferrite:tree-view";
@@ -21,18 +21,9 @@ const INITIATOR: &str = "iqn.2026-12.org.ferrite:tree-view";
 fn the_tree_view_shows_target_portal_lun_and_session() {
     let dir = tempfile::tempdir().unwrap();
     let f = Ferrited::start_default(dir.path());
-    let mut ini = connect(
-        f.addr,
-        InitiatorConfig {
-            target_name: Some(IQN.into()),
-            initiator_name: INITIATOR.into(),
-            ..InitiatorConfig::default()
-        },
-    )
-    .unwrap();
-    ini.t
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
+    let mut ini = Login::new(INITIATOR, IQN)
+        .read_timeout(Duration::from_secs(30))
+        .connect(f.addr);
     ini.command(&IscsiCmd {
         cdb: &[0u8; 6],
         attr: 1,

@@ -7,19 +7,21 @@
 
 mod srp_util;
 
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ferrite_iscsi::initiator::{
-    Command as IscsiCmd, Initiator as IscsiIni, InitiatorConfig as IscsiCfg,
-};
-use ferrite_rdma::soft::{SoftAddr, SoftCq, SoftDevice};
+use ferrite_iscsi::initiator::{Command as IscsiCmd, Initiator as IscsiIni};
 use ferrite_scsi::Lun;
-use ferrite_srp::initiator::{self, Completed, InitError, Initiator, InitiatorConfig, Layout};
+use ferrite_srp::initiator::{Completed, InitError, InitiatorConfig, Layout};
 use ferrite_srp::iu::{self, RspCode, TskFunc};
-use ferrite_tests::{Ferrited, Options, free_port};
-use srp_util::{clear_ua, clear_ua_on, pattern, port_id_of, report_luns, rw};
+use ferrite_tests::{
+    Config, Device, Ferrited, Group, Login, Options, SrpTarget, Target, ferrited_command, free_port,
+};
+use serde_json::{Value, json};
+use srp_util::{
+    Srp, clear_ua, clear_ua_on, login_soft, pattern, port_id_of, report_luns, rw, try_login_soft,
+};
 
 const IQN: &str = "iqn.2026-11.org.ferrite:srp-e2e";
 const PORT_ID: &str = "0x66657272697465207372702070307430";
@@ -43,23 +45,22 @@ fn rig(fault: Option<&str>) -> Rig {
     let img = dir.path().join("disk0.img");
     let sock = dir.path().join("srp.sock");
     let port = free_port();
-    let fault = fault
-        .map(|f| format!(", \"fault\": {f}"))
-        .unwrap_or_default();
-    let cfg = format!(
-        r#"{{
-  "devices": [{{"name": "disk0", "handler": "vdisk_fileio", "filename": "{img}", "size": {DISK}{fault}}}],
-  "targets": {{
-    "iscsi": [{{"name": "{IQN}", "portals": ["127.0.0.1:{port}"], "luns": [{{"lun": 0, "device": "disk0"}}]}}],
-    "srp": [{{"name": "srp0", "port_id": "{PORT_ID}", "provider": {{"kind": "soft", "listen": "{sock}"}},
-              "luns": [{{"lun": 0, "device": "disk0"}}]}}]
-  }}
-}}"#,
-        img = img.display(),
-        sock = sock.display(),
-    );
-    let cfg_path = dir.path().join("ferrite.json");
-    std::fs::write(&cfg_path, cfg).unwrap();
+    let mut disk = Device::fileio("disk0", &img, DISK);
+    if let Some(f) = fault {
+        disk = disk.set(
+            "fault",
+            serde_json::from_str::<Value>(f).expect("fault JSON"),
+        );
+    }
+    let cfg_path = Config::new()
+        .device(disk)
+        .target(
+            Target::new(IQN)
+                .portal(format!("127.0.0.1:{port}"))
+                .lun(0, "disk0"),
+        )
+        .srp_target(SrpTarget::soft("srp0", PORT_ID, &sock).lun(0, "disk0"))
+        .write(dir.path().join("ferrite.json"));
     let f = Ferrited::start(
         dir.path(),
         port,
@@ -77,44 +78,24 @@ fn rig(fault: Option<&str>) -> Rig {
 }
 
 /// An SRP initiator and the soft device it lives on.
-struct Srp {
-    ini: Initiator,
-    _dev: SoftDevice,
-}
-
-fn srp_login(sock: &Path, ini_id: u8) -> Srp {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let dev = SoftDevice::new("ini");
-        let pd = dev.alloc_pd();
-        let cq = SoftCq::new().unwrap();
-        let cfg = InitiatorConfig {
-            initiator_port_id: [ini_id; 16],
-            target_port_id: port_id_of(PORT_ID),
-            recv_count: 160,
-            ..InitiatorConfig::default()
-        };
-        match initiator::connect_soft(&pd, &cq, &SoftAddr::Unix(sock.into()), cfg) {
-            Ok(ini) => return Srp { ini, _dev: dev },
-            Err(e) if Instant::now() < deadline => {
-                let _ = e;
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            Err(e) => panic!("SRP login to {}: {e}", sock.display()),
-        }
+/// Initiator port `[ini_id; 16]` to the test port.
+fn srp_cfg(ini_id: u8) -> InitiatorConfig {
+    InitiatorConfig {
+        initiator_port_id: [ini_id; 16],
+        target_port_id: port_id_of(PORT_ID),
+        recv_count: 160,
+        ..InitiatorConfig::default()
     }
 }
 
+fn srp_login(sock: &Path, ini_id: u8) -> Srp {
+    login_soft(sock, srp_cfg(ini_id))
+}
+
 fn iscsi_login(f: &Ferrited) -> IscsiIni<TcpStream> {
-    let mut i = ferrite_iscsi::initiator::connect(
-        f.addr,
-        IscsiCfg {
-            target_name: Some(IQN.into()),
-            ..IscsiCfg::default()
-        },
-    )
-    .unwrap();
-    i.t.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut i = Login::to(IQN)
+        .read_timeout(Duration::from_secs(30))
+        .connect(f.addr);
     for _ in 0..8 {
         let r = i
             .command(&IscsiCmd {
@@ -144,15 +125,21 @@ fn no_hca_is_logged_once_and_iscsi_still_serves() {
     let img = dir.path().join("d.img");
     let port = free_port();
     // A verbs SRP port on a machine without an HCA: configured, idle.
-    let cfg = format!(
-        r#"{{"devices": [{{"name": "d", "handler": "vdisk_fileio", "filename": "{}", "size": 1048576}}],
-  "targets": {{"iscsi": [{{"name": "{IQN}", "portals": ["127.0.0.1:{port}"], "luns": [{{"lun": 0, "device": "d"}}]}}],
-              "srp": [{{"name": "hca0", "provider": {{"kind": "verbs", "port": 1, "listen": "127.0.0.1:0"}},
-                        "luns": [{{"lun": 0, "device": "d"}}]}}]}}}}"#,
-        img.display()
-    );
-    let cfg_path = dir.path().join("ferrite.json");
-    std::fs::write(&cfg_path, cfg).unwrap();
+    let cfg_path = Config::new()
+        .device(Device::fileio("d", &img, 1048576))
+        .target(
+            Target::new(IQN)
+                .portal(format!("127.0.0.1:{port}"))
+                .lun(0, "d"),
+        )
+        .srp_target(
+            SrpTarget::on(
+                "hca0",
+                json!({"kind": "verbs", "port": 1, "listen": "127.0.0.1:0"}),
+            )
+            .lun(0, "d"),
+        )
+        .write(dir.path().join("ferrite.json"));
     let f = Ferrited::start(
         dir.path(),
         port,
@@ -210,8 +197,9 @@ fn without_rdma_core_the_idle_line_names_the_library_and_iscsi_still_serves() {
         .collect();
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
+    let ferrited = ferrited_command(dir.path());
     let mut cmd = if installed.is_empty() {
-        std::process::Command::new(ferrite_tests::ferrited_path())
+        ferrited
     } else {
         let empty = dir.path().join("empty");
         std::fs::write(&empty, b"").unwrap();
@@ -234,57 +222,39 @@ fn without_rdma_core_the_idle_line_names_the_library_and_iscsi_still_serves() {
             return;
         }
         hide.push_str("exec \"$@\"\n");
+        // ferrited's own command line, run inside the namespace.
         let mut c = std::process::Command::new("unshare");
         c.args(["-m", "sh", "-c", &hide, "sh"])
-            .arg(ferrite_tests::ferrited_path());
+            .arg(ferrited.get_program())
+            .args(ferrited.get_args());
+        for (k, v) in ferrited.get_envs() {
+            match v {
+                Some(v) => c.env(k, v),
+                None => c.env_remove(k),
+            };
+        }
         c
     };
-    let mut child = cmd
-        .arg("--listen")
+    cmd.arg("--listen")
         .arg(format!("127.0.0.1:{port}"))
-        .arg("--state-dir")
-        .arg(dir.path())
-        .env_remove("FERRITE_SOCKET")
-        .env("RUST_LOG", "info")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn ferrited");
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let mut log = Vec::new();
+        .env("RUST_LOG", "info");
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut f = Ferrited::spawn(cmd, dir.path(), addr);
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !log.iter().any(|l: &String| l.contains("ferrited running")) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(line) => log.push(line),
-            Err(_) => {
-                let _ = child.kill();
-                panic!("ferrited did not start:\n{}", log.join("\n"));
-            }
+    while !f.log_text().contains("ferrited running") {
+        if let Some(st) = f.try_wait() {
+            panic!("ferrited exited with {st}:\n{}", f.log_text());
         }
+        assert!(
+            Instant::now() < deadline,
+            "ferrited did not start:\n{}",
+            f.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
-    let mut i = ferrite_iscsi::initiator::connect(
-        ([127, 0, 0, 1], port).into(),
-        IscsiCfg {
-            target_name: Some("iqn.2026-11.org.ferrite:default".into()),
-            ..IscsiCfg::default()
-        },
-    )
-    .unwrap();
-    i.t.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut i = Login::to("iqn.2026-11.org.ferrite:default")
+        .read_timeout(Duration::from_secs(30))
+        .connect(addr);
     let r = i
         .command(&IscsiCmd {
             cdb: &[0x12, 0, 0, 0, 36, 0],
@@ -296,10 +266,8 @@ fn without_rdma_core_the_idle_line_names_the_library_and_iscsi_still_serves() {
     assert_eq!(r.status, 0);
     assert_eq!(&r.data[8..15], b"FERRITE");
     drop(i);
-    let _ = child.kill();
-    let _ = child.wait();
-    log.extend(rx.try_iter());
-    let log = log.join("\n");
+    f.kill();
+    let log = f.log_text();
     assert_eq!(log.matches("RDMA fabrics idle").count(), 1, "{log}");
     assert_eq!(
         log.matches(
@@ -1148,17 +1116,7 @@ fn rss_kib(pid: u32) -> u64 {
 
 /// One login attempt (no retry) with initiator port id `[ini_id; 16]`.
 fn try_srp_login(sock: &Path, ini_id: u8) -> Result<Srp, InitError> {
-    let dev = SoftDevice::new("ini");
-    let pd = dev.alloc_pd();
-    let cq = SoftCq::new().unwrap();
-    let cfg = InitiatorConfig {
-        initiator_port_id: [ini_id; 16],
-        target_port_id: port_id_of(PORT_ID),
-        recv_count: 160,
-        ..InitiatorConfig::default()
-    };
-    initiator::connect_soft(&pd, &cq, &SoftAddr::Unix(sock.into()), cfg)
-        .map(|ini| Srp { ini, _dev: dev })
+    try_login_soft(sock, srp_cfg(ini_id))
 }
 
 #[test]
@@ -1170,23 +1128,20 @@ fn a_port_with_groups_and_no_default_luns_refuses_initiators_in_no_group() {
     let sock = dir.path().join("srp.sock");
     // Initiator ports 0xb2b2... are in group `hosts` (two LUNs); the port
     // has no default LUNs, so 0xa1a1... is in no group and has no access.
-    let cfg = format!(
-        r#"{{
-  "devices": [
-    {{"name": "d0", "handler": "vdisk_nullio", "size": 16777216, "mem": true}},
-    {{"name": "d1", "handler": "vdisk_nullio", "size": 8388608, "mem": true}}
-  ],
-  "targets": {{
-    "srp": [{{"name": "srp0", "port_id": "{PORT_ID}", "provider": {{"kind": "soft", "listen": "{sock}"}},
-              "luns": [],
-              "ini_groups": [{{"name": "hosts", "initiators": ["0xb2*"],
-                               "luns": [{{"lun": 0, "device": "d0"}}, {{"lun": 1, "device": "d1"}}]}}]}}]
-  }}
-}}"#,
-        sock = sock.display(),
-    );
-    let cfg_path = dir.path().join("ferrite.json");
-    std::fs::write(&cfg_path, cfg).unwrap();
+    let cfg_path = Config::new()
+        .device(Device::mem("d0", 16777216))
+        .device(Device::mem("d1", 8388608))
+        .srp_target(
+            SrpTarget::soft("srp0", PORT_ID, &sock)
+                .set("luns", json!([]))
+                .group(
+                    Group::new("hosts")
+                        .initiator("0xb2*")
+                        .lun(0, "d0")
+                        .lun(1, "d1"),
+                ),
+        )
+        .write(dir.path().join("ferrite.json"));
     let f = Ferrited::start_config(dir.path(), &cfg_path, &["--cores", "2"]);
     let outsider = format!("0x{}", "a1".repeat(16));
 

@@ -15,10 +15,14 @@ use std::time::{Duration, Instant};
 use ferrite_rdma::RdmaError;
 use ferrite_rdma::soft::{QpAttrs, SoftAddr, SoftCq, SoftDevice, SoftQp};
 use ferrite_scsi::Lun;
-use ferrite_srp::initiator::{self, InitError, Initiator, InitiatorConfig, Layout};
+use ferrite_srp::initiator::{InitError, InitiatorConfig, Layout};
 use ferrite_srp::iu::{self, LoginLayout, LoginRejReason};
-use ferrite_tests::{Ferrited, Options, free_port};
-use srp_util::{BS, clear_ua, lose_channel_mid_transfer, pattern, port_id_of, read16, rw, write16};
+use ferrite_tests::{Config, Device, Ferrited, Options, SrpTarget, Target, free_port};
+use serde_json::{Value, json};
+use srp_util::{
+    BS, Srp, clear_ua, login_soft, lose_channel_mid_transfer, pattern, port_id_of, read16, rw,
+    try_login_soft, write16,
+};
 
 const PORT_ID: &str = "0x66657272697465207372702070307430";
 /// What ib_srp asks for by default: an 8 KiB immediate data payload behind
@@ -39,9 +43,6 @@ fn rig() -> Rig {
 
 /// [`rig`] with a fault section for the disk.
 fn rig_with(fault: Option<&str>) -> Rig {
-    let fault = fault
-        .map(|f| format!(", \"fault\": {f}"))
-        .unwrap_or_default();
     let dir = tempfile::Builder::new()
         .prefix("fsrpl")
         .tempdir_in("/tmp")
@@ -49,21 +50,22 @@ fn rig_with(fault: Option<&str>) -> Rig {
     let img = dir.path().join("disk0.img");
     let sock = dir.path().join("srp.sock");
     let port = free_port();
-    let cfg = format!(
-        r#"{{
-  "devices": [{{"name": "disk0", "handler": "vdisk_fileio", "filename": "{img}", "size": {size}{fault}}}],
-  "targets": {{
-    "iscsi": [{{"name": "iqn.2026-12.org.ferrite:srp-linux", "portals": ["127.0.0.1:{port}"], "luns": []}}],
-    "srp": [{{"name": "srp0", "port_id": "{PORT_ID}", "provider": {{"kind": "soft", "listen": "{sock}"}},
-              "luns": [{{"lun": 0, "device": "disk0"}}]}}]
-  }}
-}}"#,
-        img = img.display(),
-        sock = sock.display(),
-        size = 64 << 20,
-    );
-    let cfg_path = dir.path().join("ferrite.json");
-    std::fs::write(&cfg_path, cfg).unwrap();
+    let mut disk = Device::fileio("disk0", &img, 64 << 20);
+    if let Some(f) = fault {
+        disk = disk.set(
+            "fault",
+            serde_json::from_str::<Value>(f).expect("fault JSON"),
+        );
+    }
+    let cfg_path = Config::new()
+        .device(disk)
+        .target(
+            Target::new("iqn.2026-12.org.ferrite:srp-linux")
+                .portal(format!("127.0.0.1:{port}"))
+                .set("luns", json!([])),
+        )
+        .srp_target(SrpTarget::soft("srp0", PORT_ID, &sock).lun(0, "disk0"))
+        .write(dir.path().join("ferrite.json"));
     let f = Ferrited::start(
         dir.path(),
         port,
@@ -73,11 +75,6 @@ fn rig_with(fault: Option<&str>) -> Rig {
         },
     );
     Rig { f, sock, _dir: dir }
-}
-
-struct Srp {
-    ini: Initiator,
-    _dev: SoftDevice,
 }
 
 /// The initiator configured as ib_srp logs in over RDMA CM: the 56-byte
@@ -96,24 +93,12 @@ fn linux_cfg(ini_id: u8) -> InitiatorConfig {
 }
 
 fn try_login(sock: &Path, cfg: InitiatorConfig) -> Result<Srp, InitError> {
-    let dev = SoftDevice::new("ini");
-    let pd = dev.alloc_pd();
-    let cq = SoftCq::new().unwrap();
-    initiator::connect_soft(&pd, &cq, &SoftAddr::Unix(sock.into()), cfg)
-        .map(|ini| Srp { ini, _dev: dev })
+    try_login_soft(sock, cfg)
 }
 
 /// Logs in, retrying while ferrited starts.
 fn login(sock: &Path, cfg: InitiatorConfig) -> Srp {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match try_login(sock, cfg.clone()) {
-            Ok(s) => return s,
-            Err(InitError::LoginRejected(r)) => panic!("login rejected: {r:#x}"),
-            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
-            Err(e) => panic!("SRP login to {}: {e}", sock.display()),
-        }
-    }
+    login_soft(sock, cfg)
 }
 
 /// Sends `private_data` as a connect request and returns the target's

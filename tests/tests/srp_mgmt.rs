@@ -5,14 +5,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
+mod srp_util;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ferrite_rdma::soft::{SoftAddr, SoftCq, SoftDevice};
 use ferrite_scsi::Lun;
-use ferrite_srp::initiator::{self, InitError, Initiator, InitiatorConfig, Layout};
+use ferrite_srp::initiator::{InitError, Initiator, InitiatorConfig, Layout};
 use ferrite_srp::iu;
-use ferrite_tests::{Ferrited, Options, free_port};
+use ferrite_tests::{Config, Device, Ferrited, Options, SrpTarget, Target, free_port};
+use srp_util::{Srp, login_soft, try_login_soft};
 
 const IQN: &str = "iqn.2026-11.org.ferrite:srp-mgmt";
 const PORT_ID: &str = "0x66657272697465206d676d7420703100";
@@ -32,33 +34,31 @@ struct Rig {
     dir: tempfile::TempDir,
 }
 
-/// ferrited with two RAM disks behind an iSCSI target; `srp` is the JSON
-/// of `targets.srp` (may be empty).
-fn rig(srp: &str) -> Rig {
-    rig_with(srp, &[])
+/// ferrited with two RAM disks behind an iSCSI target and no SRP port.
+fn rig() -> Rig {
+    rig_with(|_| Vec::new(), &[])
 }
 
-fn rig_with(srp: &str, args: &[&str]) -> Rig {
+/// [`rig`] with the SRP ports `srp` makes from the rig's directory, and
+/// more arguments.
+fn rig_with(srp: impl FnOnce(&Path) -> Vec<SrpTarget>, args: &[&str]) -> Rig {
     let dir = tempfile::Builder::new()
         .prefix("fsrpm")
         .tempdir_in("/tmp")
         .unwrap();
     let port = free_port();
-    let srp = srp.replace("@DIR@", &dir.path().display().to_string());
-    let cfg = format!(
-        r#"{{
-  "devices": [
-    {{"name": "d0", "handler": "vdisk_nullio", "size": 16777216, "mem": true}},
-    {{"name": "d1", "handler": "vdisk_nullio", "size": 8388608, "mem": true}}
-  ],
-  "targets": {{
-    "iscsi": [{{"name": "{IQN}", "portals": ["127.0.0.1:{port}"], "luns": [{{"lun": 0, "device": "d0"}}]}}],
-    "srp": [{srp}]
-  }}
-}}"#
-    );
-    let cfg_path = dir.path().join("ferrite.json");
-    std::fs::write(&cfg_path, cfg).unwrap();
+    let mut cfg = Config::new()
+        .device(Device::mem("d0", 16777216))
+        .device(Device::mem("d1", 8388608))
+        .target(
+            Target::new(IQN)
+                .portal(format!("127.0.0.1:{port}"))
+                .lun(0, "d0"),
+        );
+    for t in srp(dir.path()) {
+        cfg = cfg.srp_target(t);
+    }
+    let cfg_path = cfg.write(dir.path().join("ferrite.json"));
     let f = Ferrited::start(
         dir.path(),
         port,
@@ -96,39 +96,23 @@ fn sessions_until(f: &Ferrited, pred: impl Fn(&[String]) -> bool) -> Vec<String>
     }
 }
 
-struct Srp {
-    ini: Initiator,
-    _dev: SoftDevice,
-}
-
-fn try_login(sock: &Path, ini_id: u8, multi: bool, first_tag: u64) -> Result<Srp, InitError> {
-    let dev = SoftDevice::new("ini");
-    let pd = dev.alloc_pd();
-    let cq = SoftCq::new().unwrap();
-    let cfg = InitiatorConfig {
+fn cfg(ini_id: u8, multi: bool, first_tag: u64) -> InitiatorConfig {
+    InitiatorConfig {
         initiator_port_id: [ini_id; 16],
         target_port_id: port_id(),
         recv_count: 160,
         multi_channel: multi,
         first_tag,
         ..InitiatorConfig::default()
-    };
-    initiator::connect_soft(&pd, &cq, &SoftAddr::Unix(sock.into()), cfg)
-        .map(|ini| Srp { ini, _dev: dev })
+    }
+}
+
+fn try_login(sock: &Path, ini_id: u8, multi: bool, first_tag: u64) -> Result<Srp, InitError> {
+    try_login_soft(sock, cfg(ini_id, multi, first_tag))
 }
 
 fn login(sock: &Path, ini_id: u8) -> Srp {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match try_login(sock, ini_id, false, 0x1000) {
-            Ok(s) => return s,
-            Err(e) if Instant::now() < deadline => {
-                let _ = e;
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            Err(e) => panic!("SRP login to {}: {e}", sock.display()),
-        }
-    }
+    login_soft(sock, cfg(ini_id, false, 0x1000))
 }
 
 fn tur(s: &mut Srp) -> u8 {
@@ -247,7 +231,7 @@ fn hex_id(b: u8) -> String {
 
 #[test]
 fn ports_maps_and_groups_change_while_running() {
-    let r = rig("");
+    let r = rig();
     let f = &r.f;
     let sock: PathBuf = r.dir.path().join("p1.sock");
     assert!(f.ctl(&["ls", "/targets/srp"]).contains("mgmt"));
@@ -434,10 +418,7 @@ fn ports_maps_and_groups_change_while_running() {
 fn several_channels_share_one_nexus_and_a_single_login_ends_them() {
     let m = format!("127.0.0.1:{}", free_port());
     let r = rig_with(
-        &format!(
-            r#"{{"name": "srp0", "port_id": "{PORT_ID}", "provider": {{"kind": "soft", "listen": "@DIR@/s.sock"}},
-             "luns": [{{"lun": 0, "device": "d0"}}]}}"#
-        ),
+        |dir| vec![SrpTarget::soft("srp0", PORT_ID, &dir.join("s.sock")).lun(0, "d0")],
         &["--metrics", &m],
     );
     let f = &r.f;

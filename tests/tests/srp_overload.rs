@@ -35,14 +35,14 @@ use std::time::{Duration, Instant};
 
 use ferrite_rdma::RemoteSeg;
 use ferrite_rdma::soft::wire::Frame;
-use ferrite_rdma::soft::{SoftAddr, SoftCq, SoftDevice};
 use ferrite_scsi::Lun;
-use ferrite_srp::initiator::{self, Initiator, InitiatorConfig, Layout};
+use ferrite_srp::initiator::{InitiatorConfig, Layout};
 use ferrite_srp::iu::{self, CmdBuilder, IuType, LoginReq, LoginRsp};
 use ferrite_tests::{
-    Ferrited, Options, Release, RssWatch, free_port, metric, vm_rss_kib, wait_for_release,
+    Config, Device, Ferrited, Options, Release, RssWatch, SrpTarget, Target, free_port, metric,
+    vm_rss_kib, wait_for_release,
 };
-use srp_util::{clear_ua, port_id_of, rw};
+use srp_util::{Srp, clear_ua, login_soft, port_id_of, rw};
 
 const IQN: &str = "iqn.2026-12.org.ferrite:srp-overload";
 const PORT_ID: &str = "0x66657272697465207372702070307430";
@@ -179,20 +179,15 @@ fn hostile_login(sock: &Path, n: usize, fetched: bool, stop: &AtomicBool, seen: 
 fn start(dir: &Path, metrics: SocketAddr) -> (Ferrited, PathBuf) {
     let sock = dir.join("srp.sock");
     let port = free_port();
-    let cfg = format!(
-        r#"{{
-  "devices": [{{"name": "disk0", "handler": "vdisk_nullio", "size": {size}}}],
-  "targets": {{
-    "iscsi": [{{"name": "{IQN}", "portals": ["127.0.0.1:{port}"], "luns": [{{"lun": 0, "device": "disk0"}}]}}],
-    "srp": [{{"name": "srp0", "port_id": "{PORT_ID}", "provider": {{"kind": "soft", "listen": "{sock}"}},
-              "luns": [{{"lun": 0, "device": "disk0"}}]}}]
-  }}
-}}"#,
-        size = 64u64 << 30,
-        sock = sock.display(),
-    );
-    let cfg_path = dir.join("ferrite.json");
-    std::fs::write(&cfg_path, cfg).unwrap();
+    let cfg_path = Config::new()
+        .device(Device::nullio("disk0", 64u64 << 30))
+        .target(
+            Target::new(IQN)
+                .portal(format!("127.0.0.1:{port}"))
+                .lun(0, "disk0"),
+        )
+        .srp_target(SrpTarget::soft("srp0", PORT_ID, &sock).lun(0, "disk0"))
+        .write(dir.join("ferrite.json"));
     let f = Ferrited::start(
         dir,
         port,
@@ -212,32 +207,16 @@ fn start(dir: &Path, metrics: SocketAddr) -> (Ferrited, PathBuf) {
 }
 
 /// The well-behaved channel, logged in through the project's initiator.
-struct Good {
-    ini: Initiator,
-    _dev: SoftDevice,
-}
-
-fn good_login(sock: &Path) -> Good {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let dev = SoftDevice::new("good");
-        let pd = dev.alloc_pd();
-        let cq = SoftCq::new().unwrap();
-        let cfg = InitiatorConfig {
+fn good_login(sock: &Path) -> Srp {
+    login_soft(
+        sock,
+        InitiatorConfig {
             initiator_port_id: [0x11; 16],
             target_port_id: port_id_of(PORT_ID),
             timeout: Duration::from_secs(30),
             ..InitiatorConfig::default()
-        };
-        match initiator::connect_soft(&pd, &cq, &SoftAddr::Unix(sock.into()), cfg) {
-            Ok(ini) => return Good { ini, _dev: dev },
-            Err(e) if Instant::now() < deadline => {
-                let _ = e;
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            Err(e) => panic!("SRP login to {}: {e}", sock.display()),
-        }
-    }
+        },
+    )
 }
 
 #[test]
@@ -253,7 +232,7 @@ fn srp_writes_whose_data_never_comes_stay_in_budget_and_others_are_served() {
     let mut good = good_login(&sock);
     clear_ua(&mut good.ini);
     let block = vec![0xa5u8; 4096];
-    let write = |good: &mut Good, lba: u64| {
+    let write = |good: &mut Srp, lba: u64| {
         good.ini
             .command(
                 Lun(0),

@@ -26,7 +26,8 @@ use ferrite_rdma::verbs::{Context, VerbsCq, VerbsPd, VerbsQp, VerbsQpAttrs};
 use ferrite_scsi::Lun;
 use ferrite_srp::initiator::{self, InitError, Initiator, InitiatorConfig, Layout};
 use ferrite_srp::iu::{self, LoginLayout};
-use ferrite_tests::{Ferrited, free_port};
+use ferrite_tests::{Config, Device, Ferrited, SrpTarget, free_port};
+use serde_json::json;
 use srp_util::{BS, clear_ua, lose_channel_mid_transfer, pattern, port_id_of, rw};
 
 const PORT_ID: &str = "0x66657272697465207672627320703030";
@@ -52,20 +53,15 @@ fn rig(dev: &str, ip: &str) -> Rig {
         .tempdir_in("/tmp")
         .unwrap();
     let addr: SocketAddr = format!("{ip}:{}", free_port()).parse().unwrap();
-    let cfg = format!(
-        r#"{{
-  "devices": [{{"name": "mem0", "handler": "vdisk_nullio", "mem": true, "size": {size}}}],
-  "targets": {{
-    "iscsi": [],
-    "srp": [{{"name": "srp0", "port_id": "{PORT_ID}",
-              "provider": {{"kind": "verbs", "device": "{dev}", "port": 1, "listen": "{addr}"}},
-              "luns": [{{"lun": 0, "device": "mem0"}}]}}]
-  }}
-}}"#,
-        size = 64 << 20
-    );
-    let cfg_path = dir.path().join("ferrite.json");
-    std::fs::write(&cfg_path, cfg).unwrap();
+    let provider = json!({"kind": "verbs", "device": dev, "port": 1, "listen": addr.to_string()});
+    let cfg_path = Config::new()
+        .device(Device::mem("mem0", 64 << 20))
+        .srp_target(
+            SrpTarget::on("srp0", provider)
+                .set("port_id", PORT_ID)
+                .lun(0, "mem0"),
+        )
+        .write(dir.path().join("ferrite.json"));
     let f = Ferrited::start_config(dir.path(), &cfg_path, &[]);
     f.wait_log("SRP target port listening (verbs)", 1);
     let ctx = Context::cm_devices()

@@ -1,5 +1,5 @@
-//! For the core's unit tests: a backend that does no I/O and reports the
-//! capabilities it is given, and a device over it.
+//! For the core's unit tests: backends that do no I/O and report the
+//! capabilities (and geometry) they are given, and a device over one.
 
 use std::sync::Arc;
 
@@ -19,6 +19,21 @@ impl Backend for CapsOnly {
     }
     fn caps(&self) -> Caps {
         self.0
+    }
+    fn open_queue(&self, _: u32) -> Result<Box<dyn BackendQueue>, BackendError> {
+        Err(BackendError::Invalid("no I/O in this test".into()))
+    }
+}
+
+/// `geometry` and `caps` as given; opening a queue fails.
+pub(crate) struct Shaped(pub Geometry, pub Caps);
+
+impl Backend for Shaped {
+    fn geometry(&self) -> Geometry {
+        self.0
+    }
+    fn caps(&self) -> Caps {
+        self.1
     }
     fn open_queue(&self, _: u32) -> Result<Box<dyn BackendQueue>, BackendError> {
         Err(BackendError::Invalid("no I/O in this test".into()))

@@ -668,30 +668,21 @@ mod tests {
     use super::*;
     use crate::backend::{Backend, BackendError, BackendQueue, Caps, Geometry};
     use crate::device::{DeviceFlags, DeviceId, Identity};
+    use crate::testing::Shaped;
     use ferrite_scsi::Lun;
-
-    struct NoStore(Geometry);
-    impl Backend for NoStore {
-        fn geometry(&self) -> Geometry {
-            self.0
-        }
-        fn caps(&self) -> Caps {
-            Caps::default()
-        }
-        fn open_queue(&self, _: u32) -> Result<Box<dyn BackendQueue>, BackendError> {
-            Err(BackendError::Invalid("none".into()))
-        }
-    }
 
     fn dev(id: u32, naa: u64, bs: u32, blocks: u64) -> Arc<Device> {
         Arc::new(Device::new(
             DeviceId(id),
             format!("d{id}"),
-            Arc::new(NoStore(Geometry {
-                block_size: bs,
-                num_blocks: blocks,
-                phys_exp: 0,
-            })),
+            Arc::new(Shaped(
+                Geometry {
+                    block_size: bs,
+                    num_blocks: blocks,
+                    phys_exp: 0,
+                },
+                Caps::default(),
+            )),
             Identity {
                 vendor: "FERRITE".into(),
                 product: "disk".into(),
@@ -853,11 +844,14 @@ mod tests {
         let d = Arc::new(Device::new(
             DeviceId(3),
             "r",
-            Arc::new(NoStore(Geometry {
-                block_size: 512,
-                num_blocks: 1000,
-                phys_exp: 0,
-            })),
+            Arc::new(Shaped(
+                Geometry {
+                    block_size: 512,
+                    num_blocks: 1000,
+                    phys_exp: 0,
+                },
+                Caps::default(),
+            )),
             Identity {
                 vendor: "FERRITE".into(),
                 product: "disk".into(),

@@ -11,49 +11,27 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ferrite_iscsi::initiator::{Command, Initiator, InitiatorConfig, ScsiResult, connect};
+use ferrite_iscsi::initiator::{Command, Initiator, ScsiResult};
 use ferrite_iscsi::pdu::{BhsBuf, Opcode, Pdu, RESERVED_TAG, flags};
-use ferrite_tests::{Ferrited, Options, free_port};
+use ferrite_tests::{Config, Ferrited, Login, Options, Target, free_port};
+pub use ferrite_tests::{Device, Rng};
 
 pub const IQN: &str = "iqn.2026-11.org.ferrite:backends";
 
-/// One device of the configuration, as its JSON object.
-pub fn device_json(name: &str, handler: &str, extra: &str) -> String {
-    let sep = if extra.is_empty() { "" } else { ", " };
-    format!(r#"{{ "name": "{name}", "handler": "{handler}"{sep}{extra} }}"#)
-}
-
-/// Writes a configuration with `devices` (JSON objects), LUN i mapping
-/// device i, into `dir/ferrite.json`.
-pub fn write_config(dir: &Path, port: u16, devices: &[String]) -> PathBuf {
-    let names: Vec<String> = devices
-        .iter()
-        .map(|d| {
-            let at = d.find(r#""name": ""#).expect("device has a name") + 9;
-            let end = d[at..].find('"').expect("name ends") + at;
-            d[at..end].to_string()
-        })
-        .collect();
-    let luns: Vec<String> = names
-        .iter()
-        .enumerate()
-        .map(|(i, n)| format!(r#"{{ "lun": {i}, "device": "{n}" }}"#))
-        .collect();
-    let cfg = format!(
-        r#"{{
-  "devices": [ {} ],
-  "targets": {{ "iscsi": [ {{ "name": "{IQN}", "portals": ["127.0.0.1:{port}"], "luns": [ {} ] }} ] }}
-}}"#,
-        devices.join(",\n    "),
-        luns.join(", ")
-    );
-    let p = dir.join("ferrite.json");
-    std::fs::write(&p, cfg).expect("write configuration");
-    p
+/// Writes a configuration with `devices`, LUN i mapping device i, into
+/// `dir/ferrite.json`.
+pub fn write_config(dir: &Path, port: u16, devices: &[Device]) -> PathBuf {
+    let mut t = Target::new(IQN).portal(format!("127.0.0.1:{port}"));
+    let mut c = Config::new();
+    for (i, d) in devices.iter().enumerate() {
+        t = t.lun(i as u64, &d.name());
+        c = c.device(d.clone());
+    }
+    c.target(t).write(dir.join("ferrite.json"))
 }
 
 /// Starts ferrited on a free port with `devices` (see [`write_config`]).
-pub fn start(dir: &Path, devices: &[String]) -> Ferrited {
+pub fn start(dir: &Path, devices: &[Device]) -> Ferrited {
     let port = free_port();
     let cfg = write_config(dir, port, devices);
     start_with(dir, port, cfg)
@@ -78,15 +56,10 @@ pub fn lun(n: u16) -> u64 {
 
 /// A session to the test target, with distinct ISIDs for distinct sessions.
 pub fn login(addr: SocketAddr, name: &str, isid: u16) -> Initiator<TcpStream> {
-    let cfg = InitiatorConfig {
-        initiator_name: format!("iqn.2026-11.org.ferrite.test:{name}"),
-        target_name: Some(IQN.into()),
-        isid: [0x80, 0, 0, 0x61, (isid >> 8) as u8, isid as u8],
-        ..InitiatorConfig::default()
-    };
-    let i = connect(addr, cfg).expect("login");
-    i.t.set_read_timeout(Some(Duration::from_secs(60)))
-        .expect("read timeout");
+    let i = Login::new(format!("iqn.2026-11.org.ferrite.test:{name}"), IQN)
+        .isid([0x80, 0, 0, 0x61, (isid >> 8) as u8, isid as u8])
+        .read_timeout(Duration::from_secs(60))
+        .connect(addr);
     i.t.set_write_timeout(Some(Duration::from_secs(60)))
         .expect("write timeout");
     i
@@ -209,17 +182,12 @@ pub fn unmap(i: &mut Initiator<TcpStream>, l: u64, lba: u64, blocks: u32) -> Scs
 /// first, then bytes derived from both, so misplaced, stale or torn data
 /// is told apart from the right data.
 pub fn fill_block(b: &mut [u8], lba: u64, stamp: u64) {
-    let mut x = (lba.rotate_left(29) ^ stamp ^ 0x9e37_79b9_7f4a_7c15) | 1;
+    let mut x = Rng::from_state((lba.rotate_left(29) ^ stamp ^ 0x9e37_79b9_7f4a_7c15) | 1);
     for (k, chunk) in b.chunks_mut(8).enumerate() {
         let v = match k {
             0 => lba,
             1 => stamp,
-            _ => {
-                x ^= x >> 12;
-                x ^= x << 25;
-                x ^= x >> 27;
-                x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-            }
+            _ => x.next_u64(),
         };
         chunk.copy_from_slice(&v.to_le_bytes()[..chunk.len()]);
     }
@@ -232,27 +200,6 @@ pub fn pattern(lba: u64, blocks: u64, bs: u32, stamp: u64) -> Vec<u8> {
         fill_block(b, lba + k as u64, stamp);
     }
     v
-}
-
-/// A small seeded generator (xorshift64*), so a failure replays.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    /// Uniform in `[lo, hi]`.
-    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next_u64() % (hi - lo + 1)
-    }
 }
 
 /// A command of a [`Pipe`].

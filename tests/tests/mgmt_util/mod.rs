@@ -9,10 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use ferrite_iscsi::initiator::{
-    Command as ScsiCmd, Initiator, InitiatorConfig, ScsiResult, connect,
-};
-use ferrite_tests::{Ferrited, control_request, ferrited_path, free_port, run_with_timeout};
+use ferrite_iscsi::initiator::{Command as ScsiCmd, Initiator, ScsiResult};
+use ferrite_tests::{Ferrited, Login, control_request, ferrited_path, free_port, run_with_timeout};
 
 /// `ferritectl`: `$FERRITECTL`, else next to ferrited.
 pub fn ctl_path() -> PathBuf {
@@ -110,17 +108,10 @@ pub fn login(
     target: &str,
     isid_last: u8,
 ) -> Initiator<TcpStream> {
-    let mut i = connect(
-        addr,
-        InitiatorConfig {
-            initiator_name: initiator.into(),
-            target_name: Some(target.into()),
-            isid: [0x80, 0, 0, 0, 0x4d, isid_last],
-            ..InitiatorConfig::default()
-        },
-    )
-    .unwrap_or_else(|e| panic!("login of {initiator} to {target} at {addr}: {e:?}"));
-    i.t.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut i = Login::new(initiator, target)
+        .isid([0x80, 0, 0, 0, 0x4d, isid_last])
+        .read_timeout(Duration::from_secs(30))
+        .connect(addr);
     for _ in 0..4 {
         let r = scsi(&mut i, 0, &[0u8; 6], 0, &[]);
         if r.status == 0 {

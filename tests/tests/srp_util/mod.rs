@@ -1,14 +1,48 @@
 //! Shared by the SRP end-to-end tests (`srp_e2e`, `srp_linux_login`,
-//! `srp_verbs`): target port ids from their hex form, READ/WRITE (16) CDBs,
-//! data patterns, and with the project's initiator clearing a new nexus's
-//! unit attentions, reading REPORT LUNS, verified READ/WRITE (16) and a
-//! channel lost mid-transfer beside another channel of its nexus.
+//! `srp_mgmt`, `srp_overload`, `srp_verbs`): the login of the project's
+//! initiator over the soft RDMA provider, target port ids from their hex
+//! form, READ/WRITE (16) CDBs, data patterns, and with the project's
+//! initiator clearing a new nexus's unit attentions, reading REPORT LUNS,
+//! verified READ/WRITE (16) and a channel lost mid-transfer beside another
+//! channel of its nexus.
 #![allow(dead_code)] // each test binary uses a part
 
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use ferrite_rdma::soft::{SoftAddr, SoftCq, SoftDevice};
 use ferrite_scsi::Lun;
-use ferrite_srp::initiator::{Initiator, Layout};
+use ferrite_srp::initiator::{self, InitError, Initiator, InitiatorConfig, Layout};
 use ferrite_srp::iu;
 use ferrite_tests::Ferrited;
+
+/// An SRP channel of the project's initiator and the soft RDMA device it
+/// runs on (which must live as long as the channel).
+pub struct Srp {
+    pub ini: Initiator,
+    _dev: SoftDevice,
+}
+
+/// One login over the soft provider's Unix socket `sock` with `cfg`.
+pub fn try_login_soft(sock: &Path, cfg: InitiatorConfig) -> Result<Srp, InitError> {
+    let dev = SoftDevice::new("ini");
+    let pd = dev.alloc_pd();
+    let cq = SoftCq::new().expect("completion queue");
+    initiator::connect_soft(&pd, &cq, &SoftAddr::Unix(sock.into()), cfg)
+        .map(|ini| Srp { ini, _dev: dev })
+}
+
+/// [`try_login_soft`], retried for 20 s while ferrited brings its port up.
+pub fn login_soft(sock: &Path, cfg: InitiatorConfig) -> Srp {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match try_login_soft(sock, cfg.clone()) {
+            Ok(s) => return s,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+            Err(e) => panic!("SRP login to {}: {e}", sock.display()),
+        }
+    }
+}
 
 /// The block size of the test disks.
 pub const BS: usize = 512;
