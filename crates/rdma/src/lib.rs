@@ -24,9 +24,9 @@
 //!   [`log_idle_if_empty`]). Run against soft-RoCE (`rdma_rxe`) in the
 //!   kernel lab, with the Linux SRP initiator and the project's own.
 //! - [`soft`]: **a test and development provider.** The same semantics over
-//!   a Unix or TCP socket per queue pair (rkey and bounds checks, ordering,
-//!   RNR, completion errors, flush on disconnect, private data on
-//!   connect/accept/reject), so RDMA fabrics run end to end without an HCA.
+//!   a Unix or TCP socket per queue pair (rkey and bounds checks, SEND with
+//!   Invalidate, ordering, RNR, completion errors, flush on disconnect,
+//!   private data on connect/accept/reject), so RDMA fabrics run end to end without an HCA.
 //!
 //! Does not own: any protocol (SRP, iSER live in `fabrics/`), buffer pools
 //! (`ferrite_reactor::buf`), or the reactor loop (a driver sleeps on
@@ -106,9 +106,10 @@ pub enum SendOp {
     /// WRITE requests under it fail with [`WcStatus::RemAccessErr`]. The
     /// peer's receive completion names the key
     /// ([`WorkCompletion::invalidated_rkey`]). If `rkey` is not a valid key
-    /// of the peer's protection domain, the peer's receive completes with
-    /// [`WcStatus::RemInvReqErr`], and both queue pairs go to the error
-    /// state, this request completing with [`WcStatus::RemInvReqErr`].
+    /// of the peer's protection domain, the peer's receive completes in
+    /// error and both queue pairs go to the error state (the soft provider
+    /// completes the receive and this request with
+    /// [`WcStatus::RemInvReqErr`], as soft-RoCE completes the receive).
     SendInvalidate { rkey: u32 },
 }
 

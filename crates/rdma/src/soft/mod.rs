@@ -24,7 +24,10 @@
 //!   completes with [`WcStatus::RemAccessErr`] and moves the requester's QP
 //!   to the error state; a SEND with no receive posted is NAKed RNR and
 //!   retried `rnr_retry` times, then completes with
-//!   [`WcStatus::RnrRetryExcErr`]; a QP in the error state (after an error
+//!   [`WcStatus::RnrRetryExcErr`]; a SEND with Invalidate naming a key
+//!   that is not a valid rkey of the receiver's protection domain completes
+//!   the receive and the SEND with [`WcStatus::RemInvReqErr`] and fails
+//!   both QPs; a QP in the error state (after an error
 //!   or a disconnect from either side) flushes every outstanding request
 //!   with [`WcStatus::WrFlushErr`] and tears the connection down, so the
 //!   peer sees [`crate::ConnEvent::Disconnected`].

@@ -387,8 +387,9 @@ fn reader(
 /// registered, another domain's, deregistered or already invalidated)
 /// completes the receive with [`WcStatus::RemInvReqErr`] and moves the
 /// responder's QP to the error state; the requester sees an invalid
-/// request ([`WcStatus::RemInvReqErr`]). That is the RC responder's
-/// invalid R_Key invalidation error as soft-RoCE reports it.
+/// request ([`WcStatus::RemInvReqErr`]). The receive's status and the
+/// responder's error state are those soft-RoCE (`rdma_rxe`) gives an
+/// invalidation of a bad R_Key.
 fn serve_send(sh: &QpShared, data: &[u8], invalidate: Option<u32>) -> (Frame, bool) {
     let Some(wr) = lock(&sh.rq.q).pop_front() else {
         return (Frame::Nak(Nak::Rnr), false);
