@@ -24,9 +24,9 @@
 //!   [`log_idle_if_empty`]). Run against soft-RoCE (`rdma_rxe`) in the
 //!   kernel lab, with the Linux SRP initiator and the project's own.
 //! - [`soft`]: **a test and development provider.** The same semantics over
-//!   a Unix or TCP socket per queue pair (rkey and bounds checks, ordering,
-//!   RNR, completion errors, flush on disconnect, private data on
-//!   connect/accept/reject), so RDMA fabrics run end to end without an HCA.
+//!   a Unix or TCP socket per queue pair (rkey and bounds checks, SEND with
+//!   Invalidate, ordering, RNR, completion errors, flush on disconnect,
+//!   private data on connect/accept/reject), so RDMA fabrics run end to end without an HCA.
 //!
 //! Does not own: any protocol (SRP, iSER live in `fabrics/`), buffer pools
 //! (`ferrite_reactor::buf`), or the reactor loop (a driver sleeps on
@@ -100,6 +100,17 @@ pub enum SendOp {
     /// RDMA READ of `sum(sges.len)` bytes from `remote_addr` under `rkey`,
     /// scattered into the local sges.
     RdmaRead { remote_addr: u64, rkey: u32 },
+    /// SEND with Invalidate (`IBV_WR_SEND_WITH_INV`): consumes one receive
+    /// on the peer like [`SendOp::Send`] and invalidates the peer's memory
+    /// region or window whose remote key is `rkey`, so later RDMA READ or
+    /// WRITE requests under it fail with [`WcStatus::RemAccessErr`]. The
+    /// peer's receive completion names the key
+    /// ([`WorkCompletion::invalidated_rkey`]). If `rkey` is not a valid key
+    /// of the peer's protection domain, the peer's receive completes in
+    /// error and both queue pairs go to the error state (the soft provider
+    /// completes the receive and this request with
+    /// [`WcStatus::RemInvReqErr`], as soft-RoCE completes the receive).
+    SendInvalidate { rkey: u32 },
 }
 
 /// Scatter-gather list of a work request (most have one or two entries).
@@ -164,6 +175,29 @@ pub struct WorkCompletion {
     /// Bytes received (Recv) or transferred (RdmaRead).
     pub byte_len: u32,
     pub qp_num: u32,
+    /// A successful receive of a [`SendOp::SendInvalidate`]: the remote key
+    /// of this side's memory that the SEND invalidated (`IBV_WC_WITH_INV`).
+    pub invalidated_rkey: Option<u32>,
+}
+
+impl WorkCompletion {
+    /// A completion that invalidated nothing.
+    pub fn new(
+        wr_id: u64,
+        status: WcStatus,
+        opcode: WcOpcode,
+        byte_len: u32,
+        qp_num: u32,
+    ) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            status,
+            opcode,
+            byte_len,
+            qp_num,
+            invalidated_rkey: None,
+        }
+    }
 }
 
 /// Queue pair state, as far as a fabric needs it.

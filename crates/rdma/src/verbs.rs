@@ -689,6 +689,23 @@ fn wc_opcode(o: u32) -> WcOpcode {
     }
 }
 
+/// The provider-neutral form of a polled `ibv_wc`.
+fn completion(wc: &sys::ibv_wc) -> WorkCompletion {
+    let mut out = WorkCompletion::new(
+        wc.wr_id,
+        wc_status(wc.status),
+        wc_opcode(wc.opcode),
+        wc.byte_len,
+        wc.qp_num,
+    );
+    // The flag (and the union holding the key) is only meaningful on a
+    // successful receive.
+    if out.status == WcStatus::Success && wc.wc_flags & sys::IBV_WC_WITH_INV != 0 {
+        out.invalidated_rkey = Some(wc.imm_data);
+    }
+    out
+}
+
 impl VerbsCq {
     fn arm(&self) -> Result<(), RdmaError> {
         // SAFETY: live CQ.
@@ -710,13 +727,7 @@ impl VerbsCq {
                 return total;
             }
             for wc in &wcs[..n as usize] {
-                out.push(WorkCompletion {
-                    wr_id: wc.wr_id,
-                    status: wc_status(wc.status),
-                    opcode: wc_opcode(wc.opcode),
-                    byte_len: wc.byte_len,
-                    qp_num: wc.qp_num,
-                });
+                out.push(completion(wc));
             }
             total += n as usize;
         }
@@ -1480,10 +1491,13 @@ impl QueuePair for VerbsQp {
             return Err(PostError::TooManySges(wr.sges.len()));
         }
         let mut sg = sges(&wr.sges);
-        let (opcode, remote_addr, rkey) = match wr.op {
-            SendOp::Send => (sys::IBV_WR_SEND, 0, 0),
-            SendOp::RdmaWrite { remote_addr, rkey } => (sys::IBV_WR_RDMA_WRITE, remote_addr, rkey),
-            SendOp::RdmaRead { remote_addr, rkey } => (sys::IBV_WR_RDMA_READ, remote_addr, rkey),
+        let (opcode, remote_addr, rkey, invalidate) = match wr.op {
+            SendOp::Send => (sys::IBV_WR_SEND, 0, 0, 0),
+            SendOp::RdmaWrite { remote_addr, rkey } => {
+                (sys::IBV_WR_RDMA_WRITE, remote_addr, rkey, 0)
+            }
+            SendOp::RdmaRead { remote_addr, rkey } => (sys::IBV_WR_RDMA_READ, remote_addr, rkey, 0),
+            SendOp::SendInvalidate { rkey } => (sys::IBV_WR_SEND_WITH_INV, 0, 0, rkey),
         };
         // SAFETY: ibv_send_wr is plain data (integers, pointers, unions of
         // those); all-zero is valid and means "no next, no flags".
@@ -1492,6 +1506,8 @@ impl QueuePair for VerbsQp {
         w.sg_list = sg.as_mut_ptr();
         w.num_sge = sg.len() as i32;
         w.opcode = opcode;
+        // The `invalidate_rkey` member of the union, in host order.
+        w.imm_data = invalidate;
         w.send_flags = if wr.signaled {
             sys::IBV_SEND_SIGNALED
         } else {
@@ -1684,5 +1700,30 @@ mod tests {
             WcStatus::RemAccessErr
         );
         assert_eq!(access_flags(Access::ALL), 7);
+    }
+
+    #[test]
+    fn receive_completion_names_the_invalidated_rkey() {
+        // SAFETY: ibv_wc is plain data; all-zero is a valid value.
+        let mut wc: sys::ibv_wc = unsafe { std::mem::zeroed() };
+        wc.wr_id = 5;
+        wc.opcode = sys::IBV_WC_RECV;
+        wc.byte_len = 48;
+        wc.qp_num = 0x11;
+        wc.imm_data = 0x8000_0042;
+        let plain = completion(&wc);
+        assert_eq!(plain.invalidated_rkey, None);
+        assert_eq!(
+            (plain.wr_id, plain.opcode, plain.byte_len, plain.qp_num),
+            (5, WcOpcode::Recv, 48, 0x11)
+        );
+        wc.wc_flags = sys::IBV_WC_WITH_INV;
+        assert_eq!(completion(&wc).invalidated_rkey, Some(0x8000_0042));
+        wc.status = sys::IBV_WC_REM_INV_REQ_ERR;
+        let failed = completion(&wc);
+        assert_eq!(
+            (failed.status, failed.invalidated_rkey),
+            (WcStatus::RemInvReqErr, None)
+        );
     }
 }

@@ -621,13 +621,7 @@ mod tests {
     }
 
     fn wc(wr_id: u64, opcode: WcOpcode) -> WorkCompletion {
-        WorkCompletion {
-            wr_id,
-            status: WcStatus::Success,
-            opcode,
-            byte_len: 0,
-            qp_num: 7,
-        }
+        WorkCompletion::new(wr_id, WcStatus::Success, opcode, 0, 7)
     }
 
     #[test]

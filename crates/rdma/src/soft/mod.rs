@@ -4,7 +4,13 @@
 //!
 //! - A [`SoftDevice`] holds a registry of memory regions. Each region has an
 //!   lkey and an rkey; local sges and peer RDMA requests are checked against
-//!   it (key, protection domain, access rights, bounds).
+//!   it (key, protection domain, access rights, bounds). A peer's SEND
+//!   with Invalidate ([`crate::SendOp::SendInvalidate`]) naming a region's
+//!   rkey ends remote access under that key for the life of the
+//!   registration (RDMA READ and WRITE under it complete with
+//!   [`WcStatus::RemAccessErr`]); the region's lkey stays usable, and
+//!   registering the memory again gives fresh keys. The soft provider has
+//!   no memory windows: every rkey names a region.
 //! - Each [`SoftQp`] is one socket (Unix stream or TCP) carrying the frames
 //!   of [`wire`]. Three threads serve a connected QP: a *writer* that owns
 //!   the socket's sending side, a *reader* that answers the peer's SEND,
@@ -18,7 +24,10 @@
 //!   completes with [`WcStatus::RemAccessErr`] and moves the requester's QP
 //!   to the error state; a SEND with no receive posted is NAKed RNR and
 //!   retried `rnr_retry` times, then completes with
-//!   [`WcStatus::RnrRetryExcErr`]; a QP in the error state (after an error
+//!   [`WcStatus::RnrRetryExcErr`]; a SEND with Invalidate naming a key
+//!   that is not a valid rkey of the receiver's protection domain completes
+//!   the receive and the SEND with [`WcStatus::RemInvReqErr`] and fails
+//!   both QPs; a QP in the error state (after an error
 //!   or a disconnect from either side) flushes every outstanding request
 //!   with [`WcStatus::WrFlushErr`] and tears the connection down, so the
 //!   peer sees [`crate::ConnEvent::Disconnected`].
@@ -66,6 +75,9 @@ struct MrEntry {
     len: usize,
     access: Access,
     pd: u32,
+    /// False once a peer's SEND with Invalidate named the rkey: remote
+    /// access under it fails from then on (the lkey stays usable).
+    remote_valid: bool,
 }
 
 #[derive(Default)]
@@ -213,20 +225,43 @@ impl DevShared {
         Ok(())
     }
 
-    /// Serves a peer's RDMA READ.
-    fn remote_read(&self, pd: u32, addr: u64, rkey: u32, len: u32) -> Option<Vec<u8>> {
-        let reg = lock(&self.reg);
+    /// Checks a peer's access under `rkey`: a remote key, not invalidated,
+    /// and [`DevShared::check`].
+    fn check_remote(
+        reg: &Registry,
+        rkey: u32,
+        pd: u32,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> Option<&MrEntry> {
         if rkey & RKEY_BIT == 0 {
             return None;
         }
-        Self::check(
-            &reg,
-            rkey & !RKEY_BIT,
-            pd,
-            addr,
-            len as u64,
-            Access::REMOTE_READ,
-        )?;
+        Self::check(reg, rkey & !RKEY_BIT, pd, addr, len, need).filter(|e| e.remote_valid)
+    }
+
+    /// Serves the invalidation of a peer's SEND with Invalidate: true when
+    /// `rkey` was a valid remote key of protection domain `pd`, which it
+    /// no longer is.
+    fn invalidate(&self, pd: u32, rkey: u32) -> bool {
+        let mut reg = lock(&self.reg);
+        if rkey & RKEY_BIT == 0 {
+            return false;
+        }
+        match reg.mrs.get_mut(&(rkey & !RKEY_BIT)) {
+            Some(e) if e.pd == pd && e.remote_valid => {
+                e.remote_valid = false;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Serves a peer's RDMA READ.
+    fn remote_read(&self, pd: u32, addr: u64, rkey: u32, len: u32) -> Option<Vec<u8>> {
+        let reg = lock(&self.reg);
+        Self::check_remote(&reg, rkey, pd, addr, len as u64, Access::REMOTE_READ)?;
         let mut out = vec![0u8; len as usize];
         // SAFETY: range checked against a live registration with REMOTE_READ;
         // registry lock held (see `gather`).
@@ -239,11 +274,8 @@ impl DevShared {
     /// Serves a peer's RDMA WRITE.
     fn remote_write(&self, pd: u32, addr: u64, rkey: u32, data: &[u8]) -> bool {
         let reg = lock(&self.reg);
-        if rkey & RKEY_BIT == 0 {
-            return false;
-        }
         let need = Access::REMOTE_WRITE;
-        if Self::check(&reg, rkey & !RKEY_BIT, pd, addr, data.len() as u64, need).is_none() {
+        if Self::check_remote(&reg, rkey, pd, addr, data.len() as u64, need).is_none() {
             return false;
         }
         // SAFETY: range checked against a live registration with
@@ -296,6 +328,7 @@ impl SoftPd {
                     len,
                     access,
                     pd: self.id,
+                    remote_valid: true,
                 },
             );
             segs.push(MrSeg {

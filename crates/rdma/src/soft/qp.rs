@@ -252,7 +252,7 @@ impl Drop for SoftQp {
 
 fn opcode_of(op: SendOp) -> WcOpcode {
     match op {
-        SendOp::Send => WcOpcode::Send,
+        SendOp::Send | SendOp::SendInvalidate { .. } => WcOpcode::Send,
         SendOp::RdmaWrite { .. } => WcOpcode::RdmaWrite,
         SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
     }
@@ -260,13 +260,7 @@ fn opcode_of(op: SendOp) -> WcOpcode {
 
 impl QpShared {
     fn wc(&self, wr_id: u64, status: WcStatus, opcode: WcOpcode, byte_len: u32) -> WorkCompletion {
-        WorkCompletion {
-            wr_id,
-            status,
-            opcode,
-            byte_len,
-            qp_num: self.qpn,
-        }
+        WorkCompletion::new(wr_id, status, opcode, byte_len, self.qpn)
     }
 
     /// Moves the QP to the error state (once): flushes the send queue and
@@ -333,15 +327,21 @@ fn reader(
 ) {
     while let Ok(Some(f)) = Frame::read_from(&mut stream) {
         let answer = match f {
-            Frame::Send(data) => {
-                let (a, failed) = serve_send(&sh, &data);
-                if failed {
+            Frame::Send(data) => match serve_send(&sh, &data, None) {
+                (a, false) => Some(a),
+                (a, true) => {
                     // The responder's QP goes to the error state after the NAK.
                     let _ = wire.send(a);
                     break;
                 }
-                Some(a)
-            }
+            },
+            Frame::SendInv { rkey, data } => match serve_send(&sh, &data, Some(rkey)) {
+                (a, false) => Some(a),
+                (a, true) => {
+                    let _ = wire.send(a);
+                    break;
+                }
+            },
             Frame::Write { addr, rkey, data } => {
                 Some(if sh.dev.remote_write(sh.pd, addr, rkey, &data) {
                     Frame::Ack
@@ -379,20 +379,38 @@ fn reader(
     sh.recv_cq.nudge();
 }
 
-/// Places an incoming SEND into the next posted receive.
-/// Returns the answer and whether the responder's QP fails.
-fn serve_send(sh: &QpShared, data: &[u8]) -> (Frame, bool) {
+/// Places an incoming SEND into the next posted receive and, for a SEND
+/// with Invalidate, invalidates `invalidate` in this QP's protection
+/// domain. Returns the answer and whether the responder's QP fails.
+///
+/// An rkey that is not a valid remote key of this protection domain (never
+/// registered, another domain's, deregistered or already invalidated)
+/// completes the receive with [`WcStatus::RemInvReqErr`] and moves the
+/// responder's QP to the error state; the requester sees an invalid
+/// request ([`WcStatus::RemInvReqErr`]). The receive's status and the
+/// responder's error state are those soft-RoCE (`rdma_rxe`) gives an
+/// invalidation of a bad R_Key.
+fn serve_send(sh: &QpShared, data: &[u8], invalidate: Option<u32>) -> (Frame, bool) {
     let Some(wr) = lock(&sh.rq.q).pop_front() else {
         return (Frame::Nak(Nak::Rnr), false);
     };
     match sh.dev.scatter(sh.pd, &wr.sges, data) {
         Ok(()) => {
-            sh.recv_cq.push(sh.wc(
+            if let Some(rkey) = invalidate
+                && !sh.dev.invalidate(sh.pd, rkey)
+            {
+                sh.recv_cq
+                    .push(sh.wc(wr.wr_id, WcStatus::RemInvReqErr, WcOpcode::Recv, 0));
+                return (Frame::Nak(Nak::InvalidRequest), true);
+            }
+            let mut wc = sh.wc(
                 wr.wr_id,
                 WcStatus::Success,
                 WcOpcode::Recv,
                 data.len() as u32,
-            ));
+            );
+            wc.invalidated_rkey = invalidate;
+            sh.recv_cq.push(wc);
             (Frame::Ack, false)
         }
         Err(status) => {
@@ -453,6 +471,10 @@ fn execute(
             Ok(d) => Frame::Send(d),
             Err(s) => return (s, 0),
         },
+        SendOp::SendInvalidate { rkey } => match sh.dev.gather(sh.pd, &wr.sges) {
+            Ok(data) => Frame::SendInv { rkey, data },
+            Err(s) => return (s, 0),
+        },
         SendOp::RdmaWrite { remote_addr, rkey } => match sh.dev.gather(sh.pd, &wr.sges) {
             Ok(data) => Frame::Write {
                 addr: remote_addr,
@@ -478,7 +500,10 @@ fn execute(
             Err(mpsc::RecvTimeoutError::Disconnected) => return (WcStatus::WrFlushErr, 0),
         };
         return match (answer, wr.op) {
-            (Frame::Ack, SendOp::Send | SendOp::RdmaWrite { .. }) => (WcStatus::Success, total),
+            (
+                Frame::Ack,
+                SendOp::Send | SendOp::SendInvalidate { .. } | SendOp::RdmaWrite { .. },
+            ) => (WcStatus::Success, total),
             (Frame::ReadResp(data), SendOp::RdmaRead { .. }) => {
                 if data.len() != total as usize {
                     return (WcStatus::GeneralErr, 0);
@@ -488,7 +513,7 @@ fn execute(
                     Err(s) => (s, 0),
                 }
             }
-            (Frame::Nak(Nak::Rnr), SendOp::Send) => {
+            (Frame::Nak(Nak::Rnr), SendOp::Send | SendOp::SendInvalidate { .. }) => {
                 if rnr_left == 0 {
                     return (WcStatus::RnrRetryExcErr, 0);
                 }

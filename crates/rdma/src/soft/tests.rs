@@ -463,13 +463,13 @@ fn cq_fd_becomes_readable() {
     let cq = SoftCq::new().unwrap();
     let fd = cq.fd();
     assert!(fd >= 0);
-    cq.push(WorkCompletion {
-        wr_id: 1,
-        status: WcStatus::Success,
-        opcode: WcOpcode::Send,
-        byte_len: 0,
-        qp_num: 1,
-    });
+    cq.push(WorkCompletion::new(
+        1,
+        WcStatus::Success,
+        WcOpcode::Send,
+        0,
+        1,
+    ));
     let mut b = [0u8; 8];
     assert_eq!((&cq.shared.wake_rx).read(&mut b).unwrap(), 1);
     let mut out = Vec::new();
@@ -629,4 +629,200 @@ fn dropping_a_listener_does_not_wait_for_a_silent_peer() {
         t0.elapsed()
     );
     assert!(!path.exists());
+}
+
+#[test]
+fn send_with_invalidate_delivers_and_names_the_rkey() {
+    let (i, iqp, t, tqp, _bufs) = pair(unix_addr("inv"), QpAttrs::default(), 0);
+    // The initiator's receive for the response, and the buffer it exposes.
+    let rsp = i.pd.reg_zeroed(64, Access::LOCAL_WRITE).unwrap();
+    iqp.post_recv(&RecvWr {
+        wr_id: 50,
+        sges: rsp.sges(0, 64).unwrap(),
+    })
+    .unwrap();
+    let data =
+        i.pd.reg_zeroed(
+            128,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+        )
+        .unwrap();
+    let seg = data.segs()[0];
+    let mut src = t.pd.reg_zeroed(128, Access::LOCAL_WRITE).unwrap();
+    src.write_at(0, b"payload");
+    src.write_at(64, b"SCSI response");
+    tqp.post_send(&SendWr {
+        wr_id: 1,
+        op: SendOp::RdmaWrite {
+            remote_addr: seg.addr,
+            rkey: seg.rkey,
+        },
+        sges: src.sges(0, 7).unwrap(),
+        signaled: true,
+    })
+    .unwrap();
+    tqp.post_send(&SendWr {
+        wr_id: 2,
+        op: SendOp::SendInvalidate { rkey: seg.rkey },
+        sges: src.sges(64, 13).unwrap(),
+        signaled: true,
+    })
+    .unwrap();
+    let wc = wait_wcs(&t.cq, 2);
+    assert_eq!(
+        (wc[0].wr_id, wc[0].status, wc[0].opcode),
+        (1, WcStatus::Success, WcOpcode::RdmaWrite)
+    );
+    assert_eq!(
+        (wc[1].wr_id, wc[1].status, wc[1].opcode, wc[1].byte_len),
+        (2, WcStatus::Success, WcOpcode::Send, 13)
+    );
+    assert_eq!(wc[1].invalidated_rkey, None);
+    let wc = wait_wcs(&i.cq, 1);
+    assert_eq!(
+        (wc[0].wr_id, wc[0].status, wc[0].opcode, wc[0].byte_len),
+        (50, WcStatus::Success, WcOpcode::Recv, 13)
+    );
+    assert_eq!(wc[0].invalidated_rkey, Some(seg.rkey));
+    let mut got = [0u8; 13];
+    rsp.read_at(0, &mut got);
+    assert_eq!(&got, b"SCSI response");
+    let mut got = [0u8; 7];
+    data.read_at(0, &mut got);
+    assert_eq!(&got, b"payload");
+    // A plain SEND invalidates nothing.
+    iqp.post_recv(&RecvWr {
+        wr_id: 51,
+        sges: rsp.sges(0, 64).unwrap(),
+    })
+    .unwrap();
+    tqp.post_send(&send_wr(3, &src, 4)).unwrap();
+    assert_eq!(wait_wcs(&t.cq, 1)[0].status, WcStatus::Success);
+    let wc = wait_wcs(&i.cq, 1);
+    assert_eq!((wc[0].wr_id, wc[0].invalidated_rkey), (51, None));
+}
+
+#[test]
+fn invalidated_rkey_refuses_later_rdma() {
+    for (case, read) in [("read", true), ("write", false)] {
+        let (i, iqp, t, tqp, _bufs) = pair(unix_addr("inv2"), QpAttrs::default(), 0);
+        let rsp = i.pd.reg_zeroed(64, Access::LOCAL_WRITE).unwrap();
+        iqp.post_recv(&RecvWr {
+            wr_id: 50,
+            sges: rsp.sges(0, 64).unwrap(),
+        })
+        .unwrap();
+        let mut data = i.pd.reg_zeroed(64, Access::ALL).unwrap();
+        data.write_at(0, b"initiator bytes");
+        let seg = data.segs()[0];
+        let sink = t.pd.reg_zeroed(64, Access::LOCAL_WRITE).unwrap();
+        tqp.post_send(&SendWr {
+            wr_id: 1,
+            op: SendOp::SendInvalidate { rkey: seg.rkey },
+            sges: sink.sges(0, 8).unwrap(),
+            signaled: true,
+        })
+        .unwrap();
+        assert_eq!(wait_wcs(&t.cq, 1)[0].status, WcStatus::Success);
+        assert_eq!(wait_wcs(&i.cq, 1)[0].invalidated_rkey, Some(seg.rkey));
+        let op = if read {
+            SendOp::RdmaRead {
+                remote_addr: seg.addr,
+                rkey: seg.rkey,
+            }
+        } else {
+            SendOp::RdmaWrite {
+                remote_addr: seg.addr,
+                rkey: seg.rkey,
+            }
+        };
+        tqp.post_send(&SendWr {
+            wr_id: 2,
+            op,
+            sges: sink.sges(0, 16).unwrap(),
+            signaled: true,
+        })
+        .unwrap();
+        let wc = wait_wcs(&t.cq, 1);
+        assert_eq!(
+            (wc[0].wr_id, wc[0].status),
+            (2, WcStatus::RemAccessErr),
+            "case {case}"
+        );
+        assert_eq!(tqp.state(), QpState::Error, "case {case}");
+        // The memory is untouched and still usable locally under its lkey.
+        let mut got = [0u8; 15];
+        data.read_at(0, &mut got);
+        assert_eq!(&got, b"initiator bytes", "case {case}");
+        assert!(data.sges(0, 64).is_some());
+    }
+}
+
+#[test]
+fn invalidating_a_key_that_is_not_valid_here_fails_the_receive() {
+    // Unknown key, an lkey, a key of another protection domain, and a key
+    // invalidated already.
+    for case in 0..4 {
+        let (i, iqp, t, tqp, _bufs) = pair(unix_addr("inv3"), QpAttrs::default(), 0);
+        let rsp = i.pd.reg_zeroed(64, Access::LOCAL_WRITE).unwrap();
+        for wr_id in [50, 51] {
+            iqp.post_recv(&RecvWr {
+                wr_id,
+                sges: rsp.sges(0, 64).unwrap(),
+            })
+            .unwrap();
+        }
+        let data = i.pd.reg_zeroed(64, Access::ALL).unwrap();
+        let other_pd = i._dev.alloc_pd();
+        let other = other_pd.reg_zeroed(64, Access::ALL).unwrap();
+        let seg = data.segs()[0];
+        let src = t.pd.reg_zeroed(64, Access::LOCAL_WRITE).unwrap();
+        let rkey = match case {
+            0 => seg.rkey ^ 0x55,
+            1 => seg.lkey,
+            2 => other.segs()[0].rkey,
+            _ => {
+                tqp.post_send(&SendWr {
+                    wr_id: 9,
+                    op: SendOp::SendInvalidate { rkey: seg.rkey },
+                    sges: src.sges(0, 8).unwrap(),
+                    signaled: true,
+                })
+                .unwrap();
+                assert_eq!(wait_wcs(&t.cq, 1)[0].status, WcStatus::Success);
+                let wc = wait_wcs(&i.cq, 1);
+                assert_eq!((wc[0].wr_id, wc[0].status), (50, WcStatus::Success));
+                seg.rkey
+            }
+        };
+        tqp.post_send(&SendWr {
+            wr_id: 1,
+            op: SendOp::SendInvalidate { rkey },
+            sges: src.sges(0, 8).unwrap(),
+            signaled: true,
+        })
+        .unwrap();
+        let wc = wait_wcs(&t.cq, 1);
+        assert_eq!(
+            (wc[0].wr_id, wc[0].status),
+            (1, WcStatus::RemInvReqErr),
+            "case {case}"
+        );
+        // The receive completes in error, naming nothing; the responder's QP
+        // fails and flushes what else it had posted.
+        let wc = wait_wcs(&i.cq, if case == 3 { 1 } else { 2 });
+        assert_eq!(
+            (wc[0].status, wc[0].opcode, wc[0].invalidated_rkey),
+            (WcStatus::RemInvReqErr, WcOpcode::Recv, None),
+            "case {case}"
+        );
+        if case != 3 {
+            assert_eq!((wc[1].wr_id, wc[1].status), (51, WcStatus::WrFlushErr));
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while iqp.state() != QpState::Error || tqp.state() != QpState::Error {
+            assert!(Instant::now() < deadline, "case {case}: a QP stayed up");
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
 }

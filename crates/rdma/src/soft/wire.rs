@@ -1,7 +1,7 @@
 //! The soft provider's framing: what one queue pair's socket carries.
 //!
 //! Every frame is `len: u32 BE` (bytes after this field), `kind: u8`, body.
-//! Requests (SEND, WRITE, READ) go one at a time per direction and each is
+//! Requests (SEND, SEND with Invalidate, WRITE, READ) go one at a time per direction and each is
 //! answered (ACK, READ_RESP or NAK), which is how the provider keeps the
 //! in-order, reliable-connected semantics of an RC QP.
 
@@ -49,8 +49,22 @@ pub enum Frame {
     ConnRep(Vec<u8>),
     ConnRej(Vec<u8>),
     Send(Vec<u8>),
-    Write { addr: u64, rkey: u32, data: Vec<u8> },
-    ReadReq { addr: u64, rkey: u32, len: u32 },
+    /// SEND with Invalidate: the data and the responder's rkey it
+    /// invalidates.
+    SendInv {
+        rkey: u32,
+        data: Vec<u8>,
+    },
+    Write {
+        addr: u64,
+        rkey: u32,
+        data: Vec<u8>,
+    },
+    ReadReq {
+        addr: u64,
+        rkey: u32,
+        len: u32,
+    },
     Ack,
     ReadResp(Vec<u8>),
     Nak(Nak),
@@ -67,6 +81,7 @@ const K_ACK: u8 = 7;
 const K_READ_RESP: u8 = 8;
 const K_NAK: u8 = 9;
 const K_DISCONNECT: u8 = 10;
+const K_SEND_INV: u8 = 11;
 
 impl Frame {
     /// Encodes the frame, length prefix included.
@@ -88,6 +103,11 @@ impl Frame {
             Frame::Send(p) => {
                 b.push(K_SEND);
                 b.extend_from_slice(p);
+            }
+            Frame::SendInv { rkey, data } => {
+                b.push(K_SEND_INV);
+                b.extend_from_slice(&rkey.to_be_bytes());
+                b.extend_from_slice(data);
             }
             Frame::Write { addr, rkey, data } => {
                 b.push(K_WRITE);
@@ -136,6 +156,16 @@ impl Frame {
             K_CONN_REP => Frame::ConnRep(rest.to_vec()),
             K_CONN_REJ => Frame::ConnRej(rest.to_vec()),
             K_SEND => Frame::Send(rest.to_vec()),
+            K_SEND_INV => {
+                let k: [u8; 4] = rest
+                    .get(..4)
+                    .and_then(|k| k.try_into().ok())
+                    .ok_or_else(|| bad("short send-with-invalidate header"))?;
+                Frame::SendInv {
+                    rkey: u32::from_be_bytes(k),
+                    data: rest[4..].to_vec(),
+                }
+            }
             K_WRITE => {
                 let (addr, rkey) = addr_key(rest)?;
                 Frame::Write {
@@ -205,6 +235,14 @@ mod tests {
             Frame::ConnRep(vec![]),
             Frame::ConnRej(vec![1, 2]),
             Frame::Send(vec![9; 100]),
+            Frame::SendInv {
+                rkey: 0x8000_0003,
+                data: vec![4; 20],
+            },
+            Frame::SendInv {
+                rkey: 1,
+                data: vec![],
+            },
             Frame::Write {
                 addr: 0x1234_5678_9abc,
                 rkey: 77,
@@ -237,6 +275,7 @@ mod tests {
         assert!(Frame::decode(&[]).is_err());
         assert!(Frame::decode(&[99]).is_err());
         assert!(Frame::decode(&[K_WRITE, 1, 2]).is_err());
+        assert!(Frame::decode(&[K_SEND_INV, 1, 2, 3]).is_err());
         let mut r: &[u8] = &[0, 0, 0, 0];
         assert!(Frame::read_from(&mut r).is_err());
         let mut r: &[u8] = &[0xff, 0xff, 0xff, 0xff];

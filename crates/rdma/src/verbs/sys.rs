@@ -165,8 +165,9 @@ pub struct ibv_wc {
     pub opcode: u32,
     pub vendor_err: u32,
     pub byte_len: u32,
-    /// Immediate data (network order) or the invalidated rkey: a union of
-    /// two 32-bit members in C.
+    /// Immediate data (network order) or, with [`IBV_WC_WITH_INV`] in
+    /// `wc_flags`, the invalidated rkey (host order): the union of
+    /// `imm_data` and `invalidated_rkey` in C.
     pub imm_data: u32,
     pub qp_num: u32,
     pub src_qp: u32,
@@ -245,8 +246,9 @@ pub struct ibv_send_wr {
     pub opcode: u32,
     /// `IBV_SEND_*`.
     pub send_flags: c_uint,
-    /// Immediate data or the rkey to invalidate (a union of two 32-bit
-    /// members in C).
+    /// Immediate data (network order) or, for [`IBV_WR_SEND_WITH_INV`],
+    /// the rkey to invalidate (host order): the union of `imm_data` and
+    /// `invalidate_rkey` in C.
     pub imm_data: u32,
     pub wr: ibv_send_wr_wr,
     /// The `qp_type` union: an XRC remote SRQ number.
@@ -352,6 +354,7 @@ pub const IBV_QPT_RC: u32 = 2;
 pub const IBV_WR_RDMA_WRITE: u32 = 0;
 pub const IBV_WR_SEND: u32 = 2;
 pub const IBV_WR_RDMA_READ: u32 = 4;
+pub const IBV_WR_SEND_WITH_INV: u32 = 9;
 
 pub const IBV_SEND_SIGNALED: c_uint = 1 << 1;
 
@@ -368,6 +371,10 @@ pub const IBV_WC_RDMA_WRITE: u32 = 1;
 pub const IBV_WC_RDMA_READ: u32 = 2;
 /// Every receive completion's opcode has this bit set.
 pub const IBV_WC_RECV: u32 = 1 << 7;
+
+/// `wc_flags`: the receive carried an invalidation; the union holds the
+/// invalidated rkey.
+pub const IBV_WC_WITH_INV: c_uint = 1 << 3;
 
 // ---------------------------------------------------------------------------
 // librdmacm types.
@@ -903,7 +910,10 @@ mod tests {
         assert_eq!(offset_of!(rdma_cm_event, conn), 24);
     }
 
-    /// The enum values, as the same C program printed them.
+    /// The enum values, as the same C program printed them;
+    /// `IBV_WR_SEND_WITH_INV` and `IBV_WC_WITH_INV` as verbs.h declares
+    /// them (tenth member of `enum ibv_wr_opcode`, `1 << 3` in
+    /// `enum ibv_wc_flags`).
     #[test]
     fn constants_match_the_c_headers() {
         assert_eq!(
@@ -924,9 +934,15 @@ mod tests {
             [1, 2, 128]
         );
         assert_eq!(
-            [IBV_WR_RDMA_WRITE, IBV_WR_SEND, IBV_WR_RDMA_READ],
-            [0, 2, 4]
+            [
+                IBV_WR_RDMA_WRITE,
+                IBV_WR_SEND,
+                IBV_WR_RDMA_READ,
+                IBV_WR_SEND_WITH_INV
+            ],
+            [0, 2, 4, 9]
         );
+        assert_eq!(IBV_WC_WITH_INV, 8);
         assert_eq!(IBV_SEND_SIGNALED, 2);
         assert_eq!(
             [
