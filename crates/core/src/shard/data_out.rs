@@ -137,7 +137,7 @@ impl Shard {
             return;
         };
         let c = &self.cmds[key];
-        if c.session != sid || c.state != CmdState::NeedData {
+        if c.session != sid || !matches!(c.state, CmdState::NeedData) {
             return;
         }
         if c.aborted {

@@ -110,7 +110,7 @@ pub struct Nexus {
 /// straight to `Respond`; a SANITIZE without IMMED waits in `Background`;
 /// an aborted one goes to `Done` from wherever it is once nothing of it is
 /// in flight.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 enum CmdState {
     /// Checked and planned; not yet looked at by the task set.
     New,
@@ -124,15 +124,16 @@ enum CmdState {
     /// `Action::FetchData` is queued or carried out; waits for
     /// `data_out_done`.
     NeedData,
-    /// Its write (or COMPARE AND WRITE's read) overlaps a range another
-    /// command holds (SBC-4 §5.3), or must wait for the delivery of older
-    /// pipe reads of its session; the op waits in `Cmd::op` and
+    /// Its write (or COMPARE AND WRITE's read), the op it holds, overlaps a
+    /// range another command holds (SBC-4 §5.3), or must wait for the
+    /// delivery of older pipe reads of its session; waits in
     /// `Shard::range_wait` for a retry after the next `poll`.
-    RangeWait,
-    /// The backend queue said Busy; the op waits in `Cmd::op` and
-    /// `Shard::retry` for a retry after the next `poll`.
-    QueueFull,
-    /// A block operation is in flight; waits for its `BlockDone`.
+    RangeWait(BlockOp),
+    /// The backend queue said Busy (or older ops wait for a slot): the op
+    /// it holds waits in `Shard::retry` for a retry after the next `poll`.
+    QueueFull(BlockOp),
+    /// A block operation is in flight (or being handed to the backend);
+    /// waits for its `BlockDone`.
     Exec,
     /// A SANITIZE without IMMED: waits for its device's sanitize operation
     /// (a [`SanitizeJob`]), which outlives it if it is aborted.
@@ -143,6 +144,29 @@ enum CmdState {
     /// Finished or aborted: out of every wait queue, its slot given back
     /// next.
     Done,
+}
+
+/// The shard's queues a command waits in, in the states that keep it there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WaitQueue {
+    /// `Shard::buf_wait` (`BufWait`).
+    Buffers,
+    /// `Shard::retry` (`QueueFull`).
+    Queue,
+    /// `Shard::range_wait` (`RangeWait`).
+    Ranges,
+}
+
+impl CmdState {
+    /// The queue a command in this state waits in.
+    fn wait_queue(&self) -> Option<WaitQueue> {
+        match self {
+            CmdState::BufWait { .. } => Some(WaitQueue::Buffers),
+            CmdState::QueueFull(_) => Some(WaitQueue::Queue),
+            CmdState::RangeWait(_) => Some(WaitQueue::Ranges),
+            _ => None,
+        }
+    }
 }
 
 /// A sanitize operation this shard runs for a device (SBC-4 §4.11): one
@@ -183,9 +207,6 @@ struct Cmd {
     aborted: bool,
     /// Counted in its LU's task set.
     in_task_set: bool,
-    /// The block operation a `RangeWait` or `QueueFull` command waits to
-    /// submit.
-    op: Option<BlockOp>,
     /// What a command of several block operations does after the one in
     /// flight (`Exec`).
     cont: Cont,
@@ -866,7 +887,6 @@ impl Shard {
             entry,
             aborted: false,
             in_task_set: false,
-            op: None,
             cont: Cont::None,
             start: now,
             dir: match plan {

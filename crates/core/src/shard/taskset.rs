@@ -102,7 +102,10 @@ impl Shard {
             .tasks
             .iter()
             .copied()
-            .filter(|&k| cmds.get(k).is_some_and(|c| c.state == CmdState::Blocked))
+            .filter(|&k| {
+                cmds.get(k)
+                    .is_some_and(|c| matches!(c.state, CmdState::Blocked))
+            })
             .collect();
         for k in blocked {
             self.admit(k);

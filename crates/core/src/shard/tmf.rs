@@ -107,8 +107,8 @@ impl Shard {
             // SBC-4 §4.11.1: the sanitize operation goes on without its task.
             CmdState::New
             | CmdState::Blocked
-            | CmdState::QueueFull
-            | CmdState::RangeWait
+            | CmdState::QueueFull(_)
+            | CmdState::RangeWait(_)
             | CmdState::BufWait { .. }
             | CmdState::Background => {
                 self.free(key);
@@ -166,7 +166,7 @@ impl Shard {
         let keys: SmallVec<[usize; 16]> = self
             .cmds
             .iter()
-            .filter(|(_, c)| (c.aborted || c.state != CmdState::Respond) && pred(c))
+            .filter(|(_, c)| (c.aborted || !matches!(c.state, CmdState::Respond)) && pred(c))
             .map(|(k, _)| k)
             .collect();
         // Mark them all first, so that freeing one does not start another
@@ -202,7 +202,7 @@ impl Shard {
         let lu_device = s.luns.get(req.lun).map(|e| e.device.id);
         let lun = req.lun;
         let target = s.nexus.target.clone();
-        let live = |c: &Cmd| !c.aborted && c.state != CmdState::Respond;
+        let live = |c: &Cmd| !c.aborted && !matches!(c.state, CmdState::Respond);
         let mut spans: Option<ResetScope> = None;
         let (rsp, wait) = match req.func {
             // SAM-5 §7.3: ACA is not supported (NormACA = 0).
