@@ -503,15 +503,19 @@ impl Shard {
         let Some(c) = self.cmds.get(key) else {
             return;
         };
-        if c.seq != seq || !matches!(c.state, CmdState::Exec) {
+        if c.seq != seq {
             return;
         }
-        if c.aborted {
-            // SAM-5 §7.2: an aborted task sends no status; its buffer goes
-            // back to the pool here.
-            drop(d.buf);
-            self.free(key);
-            return;
+        match c.state {
+            CmdState::Exec => {}
+            CmdState::Aborted(Drain::Backend) => {
+                // SAM-5 §7.2: an aborted task sends no status; its buffer
+                // goes back to the pool here.
+                drop(d.buf);
+                self.free(key);
+                return;
+            }
+            _ => return,
         }
         let mut dbuf = d.buf;
         if let Plan::Write { len, atomic, .. } = c.plan

@@ -107,9 +107,10 @@ pub struct Nexus {
 ///   (RangeWait | QueueFull) -> Exec -> ... -> Respond -> Done
 /// ```
 /// A command without Data-Out goes from `New` (or `Blocked`) to `Exec` or
-/// straight to `Respond`; a SANITIZE without IMMED waits in `Background`;
-/// an aborted one goes to `Done` from wherever it is once nothing of it is
-/// in flight.
+/// straight to `Respond`; a SANITIZE without IMMED waits in `Background`.
+/// An aborted command (SAM-5 §7.2) goes to `Done` from wherever it is when
+/// nothing of it is out, or else to `Aborted` until what is out comes back;
+/// an answered one (`Respond`) is not aborted.
 #[derive(Debug)]
 enum CmdState {
     /// Checked and planned; not yet looked at by the task set.
@@ -141,9 +142,26 @@ enum CmdState {
     /// `Action::Respond` is queued or being sent; waits for `response_sent`.
     /// Its completion is counted in the statistics on entry.
     Respond,
+    /// Aborted by task management or by its session's close while
+    /// something of it was out: waits for what [`Drain`] names, then
+    /// leaves (`Done`) without a status (SAM-5 §7.2), its buffers and
+    /// budget given back. Task management functions that aborted it wait
+    /// for it.
+    Aborted(Drain),
     /// Finished or aborted: out of every wait queue, its slot given back
     /// next.
     Done,
+}
+
+/// What of an aborted command is still out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Drain {
+    /// Its block operation (an EXTENDED COPY: its chunk operations) in
+    /// flight: waits for the `BlockDone`.
+    Backend,
+    /// The Data-Out the fabric took its `Action::FetchData` for: waits for
+    /// `data_out_done`.
+    DataOut,
 }
 
 /// The shard's queues a command waits in, in the states that keep it there.
@@ -203,8 +221,6 @@ struct Cmd {
     state: CmdState,
     plan: Plan,
     entry: Option<LunEntry>,
-    /// Aborted by task management or session close: never responds.
-    aborted: bool,
     /// Counted in its LU's task set.
     in_task_set: bool,
     /// What a command of several block operations does after the one in
@@ -610,17 +626,27 @@ impl Shard {
             .filter(|(_, c)| c.session == id)
             .map(|(k, _)| k)
             .collect();
-        // Mark them all first, so that freeing one starts none of the others.
-        for &k in &keys {
-            self.cmds[k].aborted = true;
-        }
+        // The fabric will not call back for this session: a command waiting
+        // for data or for response_sent is gone now; one with backend I/O in
+        // flight waits for it. Abort them all first, so that freeing one
+        // starts none of the others.
+        let mut gone: SmallVec<[usize; 16]> = SmallVec::new();
         for k in keys {
-            // The fabric will not call back for this session: a command
-            // waiting for data or for response_sent is gone now.
             match self.cmds[k].state {
-                CmdState::Exec => self.cmds[k].aborted = true,
-                _ => self.free(k),
+                CmdState::Exec => {
+                    self.advance(k, CmdState::Aborted(Drain::Backend));
+                }
+                CmdState::Aborted(Drain::Backend) => {}
+                // Answered: counted already.
+                CmdState::Respond => gone.push(k),
+                _ => {
+                    self.advance(k, CmdState::Done);
+                    gone.push(k);
+                }
             }
+        }
+        for k in gone {
+            self.free(k);
         }
         // SPC-4 §6.23: held copy results end with the I_T nexus.
         self.copies.forget(id);
@@ -885,7 +911,6 @@ impl Shard {
             state: CmdState::New,
             plan,
             entry,
-            aborted: false,
             in_task_set: false,
             cont: Cont::None,
             start: now,

@@ -170,9 +170,10 @@ impl Shard {
         let j = self.sanitizing.remove(k);
         j.dev.shared.sanitize.finish(ok, j.ause);
         if let Some((key, seq)) = j.cmd
-            && self.cmds.get(key).is_some_and(|c| {
-                c.seq == seq && matches!(c.state, CmdState::Background) && !c.aborted
-            })
+            && self
+                .cmds
+                .get(key)
+                .is_some_and(|c| c.seq == seq && matches!(c.state, CmdState::Background))
         {
             let rsp = if ok {
                 good(j.residual)

@@ -118,7 +118,7 @@ impl Shard {
         let Some(c) = self.cmds.get(key) else {
             return;
         };
-        if c.aborted || !matches!(c.state, CmdState::New | CmdState::Blocked) {
+        if !matches!(c.state, CmdState::New | CmdState::Blocked) {
             return;
         }
         if !self.may_start(key) {
