@@ -80,7 +80,7 @@ impl Shard {
                 let Some(c) = self.cmds.get_mut(key) else {
                     return;
                 };
-                let (aborted, seq) = (c.aborted, c.seq);
+                let (aborted, seq) = (matches!(c.state, CmdState::Aborted(_)), c.seq);
                 let Cont::Copy(run) = &mut c.cont else {
                     return;
                 };
@@ -144,7 +144,7 @@ impl Shard {
         if !run.finished() {
             return;
         }
-        if c.aborted {
+        if matches!(c.state, CmdState::Aborted(_)) {
             self.free(key);
             return;
         }
@@ -219,7 +219,7 @@ impl Shard {
         let running = self.cmds.iter().find_map(|(_, o)| match &o.cont {
             Cont::Copy(r)
                 if o.session == sid
-                    && !o.aborted
+                    && !matches!(o.state, CmdState::Aborted(_))
                     && r.usage != ferrite_scsi::xcopy::ListIdUsage::None
                     && r.list_id == list_id =>
             {

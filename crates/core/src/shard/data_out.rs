@@ -137,14 +137,18 @@ impl Shard {
             return;
         };
         let c = &self.cmds[key];
-        if c.session != sid || c.state != CmdState::NeedData {
+        if c.session != sid {
             return;
         }
-        if c.aborted {
-            // Dropping the buffer returns it to the pool.
-            drop(data);
-            self.free(key);
-            return;
+        match c.state {
+            CmdState::NeedData => {}
+            CmdState::Aborted(Drain::DataOut) => {
+                // Dropping the buffer returns it to the pool.
+                drop(data);
+                self.free(key);
+                return;
+            }
+            _ => return,
         }
         let plan = c.plan;
         let want = c.data_out_len();

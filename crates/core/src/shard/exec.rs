@@ -5,49 +5,70 @@ use super::*;
 
 impl Shard {
     /// Moves command `key` to state `to`: the one place a command's state
-    /// changes. Entering `BufWait`, `QueueFull` or `RangeWait` queues it
-    /// for its retry (the retry loops take it off again before they move
-    /// it on); entering `Done` takes it off whatever queue its state kept
-    /// it in; leaving `BufWait` ends its wait in the budget's and its
-    /// session's count of waiters.
-    pub(super) fn advance(&mut self, key: usize, to: CmdState) {
-        let Some(c) = self.cmds.get_mut(key) else {
-            return;
-        };
+    /// changes; returns the state it left (with what that state held, such
+    /// as a parked op). Entering `BufWait`, `QueueFull` or `RangeWait`
+    /// queues it for its retry (the retry loops take it off again before
+    /// they move it on); entering `Done` takes it off whatever queue its
+    /// state kept it in; leaving `BufWait` ends its wait in the budget's and
+    /// its session's count of waiters.
+    pub(super) fn advance(&mut self, key: usize, to: CmdState) -> Option<CmdState> {
+        let c = self.cmds.get_mut(key)?;
+        let (into, done) = (to.wait_queue(), matches!(to, CmdState::Done));
+        if matches!(to, CmdState::Blocked) {
+            c.waited = true;
+        }
         let from = std::mem::replace(&mut c.state, to);
         let sid = c.session;
-        let waiting = |s: CmdState| matches!(s, CmdState::BufWait { .. });
-        if waiting(from) && !waiting(to) {
+        let left = from.wait_queue();
+        if left == Some(WaitQueue::Buffers) && into != Some(WaitQueue::Buffers) {
             self.budget.note_wait(false);
             if let Some(s) = self.sessions.get_mut(&sid) {
                 s.buf_waiting = s.buf_waiting.saturating_sub(1);
             }
         }
-        if to == CmdState::Done {
-            let queue = match from {
-                CmdState::BufWait { .. } => Some(&mut self.buf_wait),
-                CmdState::QueueFull => Some(&mut self.retry),
-                CmdState::RangeWait => Some(&mut self.range_wait),
-                _ => None,
-            };
-            if let Some(q) = queue
-                && let Some(p) = q.iter().position(|&k| k == key)
-            {
+        if done && let Some(w) = left {
+            let q = self.wait_queue(w);
+            if let Some(p) = q.iter().position(|&k| k == key) {
                 q.remove(p);
             }
         }
-        match to {
-            CmdState::Blocked => self.cmds[key].waited = true,
-            CmdState::BufWait { .. } if !waiting(from) => {
+        match into {
+            Some(WaitQueue::Buffers) if left != Some(WaitQueue::Buffers) => {
                 self.buf_wait.push_back(key);
                 self.budget.note_wait(true);
                 if let Some(s) = self.sessions.get_mut(&sid) {
                     s.buf_waiting += 1;
                 }
             }
-            CmdState::QueueFull => self.retry.push_back(key),
-            CmdState::RangeWait => self.range_wait.push_back(key),
+            Some(w @ (WaitQueue::Queue | WaitQueue::Ranges)) => self.wait_queue(w).push_back(key),
             _ => {}
+        }
+        Some(from)
+    }
+
+    /// The shard's queue of commands waiting for `w`.
+    fn wait_queue(&mut self, w: WaitQueue) -> &mut VecDeque<usize> {
+        match w {
+            WaitQueue::Buffers => &mut self.buf_wait,
+            WaitQueue::Queue => &mut self.retry,
+            WaitQueue::Ranges => &mut self.range_wait,
+        }
+    }
+
+    /// Takes the op a `QueueFull` or `RangeWait` command parked: the
+    /// command moves to `Exec`, its op handed to the backend now (or parked
+    /// again if it still may not go). `None` for a command in another state.
+    fn unpark(&mut self, key: usize) -> Option<BlockOp> {
+        let parked = self
+            .cmds
+            .get(key)
+            .is_some_and(|c| matches!(c.state, CmdState::QueueFull(_) | CmdState::RangeWait(_)));
+        if !parked {
+            return None;
+        }
+        match self.advance(key, CmdState::Exec)? {
+            CmdState::QueueFull(op) | CmdState::RangeWait(op) => Some(op),
+            _ => None,
         }
     }
 
@@ -242,8 +263,7 @@ impl Shard {
             )
             && !self.delivered(key)
         {
-            self.cmds[key].op = Some(op);
-            self.advance(key, CmdState::RangeWait);
+            self.advance(key, CmdState::RangeWait(op));
             return;
         }
         // SBC-4 §5.3: COMPARE AND WRITE (and ORWRITE) hold their range from
@@ -274,8 +294,7 @@ impl Shard {
                 locks.conflicts(start, end, owner)
             };
             if wait {
-                self.cmds[key].op = Some(op);
-                self.advance(key, CmdState::RangeWait);
+                self.advance(key, CmdState::RangeWait(op));
                 return;
             }
             if take {
@@ -284,8 +303,7 @@ impl Shard {
         }
         // Keep arrival order behind operations already waiting for a slot.
         if !self.retry.is_empty() {
-            self.cmds[key].op = Some(op);
-            self.advance(key, CmdState::QueueFull);
+            self.advance(key, CmdState::QueueFull(op));
             return;
         }
         let tag = tag_of(key, self.cmds[key].seq);
@@ -298,11 +316,12 @@ impl Shard {
             return;
         };
         match q.submit(tag, with_policy(&dev, op)) {
-            Ok(()) => self.advance(key, CmdState::Exec),
+            Ok(()) => {
+                self.advance(key, CmdState::Exec);
+            }
             Err(Busy(op)) => {
                 // SPDK/STYLE rule 5: a full queue is a waiting state.
-                self.cmds[key].op = Some(op);
-                self.advance(key, CmdState::QueueFull);
+                self.advance(key, CmdState::QueueFull(op));
             }
         }
     }
@@ -317,19 +336,22 @@ impl Shard {
             let Some(key) = self.retry.pop_front() else {
                 break;
             };
-            let Some(c) = self.cmds.get_mut(key) else {
+            let Some(c) = self.cmds.get(key) else {
                 continue;
             };
             let tag = tag_of(key, c.seq);
-            let (Some(op), Some(dev)) = (c.op.take(), c.entry.as_ref().map(|e| e.device.clone()))
+            let (CmdState::QueueFull(_), Some(dev)) =
+                (&c.state, c.entry.as_ref().map(|e| e.device.clone()))
             else {
                 continue;
             };
             if refused.contains(&dev.id) {
-                self.cmds[key].op = Some(op);
                 self.retry.push_back(key);
                 continue;
             }
+            let Some(op) = self.unpark(key) else {
+                continue;
+            };
             let Some(q) = self.queue(&dev) else {
                 drop(op);
                 self.respond(
@@ -340,13 +362,9 @@ impl Shard {
                 continue;
             };
             match q.submit(tag, with_policy(&dev, op)) {
-                Ok(()) => {
-                    self.advance(key, CmdState::Exec);
-                    progress = true;
-                }
+                Ok(()) => progress = true,
                 Err(Busy(op)) => {
-                    self.cmds[key].op = Some(op);
-                    self.retry.push_back(key);
+                    self.advance(key, CmdState::QueueFull(op));
                     refused.push(dev.id);
                 }
             }
@@ -455,14 +473,14 @@ impl Shard {
             let Some(key) = self.range_wait.pop_front() else {
                 break;
             };
-            let Some(op) = self.cmds.get_mut(key).and_then(|c| c.op.take()) else {
+            let Some(op) = self.unpark(key) else {
                 continue;
             };
             self.submit_op(key, op);
             if self
                 .cmds
                 .get(key)
-                .is_some_and(|c| c.state != CmdState::RangeWait)
+                .is_some_and(|c| !matches!(c.state, CmdState::RangeWait(_)))
             {
                 progress = true;
             }
@@ -485,15 +503,19 @@ impl Shard {
         let Some(c) = self.cmds.get(key) else {
             return;
         };
-        if c.seq != seq || c.state != CmdState::Exec {
+        if c.seq != seq {
             return;
         }
-        if c.aborted {
-            // SAM-5 §7.2: an aborted task sends no status; its buffer goes
-            // back to the pool here.
-            drop(d.buf);
-            self.free(key);
-            return;
+        match c.state {
+            CmdState::Exec => {}
+            CmdState::Aborted(Drain::Backend) => {
+                // SAM-5 §7.2: an aborted task sends no status; its buffer
+                // goes back to the pool here.
+                drop(d.buf);
+                self.free(key);
+                return;
+            }
+            _ => return,
         }
         let mut dbuf = d.buf;
         if let Plan::Write { len, atomic, .. } = c.plan
@@ -581,7 +603,7 @@ impl Shard {
         let Some(c) = self.cmds.get(key) else {
             return;
         };
-        let counted = c.state == CmdState::Respond;
+        let counted = matches!(c.state, CmdState::Respond);
         self.advance(key, CmdState::Respond);
         let c = &mut self.cmds[key];
         let (sid, tag, id) = (c.session, c.tag, cmd_id(key, c.seq));
@@ -616,10 +638,12 @@ impl Shard {
     /// Removes a command; drains pending TMFs and lingering sessions.
     pub(super) fn free(&mut self, key: usize) {
         self.leave_task_set(key);
-        let Some(from) = self.cmds.get(key).map(|c| c.state) else {
+        let Some(answered) = self
+            .advance(key, CmdState::Done)
+            .map(|from| matches!(from, CmdState::Respond))
+        else {
             return;
         };
-        self.advance(key, CmdState::Done);
         let c = self.cmds.remove(key);
         if c.charged > 0 {
             self.release_budget(&c);
@@ -632,7 +656,7 @@ impl Shard {
                 .ranges
                 .unlock(((self.core as u64) << 32) | c.seq as u64);
         }
-        if from != CmdState::Respond {
+        if !answered {
             // Aborted (or dropped with its session) before it could answer.
             let done = Completion {
                 dir: c.dir,
@@ -673,7 +697,7 @@ impl Shard {
         if self
             .cmds
             .get(key)
-            .is_some_and(|c| c.session == sid && c.state == CmdState::Respond)
+            .is_some_and(|c| c.session == sid && matches!(c.state, CmdState::Respond))
         {
             self.free(key);
         }

@@ -107,10 +107,11 @@ pub struct Nexus {
 ///   (RangeWait | QueueFull) -> Exec -> ... -> Respond -> Done
 /// ```
 /// A command without Data-Out goes from `New` (or `Blocked`) to `Exec` or
-/// straight to `Respond`; a SANITIZE without IMMED waits in `Background`;
-/// an aborted one goes to `Done` from wherever it is once nothing of it is
-/// in flight.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// straight to `Respond`; a SANITIZE without IMMED waits in `Background`.
+/// An aborted command (SAM-5 §7.2) goes to `Done` from wherever it is when
+/// nothing of it is out, or else to `Aborted` until what is out comes back;
+/// an answered one (`Respond`) is not aborted.
+#[derive(Debug)]
 enum CmdState {
     /// Checked and planned; not yet looked at by the task set.
     New,
@@ -124,15 +125,16 @@ enum CmdState {
     /// `Action::FetchData` is queued or carried out; waits for
     /// `data_out_done`.
     NeedData,
-    /// Its write (or COMPARE AND WRITE's read) overlaps a range another
-    /// command holds (SBC-4 §5.3), or must wait for the delivery of older
-    /// pipe reads of its session; the op waits in `Cmd::op` and
+    /// Its write (or COMPARE AND WRITE's read), the op it holds, overlaps a
+    /// range another command holds (SBC-4 §5.3), or must wait for the
+    /// delivery of older pipe reads of its session; waits in
     /// `Shard::range_wait` for a retry after the next `poll`.
-    RangeWait,
-    /// The backend queue said Busy; the op waits in `Cmd::op` and
-    /// `Shard::retry` for a retry after the next `poll`.
-    QueueFull,
-    /// A block operation is in flight; waits for its `BlockDone`.
+    RangeWait(BlockOp),
+    /// The backend queue said Busy (or older ops wait for a slot): the op
+    /// it holds waits in `Shard::retry` for a retry after the next `poll`.
+    QueueFull(BlockOp),
+    /// A block operation is in flight (or being handed to the backend);
+    /// waits for its `BlockDone`.
     Exec,
     /// A SANITIZE without IMMED: waits for its device's sanitize operation
     /// (a [`SanitizeJob`]), which outlives it if it is aborted.
@@ -140,9 +142,49 @@ enum CmdState {
     /// `Action::Respond` is queued or being sent; waits for `response_sent`.
     /// Its completion is counted in the statistics on entry.
     Respond,
+    /// Aborted by task management or by its session's close while
+    /// something of it was out: waits for what [`Drain`] names, then
+    /// leaves (`Done`) without a status (SAM-5 §7.2), its buffers and
+    /// budget given back. Task management functions that aborted it wait
+    /// for it.
+    Aborted(Drain),
     /// Finished or aborted: out of every wait queue, its slot given back
     /// next.
     Done,
+}
+
+/// What of an aborted command is still out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Drain {
+    /// Its block operation (an EXTENDED COPY: its chunk operations) in
+    /// flight: waits for the `BlockDone`.
+    Backend,
+    /// The Data-Out the fabric took its `Action::FetchData` for: waits for
+    /// `data_out_done`.
+    DataOut,
+}
+
+/// The shard's queues a command waits in, in the states that keep it there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WaitQueue {
+    /// `Shard::buf_wait` (`BufWait`).
+    Buffers,
+    /// `Shard::retry` (`QueueFull`).
+    Queue,
+    /// `Shard::range_wait` (`RangeWait`).
+    Ranges,
+}
+
+impl CmdState {
+    /// The queue a command in this state waits in.
+    fn wait_queue(&self) -> Option<WaitQueue> {
+        match self {
+            CmdState::BufWait { .. } => Some(WaitQueue::Buffers),
+            CmdState::QueueFull(_) => Some(WaitQueue::Queue),
+            CmdState::RangeWait(_) => Some(WaitQueue::Ranges),
+            _ => None,
+        }
+    }
 }
 
 /// A sanitize operation this shard runs for a device (SBC-4 §4.11): one
@@ -179,13 +221,8 @@ struct Cmd {
     state: CmdState,
     plan: Plan,
     entry: Option<LunEntry>,
-    /// Aborted by task management or session close: never responds.
-    aborted: bool,
     /// Counted in its LU's task set.
     in_task_set: bool,
-    /// The block operation a `RangeWait` or `QueueFull` command waits to
-    /// submit.
-    op: Option<BlockOp>,
     /// What a command of several block operations does after the one in
     /// flight (`Exec`).
     cont: Cont,
@@ -589,17 +626,27 @@ impl Shard {
             .filter(|(_, c)| c.session == id)
             .map(|(k, _)| k)
             .collect();
-        // Mark them all first, so that freeing one starts none of the others.
-        for &k in &keys {
-            self.cmds[k].aborted = true;
-        }
+        // The fabric will not call back for this session: a command waiting
+        // for data or for response_sent is gone now; one with backend I/O in
+        // flight waits for it. Abort them all first, so that freeing one
+        // starts none of the others.
+        let mut gone: SmallVec<[usize; 16]> = SmallVec::new();
         for k in keys {
-            // The fabric will not call back for this session: a command
-            // waiting for data or for response_sent is gone now.
             match self.cmds[k].state {
-                CmdState::Exec => self.cmds[k].aborted = true,
-                _ => self.free(k),
+                CmdState::Exec => {
+                    self.advance(k, CmdState::Aborted(Drain::Backend));
+                }
+                CmdState::Aborted(Drain::Backend) => {}
+                // Answered: counted already.
+                CmdState::Respond => gone.push(k),
+                _ => {
+                    self.advance(k, CmdState::Done);
+                    gone.push(k);
+                }
             }
+        }
+        for k in gone {
+            self.free(k);
         }
         // SPC-4 §6.23: held copy results end with the I_T nexus.
         self.copies.forget(id);
@@ -864,9 +911,7 @@ impl Shard {
             state: CmdState::New,
             plan,
             entry,
-            aborted: false,
             in_task_set: false,
-            op: None,
             cont: Cont::None,
             start: now,
             dir: match plan {

@@ -173,7 +173,7 @@ impl Shard {
             && self
                 .cmds
                 .get(key)
-                .is_some_and(|c| c.seq == seq && c.state == CmdState::Background && !c.aborted)
+                .is_some_and(|c| c.seq == seq && matches!(c.state, CmdState::Background))
         {
             let rsp = if ok {
                 good(j.residual)

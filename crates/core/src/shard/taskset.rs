@@ -102,7 +102,10 @@ impl Shard {
             .tasks
             .iter()
             .copied()
-            .filter(|&k| cmds.get(k).is_some_and(|c| c.state == CmdState::Blocked))
+            .filter(|&k| {
+                cmds.get(k)
+                    .is_some_and(|c| matches!(c.state, CmdState::Blocked))
+            })
             .collect();
         for k in blocked {
             self.admit(k);
@@ -115,7 +118,7 @@ impl Shard {
         let Some(c) = self.cmds.get(key) else {
             return;
         };
-        if c.aborted || !matches!(c.state, CmdState::New | CmdState::Blocked) {
+        if !matches!(c.state, CmdState::New | CmdState::Blocked) {
             return;
         }
         if !self.may_start(key) {

@@ -95,25 +95,22 @@ impl Shard {
         });
     }
 
-    /// Aborts one command already marked `aborted` (SAM-5 §7.2). Returns true
-    /// if the caller must wait for it (its data transfer or backend I/O is
-    /// still under way).
-    pub(super) fn abort(&mut self, key: usize) -> bool {
-        let Some(c) = self.cmds.get_mut(key) else {
+    /// Aborts command `key` (SAM-5 §7.2: it will send no status): it moves
+    /// to `Aborted` if its data transfer or backend I/O is still under way
+    /// (true: the caller waits for it), or else to `Done`, for the caller to
+    /// free. An answered command (`Respond`) is not aborted.
+    fn abort(&mut self, key: usize) -> bool {
+        let Some(c) = self.cmds.get(key) else {
             return false;
         };
-        c.aborted = true;
-        match c.state {
+        let to = match c.state {
             // SBC-4 §4.11.1: the sanitize operation goes on without its task.
             CmdState::New
             | CmdState::Blocked
-            | CmdState::QueueFull
-            | CmdState::RangeWait
+            | CmdState::QueueFull(_)
+            | CmdState::RangeWait(_)
             | CmdState::BufWait { .. }
-            | CmdState::Background => {
-                self.free(key);
-                false
-            }
+            | CmdState::Background => CmdState::Done,
             CmdState::NeedData => {
                 // Cancel the FetchData if the fabric has not taken it yet.
                 let sid = c.session;
@@ -125,36 +122,18 @@ impl Shard {
                     s.actions.len() != before
                 });
                 if removed {
-                    self.free(key);
-                    false
+                    CmdState::Done
                 } else {
-                    self.cmds[key].aborted = true;
-                    true
+                    CmdState::Aborted(Drain::DataOut)
                 }
             }
-            CmdState::Exec => {
-                c.aborted = true;
-                true
-            }
-            // Being freed already.
-            CmdState::Done => false,
-            CmdState::Respond => {
-                // SAM-5 §7.2: no status for an aborted task, if it is not on
-                // its way already.
-                let sid = c.session;
-                let id = cmd_id(key, c.seq);
-                let removed = self.sessions.get_mut(&sid).is_some_and(|s| {
-                    let before = s.actions.len();
-                    s.actions
-                        .retain(|a| !matches!(a, Action::Respond { id: i, .. } if *i == id));
-                    s.actions.len() != before
-                });
-                if removed {
-                    self.free(key);
-                }
-                false
-            }
-        }
+            CmdState::Exec => CmdState::Aborted(Drain::Backend),
+            CmdState::Aborted(_) => return true,
+            CmdState::Respond | CmdState::Done => return false,
+        };
+        let wait = matches!(to, CmdState::Aborted(_));
+        self.advance(key, to);
+        wait
     }
 
     /// Aborts every command matching `pred`; returns those to wait for,
@@ -163,32 +142,25 @@ impl Shard {
         &mut self,
         pred: impl Fn(&Cmd) -> bool,
     ) -> SmallVec<[(usize, u32); 8]> {
-        let keys: SmallVec<[usize; 16]> = self
+        let keys: SmallVec<[(usize, u32); 16]> = self
             .cmds
             .iter()
-            .filter(|(_, c)| (c.aborted || c.state != CmdState::Respond) && pred(c))
-            .map(|(k, _)| k)
+            .filter(|(_, c)| !matches!(c.state, CmdState::Respond | CmdState::Done) && pred(c))
+            .map(|(k, c)| (k, c.seq))
             .collect();
-        // Mark them all first, so that freeing one does not start another
+        // Abort them all first, so that freeing one does not start another
         // that is about to be aborted.
         let mut wait = SmallVec::new();
-        let mut fresh: SmallVec<[usize; 16]> = SmallVec::new();
-        for &k in &keys {
-            let c = &mut self.cmds[k];
-            if c.aborted {
-                wait.push((k, c.seq));
+        let mut gone: SmallVec<[usize; 16]> = SmallVec::new();
+        for (k, seq) in keys {
+            if self.abort(k) {
+                wait.push((k, seq));
             } else {
-                c.aborted = true;
-                fresh.push(k);
+                gone.push(k);
             }
         }
-        for k in fresh {
-            let seq = self.cmds.get(k).map(|c| c.seq);
-            if self.abort(k)
-                && let Some(seq) = seq
-            {
-                wait.push((k, seq));
-            }
+        for k in gone {
+            self.free(k);
         }
         wait
     }
@@ -202,7 +174,12 @@ impl Shard {
         let lu_device = s.luns.get(req.lun).map(|e| e.device.id);
         let lun = req.lun;
         let target = s.nexus.target.clone();
-        let live = |c: &Cmd| !c.aborted && c.state != CmdState::Respond;
+        let live = |c: &Cmd| {
+            !matches!(
+                c.state,
+                CmdState::Respond | CmdState::Aborted(_) | CmdState::Done
+            )
+        };
         let mut spans: Option<ResetScope> = None;
         let (rsp, wait) = match req.func {
             // SAM-5 §7.3: ACA is not supported (NormACA = 0).
