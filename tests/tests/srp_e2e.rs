@@ -395,6 +395,24 @@ fn queue_depth_128_never_overruns_credits() {
 /// are in flight when task management arrives.
 const SLOW: &str = r#"{"rules": [{"op": "write", "lba": 8192, "blocks": 1024, "delay_ms": 1500}]}"#;
 
+/// Four 4 KiB writes of pattern `seed` into the slow range, left in flight:
+/// their tags.
+fn slow_writes(ini: &mut ferrite_srp::initiator::Initiator, seed: u32) -> Vec<u64> {
+    (0..4u64)
+        .map(|k| {
+            ini.submit(
+                Lun(0),
+                &rw(0x8a, 8192 + k * 8, 8),
+                Some(&pattern(seed, 4096)),
+                0,
+                Layout::default(),
+                iu::TASK_ATTR_SIMPLE,
+            )
+            .unwrap()
+        })
+        .collect()
+}
+
 #[test]
 fn abort_task_and_lun_reset_with_commands_in_flight() {
     let r = rig(Some(SLOW));
@@ -425,21 +443,7 @@ fn abort_task_and_lun_reset_with_commands_in_flight() {
     // SAM-5 §7.2: an aborted command gets no response on its nexus.
     assert!(!s.ini.has_response(victim));
     // LUN RESET with several in flight.
-    let mut slow = Vec::new();
-    for k in 0..4u64 {
-        slow.push(
-            s.ini
-                .submit(
-                    Lun(0),
-                    &rw(0x8a, 8192 + k * 8, 8),
-                    Some(&pattern(2, 4096)),
-                    0,
-                    Layout::default(),
-                    iu::TASK_ATTR_SIMPLE,
-                )
-                .unwrap(),
-        );
-    }
+    let slow = slow_writes(&mut s.ini, 2);
     std::thread::sleep(Duration::from_millis(200));
     let rsp = s.ini.task_mgmt(Lun(0), TskFunc::LUN_RESET, 0).unwrap();
     let code = rsp.resp_data.get(3).copied();
@@ -517,21 +521,7 @@ fn lun_reset_over_srp_drains_every_core() {
     }
     let mut b = b.expect("two cores: a nexus on each");
     let start = Instant::now();
-    let mut slow = Vec::new();
-    for k in 0..4u64 {
-        slow.push(
-            b.ini
-                .submit(
-                    Lun(0),
-                    &rw(0x8a, 8192 + k * 8, 8),
-                    Some(&pattern(7, 4096)),
-                    0,
-                    Layout::default(),
-                    iu::TASK_ATTR_SIMPLE,
-                )
-                .unwrap(),
-        );
-    }
+    let slow = slow_writes(&mut b.ini, 7);
     std::thread::sleep(Duration::from_millis(200));
     let rsp = a.ini.task_mgmt(Lun(0), TskFunc::LUN_RESET, 0).unwrap();
     let took = start.elapsed();
