@@ -19,7 +19,7 @@
 # OUT_DIR/env (sourced by the guest before the scenario: its variables).
 #
 # qemu runs TCG: nested KVM is not available on the machines this runs on.
-# The uncompressed vmlinux (the zstd payload of Debian's bzImage) boots through
+# The uncompressed vmlinux (the compressed payload of Debian's bzImage) boots through
 # its PVH entry point without firmware, a few seconds to a shell.
 set -euo pipefail
 die() { echo "lab: $*" >&2; exit 2; }
@@ -44,15 +44,34 @@ exec 9>"$cache/.lock"
 flock 9
 if [[ ! -s $vmlinux ]]; then
     python3 - "/boot/vmlinuz-$kver" "$vmlinux.tmp" <<'PY' || die "cannot extract vmlinux from /boot/vmlinuz-$kver"
-import subprocess, sys
+import bz2, lzma, subprocess, sys, zlib
+# The bzImage's payload is the ELF vmlinux, compressed as the kernel's
+# configuration chose (Debian: xz up to 6.1, zstd from 6.12). Each candidate
+# frame is decompressed until one yields an ELF image.
+def unzstd(b):
+    return subprocess.run(["zstd", "-dcq"], input=b, capture_output=True).stdout
+def unxz(b):
+    return lzma.LZMADecompressor(lzma.FORMAT_XZ).decompress(b)
+def unlzma(b):
+    return lzma.LZMADecompressor(lzma.FORMAT_ALONE).decompress(b)
+def ungzip(b):
+    return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(b)
+def unbzip2(b):
+    return bz2.BZ2Decompressor().decompress(b)
+formats = [(b"\x28\xb5\x2f\xfd", unzstd), (b"\xfd7zXZ\x00", unxz),
+           (b"\x1f\x8b\x08", ungzip), (b"BZh", unbzip2), (b"\x5d\x00\x00", unlzma)]
 data = open(sys.argv[1], "rb").read()
-at = 0
-while (at := data.find(b"\x28\xb5\x2f\xfd", at + 1)) >= 0:  # zstd frame magic
-    p = subprocess.run(["zstd", "-dcq"], input=data[at:], capture_output=True)
-    if p.stdout[:4] == b"\x7fELF":
-        open(sys.argv[2], "wb").write(p.stdout)
-        sys.exit(0)
-sys.exit("no zstd-compressed ELF image in " + sys.argv[1])
+for magic, unpack in formats:
+    at = -1
+    while (at := data.find(magic, at + 1)) >= 0:
+        try:
+            image = unpack(data[at:])
+        except (lzma.LZMAError, zlib.error, OSError, EOFError, ValueError):
+            continue
+        if image[:4] == b"\x7fELF":
+            open(sys.argv[2], "wb").write(image)
+            sys.exit(0)
+sys.exit("no compressed ELF image (zstd, xz, gzip, bzip2, lzma) in " + sys.argv[1])
 PY
     mv "$vmlinux.tmp" "$vmlinux"
 fi
@@ -60,19 +79,29 @@ if [[ ! -s $initrd ]]; then
     R=$(mktemp -d)
     mkdir -p "$R"/{bin,dev,proc,sys,lib/modules,mnt/host,mnt/root,mnt/rw}
     cp /bin/busybox "$R/bin/busybox"
-    # What it takes to mount the host's root over virtio-9p with an overlay.
-    for m in fs/netfs/netfs net/9p/9pnet net/9p/9pnet_virtio fs/9p/9p fs/overlayfs/overlay; do
-        f=$mods/$m.ko
-        if [[ -f $f.xz ]]; then xz -dc "$f.xz" >"$R/lib/modules/${m##*/}.ko"
-        elif [[ -f $f.zst ]]; then zstd -dcq "$f.zst" >"$R/lib/modules/${m##*/}.ko"
-        elif [[ -f $f ]]; then cp "$f" "$R/lib/modules/${m##*/}.ko"
-        else rm -rf "$R"; die "kernel $kver has no module $m"; fi
+    # What it takes to mount the host's root over virtio-9p with an overlay,
+    # with every module they depend on, in load order (modules.dep decides;
+    # a driver built into this kernel needs nothing).
+    : >"$R/lib/modules/order"
+    for m in virtio_pci 9pnet_virtio 9p overlay; do
+        deps=$(modprobe -S "$kver" --show-depends "$m" 2>/dev/null) || { rm -rf "$R"; die "kernel $kver has no module $m"; }
+        while read -r verb f _; do
+            [[ $verb == insmod ]] || continue
+            name=$(basename "$f"); name=${name%%.ko*}
+            grep -qx "$name" "$R/lib/modules/order" && continue
+            case $f in
+                *.ko.xz) xz -dc "$f" >"$R/lib/modules/$name.ko" ;;
+                *.ko.zst) zstd -dcq "$f" >"$R/lib/modules/$name.ko" ;;
+                *) cp "$f" "$R/lib/modules/$name.ko" ;;
+            esac
+            echo "$name" >>"$R/lib/modules/order"
+        done <<<"$deps"
     done
     cat >"$R/init" <<'INIT'
 #!/bin/busybox sh
 /bin/busybox --install -s /bin
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
-for m in netfs 9pnet 9pnet_virtio 9p overlay; do insmod /lib/modules/$m.ko 2>/dev/null; done
+while read -r m; do insmod /lib/modules/$m.ko; done </lib/modules/order
 fail() { echo "lab-init: $*"; poweroff -f; }
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000,cache=loose host /mnt/host || fail "9p root"
 mount -t tmpfs tmpfs /mnt/rw && mkdir -p /mnt/rw/upper /mnt/rw/work
@@ -108,8 +137,8 @@ timeout --kill-after=10 "${LAB_TIMEOUT_S:-900}" qemu-system-x86_64 -accel tcg,th
     -m "${LAB_MEM_MB:-2048}" -smp "${LAB_CPUS:-2}" -nographic -no-reboot -monitor none -serial stdio \
     -kernel "$vmlinux" -initrd "$initrd" \
     -append "console=ttyS0 quiet loglevel=1 panic=-1 lab=$scenario" \
-    -virtfs local,path=/,mount_tag=host,security_model=none,readonly=on \
-    -virtfs "local,path=$out,mount_tag=out,security_model=none" \
+    -virtfs local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap \
+    -virtfs "local,path=$out,mount_tag=out,security_model=none,multidevs=remap" \
     -nic none </dev/null >"$out/console.log" 2>&1
 qrc=$?
 set -e
