@@ -14,6 +14,7 @@
 //!   receive size advertised and the unexpected-PDU limit, split and fed
 //!   to the session layer; RDMA READ completions fed back as its
 //!   Data_Completion_Notify. Sans-IO.
+//! - [`fuzzing`]: entry points for the cargo-fuzz targets in `fuzz/`.
 //! - [`qp`]: [`qp::IserQp`], the driver of one connection's queue pair
 //!   (receive and send buffers registered once, work requests, completions,
 //!   back-pressure of a full send queue), provider-neutral.
@@ -48,6 +49,7 @@
 pub mod cm;
 pub mod conn;
 pub mod datamover;
+pub mod fuzzing;
 pub mod header;
 pub mod qp;
 
