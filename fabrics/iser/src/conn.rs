@@ -48,6 +48,21 @@ pub enum RecvError {
     SolicitedDataOut(u32),
 }
 
+/// Unexpected PDUs a target session takes beyond its command window:
+/// task management, NOP-Out pings, text and logout, which may be
+/// immediate (outside the CmdSN window).
+pub const IMMEDIATE_RESERVE: u32 = 8;
+
+/// The receive buffers a connection under `cfg` posts: one per command
+/// the CmdSN window admits (`queue_depth`, which bounds the initiator's
+/// outstanding commands whether or not it declares
+/// MaxOutstandingUnexpectedPDUs) and [`IMMEDIATE_RESERVE`] more. Fewer
+/// would make an initiator within its window exceed the unexpected-PDU
+/// limit, which ends the connection.
+pub fn recv_count_for(cfg: &IscsiConfig) -> u32 {
+    cfg.queue_depth.max(1).saturating_add(IMMEDIATE_RESERVE)
+}
+
 /// The session layer of one iSER connection over its datamover.
 #[derive(Debug)]
 pub struct IserConn {
@@ -58,6 +73,7 @@ impl IserConn {
     /// A connection whose RDMA CM request was `cm`, on a queue pair with
     /// `recv_count` receive buffers posted; `seed` seeds everything random
     /// on it. `local` and `peer` name the ends (RDMA CM's IP addresses).
+    /// `recv_count` is normally [`recv_count_for`] the configuration.
     pub fn new(
         now: Instant,
         cfg: Arc<IscsiConfig>,

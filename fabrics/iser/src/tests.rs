@@ -759,3 +759,99 @@ fn aborted_commands_stop_counting_as_outstanding() {
     assert!(t.closed().is_none());
     assert_eq!(t.qp.conn().conn().datamover().unexpected_outstanding(), 2);
 }
+
+/// A logout: the Logout Response goes out as a Send, then the target
+/// disconnects and the connection is finished.
+#[test]
+fn logout_then_disconnect() {
+    let p = Portal::new(8192);
+    let (mut i, mut t) = logged_in(&p, VA);
+    let mut b = BhsBuf::new(Opcode::LOGOUT_REQ, flags::F);
+    b.set_immediate().set_itt(0x60).set_u32(24, i.cmd_sn);
+    i.send(Header::default(), &b, &[]);
+    let m = i.wait_msg(&mut t);
+    assert_eq!(m.opcode(), Opcode::LOGOUT_RSP.0);
+    assert_eq!((m.itt(), m.bhs()[2]), (0x60, 0), "closed successfully");
+    assert_eq!(t.wait_closed(), CloseReason::Logout);
+    let deadline = Instant::now() + WAIT;
+    while !t.qp.finished() || i.qp.state() != ferrite_rdma::QpState::Error {
+        assert!(Instant::now() < deadline, "no disconnect after the logout");
+        t.turn();
+        i.poll();
+        t.cq.wait(Duration::from_millis(2));
+    }
+}
+
+/// A SendTargets text request over iSER: the answer is one Send naming
+/// the target.
+#[test]
+fn send_targets_over_sends() {
+    let p = Portal::new(8192);
+    let (mut i, mut t) = logged_in(&p, VA);
+    let mut b = BhsBuf::new(Opcode::TEXT_REQ, flags::F);
+    let sn = i.next_cmd_sn();
+    b.set_itt(0x70).set_word20(RESERVED_TAG).set_u32(24, sn);
+    i.send(
+        Header::default(),
+        &b,
+        &encode_text(&[("SendTargets", "All")]),
+    );
+    let m = i.wait_msg(&mut t);
+    assert_eq!(m.opcode(), Opcode::TEXT_RSP.0, "{m:?}");
+    assert_eq!(m.itt(), 0x70);
+    let keys = parse_text(m.data()).expect("text keys");
+    assert!(keys.contains(&("TargetName", TARGET)), "{keys:?}");
+    assert_eq!(t.qp.conn().conn().datamover().unexpected_outstanding(), 0);
+}
+
+/// The receive buffers a connection posts cover the command window and
+/// the immediate PDUs beside it: an initiator using its whole window is
+/// never over the limit.
+#[test]
+fn receives_cover_the_command_window() {
+    let cfg = config(8192);
+    let n = crate::conn::recv_count_for(&cfg);
+    assert_eq!(n, cfg.queue_depth + crate::conn::IMMEDIATE_RESERVE);
+    let addr: SocketAddr = "192.0.2.1:3260".parse().expect("addr");
+    let mut c = IserConn::new(Instant::now(), cfg.clone(), addr, addr, 1, &VA, n);
+    let mut b = BhsBuf::new(Opcode::LOGIN_REQ, flags::T | (1 << 2) | 3);
+    b.set_immediate().set_u32(24, 10);
+    let keys = encode_text(&[
+        ("InitiatorName", "iqn.i"),
+        ("TargetName", TARGET),
+        ("RDMAExtensions", "Yes"),
+    ]);
+    b.set_data_len(keys.len() as u32);
+    let mut msg = Header::default().encode().to_vec();
+    msg.extend_from_slice(&b.0);
+    msg.extend_from_slice(&keys);
+    let now = Instant::now();
+    c.recv(now, &msg);
+    let mut core = Core {
+        hold: true,
+        ..Core::default()
+    };
+    core.run(c.conn_mut(), now);
+    assert!(c.conn().is_full_feature());
+    // The whole window of commands, held by the core, and a ping besides.
+    for k in 0..cfg.queue_depth {
+        let mut b = BhsBuf::new(Opcode::SCSI_CMD, flags::F | 1);
+        b.set_itt(k).set_u32(24, 10 + k);
+        let mut m = Header::default().encode().to_vec();
+        m.extend_from_slice(&b.0);
+        c.recv(now, &m);
+        core.run(c.conn_mut(), now);
+    }
+    let mut p = BhsBuf::new(Opcode::NOP_OUT, flags::F);
+    p.set_immediate().set_itt(0xaaaa).set_word20(RESERVED_TAG);
+    let mut m = Header::default().encode().to_vec();
+    m.extend_from_slice(&p.0);
+    c.recv(now, &m);
+    core.run(c.conn_mut(), now);
+    assert!(core.closed.is_none());
+    assert_eq!(
+        c.conn().datamover().unexpected_outstanding(),
+        cfg.queue_depth as usize,
+        "the ping was answered, the commands are outstanding"
+    );
+}
