@@ -174,7 +174,9 @@ impl IserConn {
                     return Err(RecvError::TooManyUnexpected { limit });
                 }
             }
-            if scsi {
+            // A command reusing the ITT of a live task is refused by the
+            // session layer; it must not replace that task's STags.
+            if scsi && self.conn.session_seq().task_owner(itt).is_none() {
                 let dm = self.conn.datamover_mut();
                 dm.note_command(itt, h);
                 // STags of commands ended without a response are dropped

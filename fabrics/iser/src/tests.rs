@@ -67,6 +67,8 @@ fn config(max_recv: u32) -> Arc<IscsiConfig> {
 struct Core {
     /// Leave commands unanswered.
     hold: bool,
+    /// Commands held, in arrival order.
+    held: Vec<ferrite_core::CmdRequest>,
     /// Write data the core received, by tag.
     written: Vec<(u64, Vec<u8>)>,
     closed: Option<CloseReason>,
@@ -77,7 +79,48 @@ fn pattern(tag: u64, len: usize) -> Vec<u8> {
     (0..len).map(|i| (i as u64 * 7 + tag) as u8).collect()
 }
 
+/// What the core does with a command: fetch a WRITE's data, answer a
+/// READ with [`pattern`], anything else with GOOD.
+fn answer(req: ferrite_core::CmdRequest) -> Action {
+    let id = CmdId(req.tag.0 as u32);
+    let len = req.expected_len as usize;
+    match req.cdb.as_slice().first() {
+        Some(0x2a) => Action::FetchData {
+            id,
+            tag: req.tag,
+            buf: SgList::zeroed(len),
+            offset: 0,
+            len: len as u32,
+        },
+        Some(0x28) => Action::Respond {
+            id,
+            tag: req.tag,
+            rsp: Response {
+                data: Some(SgList::from(ferrite_reactor::buf::IoBuf::from_slice(
+                    &pattern(req.tag.0, len),
+                ))),
+                data_len: len as u32,
+                ..Response::good()
+            },
+        },
+        _ => Action::Respond {
+            id,
+            tag: req.tag,
+            rsp: Response::good(),
+        },
+    }
+}
+
 impl Core {
+    /// Answers the held commands.
+    fn release(&mut self, c: &mut Conn<IserDatamover>, now: Instant) {
+        self.hold = false;
+        for req in std::mem::take(&mut self.held) {
+            c.handle_action(now, answer(req));
+        }
+        self.run(c, now);
+    }
+
     /// Answers every event of `c` until it is quiet.
     fn run(&mut self, c: &mut Conn<IserDatamover>, now: Instant) {
         while let Some(ev) = c.poll_event() {
@@ -87,38 +130,10 @@ impl Core {
                     None
                 }
                 ConnEvent::Command(req) if self.hold => {
-                    let _ = req;
+                    self.held.push(req);
                     None
                 }
-                ConnEvent::Command(req) => {
-                    let id = CmdId(req.tag.0 as u32);
-                    let len = req.expected_len as usize;
-                    Some(match req.cdb.as_slice().first() {
-                        Some(0x2a) => Action::FetchData {
-                            id,
-                            tag: req.tag,
-                            buf: SgList::zeroed(len),
-                            offset: 0,
-                            len: len as u32,
-                        },
-                        Some(0x28) => Action::Respond {
-                            id,
-                            tag: req.tag,
-                            rsp: Response {
-                                data: Some(SgList::from(ferrite_reactor::buf::IoBuf::from_slice(
-                                    &pattern(req.tag.0, len),
-                                ))),
-                                data_len: len as u32,
-                                ..Response::good()
-                            },
-                        },
-                        _ => Action::Respond {
-                            id,
-                            tag: req.tag,
-                            rsp: Response::good(),
-                        },
-                    })
-                }
+                ConnEvent::Command(req) => Some(answer(req)),
                 ConnEvent::DataOutDone { id, data } => {
                     if let Ok(sg) = data {
                         self.written.push((u64::from(id.0), sg.to_vec()));
@@ -853,5 +868,49 @@ fn receives_cover_the_command_window() {
         c.conn().datamover().unexpected_outstanding(),
         cfg.queue_depth as usize,
         "the ping was answered, the commands are outstanding"
+    );
+}
+
+/// A command reusing a live task's ITT is rejected, and its STags do not
+/// replace the live task's: the read data goes where the first command
+/// said.
+#[test]
+fn a_duplicate_itt_does_not_redirect_the_live_tasks_data() {
+    let p = Portal::new(8192);
+    let (mut i, mut t) = logged_in(&p, VA);
+    let (first, w1) = i.buffer(&[0u8; 4096], Access::REMOTE_WRITE);
+    let (second, w2) = i.buffer(&[0u8; 4096], Access::REMOTE_WRITE);
+    t.core.hold = true;
+    let b = scsi_cmd(&mut i, 0x21, 0x28, 4096);
+    i.send(
+        Header {
+            write: Some(w1),
+            read: None,
+        },
+        &b,
+        &[],
+    );
+    let b = scsi_cmd(&mut i, 0x21, 0x28, 4096);
+    i.send(
+        Header {
+            write: Some(w2),
+            read: None,
+        },
+        &b,
+        &[],
+    );
+    let m = i.wait_msg(&mut t);
+    assert_eq!(m.opcode(), Opcode::REJECT.0, "{m:?}");
+    t.core.release(t.qp.conn_mut().conn_mut(), Instant::now());
+    let m = i.wait_msg(&mut t);
+    assert_eq!(status_of(&m, 0x21), 0);
+    assert_eq!(m.invalidated, Some(w1.stag));
+    let mut got = vec![0u8; 4096];
+    first.read_at(0, &mut got);
+    assert_eq!(got, pattern(0x21, 4096));
+    second.read_at(0, &mut got);
+    assert!(
+        got.iter().all(|&b| b == 0),
+        "the duplicate's buffer was written"
     );
 }
