@@ -380,7 +380,7 @@ struct Task {
 
 /// Where a Data-Out payload goes ([`Conn::data_out_header`]).
 #[derive(Debug)]
-pub(crate) enum DataOutPlace {
+pub enum DataOutPlace {
     /// Unsolicited data: appended to the task's `unsol_buf`.
     Unsolicited { itt: u32 },
     /// Solicited data: into the fetch buffer at data offset `pos`.
@@ -490,6 +490,7 @@ impl<D: Datamover> Conn<D> {
         let ttt = u32::from_le_bytes([w[4], w[5], w[6], w[7]]);
         let mut limits = cfg.limits();
         limits.rdma = dm.is_rdma();
+        limits.max_outstanding_unexpected_pdus = dm.max_unexpected_pdus();
         let login = Login::with_rng(limits, cfg.clone(), rng);
         Conn {
             login_deadline: later(now, cfg.login_timeout),
@@ -557,6 +558,34 @@ impl<D: Datamover> Conn<D> {
     /// This connection's member id in its session.
     pub fn member(&self) -> u32 {
         self.member
+    }
+
+    /// The datamover under this connection.
+    pub fn datamover(&self) -> &D {
+        &self.dm
+    }
+
+    /// The datamover under this connection, for its transport's receive
+    /// path.
+    pub fn datamover_mut(&mut self) -> &mut D {
+        &mut self.dm
+    }
+
+    /// The transport received something from the initiator at `now` (the
+    /// NOP-In interval counts from the last input). iSCSI/TCP's
+    /// [`Conn::handle_input`] does this itself.
+    pub fn input_seen(&mut self, now: Instant) {
+        self.last_rx = now;
+    }
+
+    /// The transport found the initiator breaking its rules (RFC 7145: a
+    /// Send larger than the receive buffers advertised, too many
+    /// unexpected PDUs, a malformed iSER header; a failed RDMA transfer):
+    /// nothing queued is sent, and the connection ends with
+    /// [`CloseReason::ProtocolError`]. The caller logs why.
+    pub fn transport_error(&mut self) {
+        self.dm.discard_tx();
+        self.close(CloseReason::ProtocolError);
     }
 
     /// The largest number of commands the initiator had outstanding when it
@@ -880,13 +909,7 @@ impl<D: Datamover> Conn<D> {
     /// segment came damaged (a data digest error), and the PDU is then
     /// rejected (RFC 7143 §7.8), a SCSI command still taking its CmdSN
     /// with its write data failed.
-    pub(crate) fn pdu_received(
-        &mut self,
-        hdr: &[u8; BHS_LEN],
-        ahs: &[u8],
-        data: Vec<u8>,
-        ok: bool,
-    ) {
+    pub fn pdu_received(&mut self, hdr: &[u8; BHS_LEN], ahs: &[u8], data: Vec<u8>, ok: bool) {
         let op = Bhs(hdr).opcode();
         match self.phase {
             Phase::Closing => {}
@@ -1184,7 +1207,7 @@ impl<D: Datamover> Conn<D> {
     /// Validates the header of a Data-Out PDU carrying `len` bytes (RFC
     /// 7143 §11.7) and picks where its payload goes; a transport's receive
     /// path then hands the payload to [`Conn::data_out_bytes`].
-    pub(crate) fn data_out_header(&mut self, hdr: &[u8; BHS_LEN], len: u32) -> DataOutPlace {
+    pub fn data_out_header(&mut self, hdr: &[u8; BHS_LEN], len: u32) -> DataOutPlace {
         let bhs = Bhs(hdr);
         let itt = bhs.itt();
         let ttt = bhs.ttt();
@@ -1269,7 +1292,7 @@ impl<D: Datamover> Conn<D> {
     /// [`Conn::data_out_header`] placed, in order: unsolicited ones join
     /// the task's unsolicited bytes, solicited ones go straight into the
     /// core's buffer.
-    pub(crate) fn data_out_bytes(&mut self, place: &mut DataOutPlace, chunk: &[u8]) {
+    pub fn data_out_bytes(&mut self, place: &mut DataOutPlace, chunk: &[u8]) {
         match place {
             DataOutPlace::Discard => {}
             DataOutPlace::Unsolicited { itt } => {
@@ -1277,8 +1300,14 @@ impl<D: Datamover> Conn<D> {
                     t.unsol_buf.extend_from_slice(chunk);
                 }
             }
-            DataOutPlace::Solicited { itt, ttt: _, pos } => {
-                if let Some(f) = self.tasks.get_mut(itt).and_then(|t| t.fetch.as_mut()) {
+            DataOutPlace::Solicited { itt, ttt, pos } => {
+                // Only into a solicitation still outstanding: bytes of one
+                // that a task management function ended (an RDMA READ
+                // completing late) never reach a later task's buffer.
+                if let Some(t) = self.tasks.get_mut(itt)
+                    && t.r2ts.iter().any(|r| r.ttt == *ttt)
+                    && let Some(f) = t.fetch.as_mut()
+                {
                     let at = pos.saturating_sub(f.base) as usize;
                     f.buf.copy_in(at, chunk);
                 }
@@ -1307,7 +1336,7 @@ impl<D: Datamover> Conn<D> {
     /// digest or the transport found it damaged. The bytes are in the
     /// task's unsolicited buffer; once the unsolicited burst is complete,
     /// solicitation starts.
-    pub(crate) fn unsolicited_data_received(&mut self, itt: u32, off: u32, len: u32, ok: bool) {
+    pub fn unsolicited_data_received(&mut self, itt: u32, off: u32, len: u32, ok: bool) {
         if !ok {
             self.fail_task_data(itt);
             return;
@@ -1329,7 +1358,7 @@ impl<D: Datamover> Conn<D> {
     /// unless it came damaged. A completed
     /// solicitation makes room for the next; the core gets its buffer once
     /// the whole range is in.
-    pub(crate) fn solicited_data_received(&mut self, itt: u32, ttt: u32, len: u32, ok: bool) {
+    pub fn solicited_data_received(&mut self, itt: u32, ttt: u32, len: u32, ok: bool) {
         if !ok {
             self.fail_task_data(itt);
             return;

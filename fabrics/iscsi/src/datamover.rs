@@ -143,6 +143,14 @@ pub trait Datamover: std::fmt::Debug {
     /// RDMAExtensions and whether the iSER keys apply.
     fn is_rdma(&self) -> bool;
 
+    /// The most unexpected PDUs (RFC 7145 MaxOutstandingUnexpectedPDUs)
+    /// this datamover takes from the initiator at once, which the login
+    /// declares: on RDMA, the receive buffers it keeps posted. 0 is no
+    /// limit (TCP, whose byte stream has no receive buffers per PDU).
+    fn max_unexpected_pdus(&self) -> u32 {
+        0
+    }
+
     /// Whether [`ReadData::Pipe`] may be given to [`Datamover::put_data`]
     /// (the bytes go from the pipe to the wire unread); if not, the
     /// session layer copies a pipe's bytes into a buffer first.

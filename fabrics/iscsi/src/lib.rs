@@ -31,6 +31,9 @@
 //!   solicitation of write data (TCP: an R2T; iSER: an RDMA READ);
 //! - [`Datamover::is_rdma`](datamover::Datamover::is_rdma): whether the
 //!   login negotiates iSER (RDMAExtensions=Yes and the iSER keys);
+//! - [`Datamover::max_unexpected_pdus`](datamover::Datamover::max_unexpected_pdus):
+//!   the MaxOutstandingUnexpectedPDUs the target declares (iSER: its
+//!   posted receives);
 //! - [`Datamover::can_splice`](datamover::Datamover::can_splice),
 //!   [`Datamover::is_flushed`](datamover::Datamover::is_flushed),
 //!   [`Datamover::discard_tx`](datamover::Datamover::discard_tx): whether
@@ -39,9 +42,17 @@
 //! The transport's receive path hands complete PDUs and write data to the
 //! session layer; for TCP that is `Conn<TcpDatamover>::handle_input`
 //! (`conn/framing.rs`: PDU framing, digests, Data-Out placement), which
-//! ends in the session layer's entry points `pdu_received`,
-//! `data_out_header`, `data_out_bytes`, `unsolicited_data_received` and
-//! `solicited_data_received`. [`Conn::new`](conn::Conn::new)
+//! ends in the session layer's public entry points
+//! [`Conn::pdu_received`](conn::Conn::pdu_received),
+//! [`Conn::data_out_header`](conn::Conn::data_out_header),
+//! [`Conn::data_out_bytes`](conn::Conn::data_out_bytes),
+//! [`Conn::unsolicited_data_received`](conn::Conn::unsolicited_data_received)
+//! and [`Conn::solicited_data_received`](conn::Conn::solicited_data_received);
+//! another transport (`ferrite-iser`) calls them from its own receive path,
+//! with [`Conn::input_seen`](conn::Conn::input_seen) and, when the
+//! initiator breaks the transport's rules,
+//! [`Conn::transport_error`](conn::Conn::transport_error).
+//! [`Conn::new`](conn::Conn::new)
 //! builds a connection over [`TcpDatamover`](datamover::TcpDatamover),
 //! [`Conn::with_datamover`](conn::Conn::with_datamover) over any other.
 #![forbid(unsafe_code)]

@@ -1,7 +1,25 @@
 //! ferrite-iser: iSCSI Extensions for RDMA (RFC 7145), the datamover that
 //! carries iSCSI over an RDMA queue pair.
 //!
-//! Owns the iSER wire formats, read in place and built without I/O:
+//! Owns:
+//!
+//! - [`datamover`]: [`datamover::IserDatamover`], `ferrite_iscsi`'s
+//!   `Datamover` for RDMA: control PDUs as Sends behind the iSER header
+//!   (Send with Invalidate for a command's SCSI Response where the
+//!   initiator allows), read data by RDMA WRITE, solicited write data by
+//!   RDMA READ, no R2T or Data-In PDU on the wire, no digests; sans-IO, it
+//!   queues [`datamover::Transmit`]s.
+//! - [`conn`]: [`conn::IserConn`], the session layer over that datamover
+//!   and iSER's receive path: each received Send checked against the
+//!   receive size advertised and the unexpected-PDU limit, split and fed
+//!   to the session layer; RDMA READ completions fed back as its
+//!   Data_Completion_Notify. Sans-IO.
+//! - [`fuzzing`]: entry points for the cargo-fuzz targets in `fuzz/`.
+//! - [`qp`]: [`qp::IserQp`], the driver of one connection's queue pair
+//!   (receive and send buffers registered once, work requests, completions,
+//!   back-pressure of a full send queue), provider-neutral.
+//!
+//! and the iSER wire formats, read in place and built without I/O:
 //!
 //! - [`header`]: the 28-byte iSER header in front of every iSCSI PDU sent
 //!   as an RDMA Send, with the initiator's STags and base
@@ -17,7 +35,9 @@
 //!
 //! Does not own: the iSCSI session layer (login, negotiation, CmdSN, task
 //! management, text, logout live in `ferrite-iscsi` and are shared with
-//! iSCSI over TCP), the RDMA providers (`ferrite-rdma`) or SCSI (the core).
+//! iSCSI over TCP), the RDMA providers (`ferrite-rdma`) or SCSI (the core),
+//! nor yet a reactor driver listening on RDMA CM (SRP's `driver.rs` is
+//! the model for one).
 //!
 //! Errors are values: every malformed header or private data is an
 //! [`header::HeaderError`] or [`cm::CmError`] naming what was wrong; the
@@ -27,4 +47,11 @@
 #![forbid(unsafe_code)]
 
 pub mod cm;
+pub mod conn;
+pub mod datamover;
+pub mod fuzzing;
 pub mod header;
+pub mod qp;
+
+#[cfg(test)]
+mod tests;
