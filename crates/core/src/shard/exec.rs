@@ -67,7 +67,7 @@ impl Shard {
             return None;
         }
         match self.advance(key, CmdState::Exec)? {
-            CmdState::QueueFull(op) | CmdState::RangeWait(op) => Some(op),
+            CmdState::QueueFull(op) | CmdState::RangeWait(op) => Some(*op),
             _ => None,
         }
     }
@@ -263,7 +263,7 @@ impl Shard {
             )
             && !self.delivered(key)
         {
-            self.advance(key, CmdState::RangeWait(op));
+            self.advance(key, CmdState::RangeWait(Box::new(op)));
             return;
         }
         // SBC-4 §5.3: COMPARE AND WRITE (and ORWRITE) hold their range from
@@ -294,7 +294,7 @@ impl Shard {
                 locks.conflicts(start, end, owner)
             };
             if wait {
-                self.advance(key, CmdState::RangeWait(op));
+                self.advance(key, CmdState::RangeWait(Box::new(op)));
                 return;
             }
             if take {
@@ -303,7 +303,7 @@ impl Shard {
         }
         // Keep arrival order behind operations already waiting for a slot.
         if !self.retry.is_empty() {
-            self.advance(key, CmdState::QueueFull(op));
+            self.advance(key, CmdState::QueueFull(Box::new(op)));
             return;
         }
         let tag = tag_of(key, self.cmds[key].seq);
@@ -321,7 +321,7 @@ impl Shard {
             }
             Err(Busy(op)) => {
                 // SPDK/STYLE rule 5: a full queue is a waiting state.
-                self.advance(key, CmdState::QueueFull(op));
+                self.advance(key, CmdState::QueueFull(Box::new(op)));
             }
         }
     }
@@ -364,7 +364,7 @@ impl Shard {
             match q.submit(tag, with_policy(&dev, op)) {
                 Ok(()) => progress = true,
                 Err(Busy(op)) => {
-                    self.advance(key, CmdState::QueueFull(op));
+                    self.advance(key, CmdState::QueueFull(Box::new(op)));
                     refused.push(dev.id);
                 }
             }

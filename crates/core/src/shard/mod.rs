@@ -129,10 +129,10 @@ enum CmdState {
     /// range another command holds (SBC-4 §5.3), or must wait for the
     /// delivery of older pipe reads of its session; waits in
     /// `Shard::range_wait` for a retry after the next `poll`.
-    RangeWait(BlockOp),
+    RangeWait(Box<BlockOp>),
     /// The backend queue said Busy (or older ops wait for a slot): the op
     /// it holds waits in `Shard::retry` for a retry after the next `poll`.
-    QueueFull(BlockOp),
+    QueueFull(Box<BlockOp>),
     /// A block operation is in flight (or being handed to the backend);
     /// waits for its `BlockDone`.
     Exec,
