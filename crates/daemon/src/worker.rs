@@ -44,6 +44,8 @@ pub enum Msg {
     DropTarget(String),
     /// For this core's SRP fabric.
     Srp(crate::srp::SrpMsg),
+    /// A connection request for this core's iSER part.
+    Iser(crate::iser::IserMsg),
     /// PREEMPT AND ABORT on another core preempted these nexuses of this
     /// device: abort their commands here too (SPC-4 §5.13.11.2.4).
     AbortPreempted(
@@ -98,6 +100,7 @@ pub struct CoreWorker {
     next_timer: Option<Instant>,
     seed: u64,
     srp: crate::srp::SrpCore,
+    iser: crate::iser::IserCore,
     /// Where this core publishes its counters, and when it next does.
     stats_board: Option<Arc<crate::stats::StatsBoard>>,
     next_stats: Option<Instant>,
@@ -196,6 +199,7 @@ impl CoreWorker {
             next_timer: None,
             seed: random_seed() ^ (core as u64),
             srp: crate::srp::SrpCore::new(core),
+            iser: crate::iser::IserCore::new(core, random_seed() ^ (core as u64) << 32),
             stats_board: None,
             next_stats: None,
             stats_dirty: false,
@@ -331,6 +335,12 @@ impl CoreWorker {
     /// Gives this core the SRP target ports to accept logins on.
     pub fn with_srp_ports(mut self, ports: Vec<crate::srp::SrpPort>) -> CoreWorker {
         self.srp.set_ports(ports);
+        self
+    }
+
+    /// Gives this core the iSER portals to accept connections on.
+    pub fn with_iser_portals(mut self, portals: Vec<crate::iser::IserPortal>) -> CoreWorker {
+        self.iser.set_portals(portals);
         self
     }
 
@@ -701,6 +711,16 @@ impl Worker for CoreWorker {
                 self.apply_snapshot(ctx);
                 self.srp
                     .apply_snapshot(&mut self.shard, &self.snapshot.srp_targets);
+                self.iser.apply_snapshot(
+                    ctx.now(),
+                    &mut self.shard,
+                    &self.snapshot.iscsi_targets,
+                    &self.snapshot.iscsi,
+                );
+            }
+            Msg::Iser(crate::iser::IserMsg::Incoming(req)) => {
+                let now = ctx.now();
+                self.iser.incoming(now, &self.snapshot.iscsi, req);
             }
             Msg::Srp(crate::srp::SrpMsg::Incoming { port, req }) => {
                 let now = ctx.now();
@@ -742,6 +762,15 @@ impl Worker for CoreWorker {
                 self.close_where(ctx, "closing session on request", |c| {
                     c.tsih() == Some(tsih)
                 });
+                let portal = CorePortal {
+                    targets: &self.snapshot.iscsi_targets,
+                    iscsi: &self.snapshot.iscsi,
+                    registry: &self.registry,
+                    core: self.core,
+                    links: &self.links,
+                };
+                self.iser
+                    .close_session(ctx.now(), &mut self.shard, &portal, tsih);
             }
             Msg::DropTarget(target) => {
                 self.close_where(ctx, "target cold reset: dropping the connection", |c| {
@@ -763,6 +792,7 @@ impl Worker for CoreWorker {
                     // RFC 7143 §11.9.1: the initiator learns why.
                     c.close_with_notice(now, &mut self.shard, &portal);
                 }
+                self.iser.stop(now, &mut self.shard, &portal);
                 // Pending accepts are cancelled; the sockets close when the
                 // worker is dropped.
                 ctx.cancel(|t| t & 0xff == TOKEN_ACCEPT);
@@ -843,6 +873,20 @@ impl Worker for CoreWorker {
             &self.snapshot.srp_targets,
             &crate::srp::Peers(&self.peers),
         );
+        let portal = CorePortal {
+            targets: &self.snapshot.iscsi_targets,
+            iscsi: &self.snapshot.iscsi,
+            registry: &self.registry,
+            core: self.core,
+            links: &self.links,
+        };
+        progress |= self.iser.poll(
+            now,
+            &mut self.shard,
+            &portal,
+            &self.snapshot.iscsi,
+            &crate::iser::Peers(&self.peers),
+        );
         self.forward_spanning_resets();
         self.next_timer = self
             .conns
@@ -860,6 +904,7 @@ impl Worker for CoreWorker {
         [
             self.next_timer,
             self.srp.next_deadline(),
+            self.iser.next_deadline(),
             // A paced sanitize's next write.
             self.shard.next_deadline(),
             stats,
@@ -880,10 +925,11 @@ impl Worker for CoreWorker {
     fn wake_fds(&self, out: &mut Vec<RawFd>) {
         self.shard.notify_fds(out);
         self.srp.wake_fds(out);
+        self.iser.wake_fds(out);
     }
 
     fn running(&self) -> bool {
-        !(self.stopping && self.conns.is_empty() && self.srp.is_empty())
+        !(self.stopping && self.conns.is_empty() && self.srp.is_empty() && self.iser.is_empty())
     }
 }
 
