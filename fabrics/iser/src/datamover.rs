@@ -6,10 +6,10 @@
 //!   data segment, no digests). The SCSI Response of a command whose
 //!   initiator advertised an STag is a Send with Invalidate of it when the
 //!   RDMA CM request allowed (the I flag clear).
-//! - Put_Data: an RDMA WRITE of the read data to the Write STag and base
+//! - Put_Data: an RDMA WRITE of the read data to the Read STag and base
 //!   offset of the command's iSER header; the status follows in a SCSI
 //!   Response (RFC 7145: no Data-In PDU goes on the wire).
-//! - Get_Data: an RDMA READ of the solicited range from the Read STag and
+//! - Get_Data: an RDMA READ of the solicited range from the Write STag and
 //!   base offset (RFC 7145: no R2T PDU goes on the wire); its completion
 //!   is the Data_Completion_Notify the driver hands back
 //!   ([`crate::conn::IserConn::read_done`]).
@@ -73,9 +73,9 @@ pub enum Transmit {
 /// initiator did not give what the transfer needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum MoveError {
-    #[error("read data for ITT {0:#x}, whose command advertised no Write STag")]
+    #[error("read data for ITT {0:#x}, whose command advertised no Read STag")]
     NoWriteStag(u32),
-    #[error("solicited data for ITT {0:#x}, whose command advertised no Read STag")]
+    #[error("solicited data for ITT {0:#x}, whose command advertised no Write STag")]
     NoReadStag(u32),
     #[error("read data for ITT {0:#x} came as a pipe, which iSER cannot send")]
     Pipe(u32),
@@ -237,8 +237,8 @@ impl Datamover for IserDatamover {
         {
             // RFC 7145: the SCSI Response may invalidate the STag
             // the command advertised; with two (bidirectional) the Write
-            // STag, the initiator invalidating the other itself.
-            invalidate = h.write.or(h.read).map(|r| r.stag);
+            // STag of the read data, the initiator invalidating the other itself.
+            invalidate = h.read.or(h.write).map(|r| r.stag);
         }
         let mut msg = Vec::with_capacity(HEADER_LEN + BHS_LEN + data.len());
         msg.extend_from_slice(&Header::target());
@@ -257,8 +257,8 @@ impl Datamover for IserDatamover {
         if len == 0 {
             return done;
         }
-        let Some(w) = self.stags.get(&itt).and_then(|h| h.write) else {
-            self.broken = Some(MoveError::NoWriteStag(itt));
+        let Some(w) = self.stags.get(&itt).and_then(|h| h.read) else {
+            self.broken = Some(MoveError::NoReadStag(itt));
             return done;
         };
         let sg = match data {
@@ -286,8 +286,8 @@ impl Datamover for IserDatamover {
     }
 
     fn get_data(&mut self, s: Solicit, _sns: Sns) {
-        let Some(r) = self.stags.get(&s.itt).and_then(|h| h.read) else {
-            self.broken = Some(MoveError::NoReadStag(s.itt));
+        let Some(r) = self.stags.get(&s.itt).and_then(|h| h.write) else {
+            self.broken = Some(MoveError::NoWriteStag(s.itt));
             return;
         };
         self.out.push_back(Transmit::Read {

@@ -26,8 +26,11 @@ cat /out/discovery.txt
 grep -q "^$P,1 $T\$" /out/discovery.txt || fail "SendTargets did not report $P for $T"
 
 step "iser iface and node"
-check "iface new" iscsiadm -m iface -I iser -o new
-check "iface transport" iscsiadm -m iface -I iser -o update -n iface.transport_name -v iser
+# open-iscsi knows an "iser" iface of its own; make one only where it does not.
+if ! iscsiadm -m iface -I iser 2>/dev/null | grep -q "iface.transport_name = iser"; then
+    check "iface new" iscsiadm -m iface -I iser -o new
+    check "iface transport" iscsiadm -m iface -I iser -o update -n iface.transport_name -v iser
+fi
 check "node new" iscsiadm -m node -o new -T $T -p $P -I iser
 
 login() {
