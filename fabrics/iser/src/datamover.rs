@@ -97,6 +97,10 @@ pub struct IserDatamover {
     /// The STags of each command the initiator advertised them for, until
     /// its SCSI Response goes.
     stags: FxHashMap<u32, Header>,
+    /// The data offset of each write command's first solicited byte: the
+    /// one its Write Base Offset addresses (the initiator's buffer past
+    /// the data it sent unsolicited).
+    solicited_from: FxHashMap<u32, u32>,
     /// The unexpected PDUs outstanding, by ITT (true: a SCSI command).
     unexpected: FxHashMap<u32, bool>,
     broken: Option<MoveError>,
@@ -116,6 +120,7 @@ impl IserDatamover {
             unexpected_limit: recv_count as usize,
             out: VecDeque::new(),
             stags: FxHashMap::default(),
+            solicited_from: FxHashMap::default(),
             unexpected: FxHashMap::default(),
             broken: None,
         }
@@ -153,6 +158,7 @@ impl IserDatamover {
 
     /// A SCSI command arrived with iSER header `h`: its STags.
     pub fn note_command(&mut self, itt: u32, h: Header) {
+        self.solicited_from.remove(&itt);
         if h.write.is_some() || h.read.is_some() {
             self.stags.insert(itt, h);
         } else {
@@ -178,6 +184,8 @@ impl IserDatamover {
     pub fn forget_ended(&mut self, known: impl Fn(u32) -> bool) {
         self.unexpected.retain(|itt, scsi| !*scsi || known(*itt));
         self.stags.retain(|itt, _| known(*itt));
+        let stags = &self.stags;
+        self.solicited_from.retain(|itt, _| stags.contains_key(itt));
     }
 
     /// Commands whose STags are kept (bounded by the driver's pruning).
@@ -231,6 +239,9 @@ impl Datamover for IserDatamover {
         let view = Bhs(&b.0);
         self.answered(view, data);
         let mut invalidate = None;
+        if view.opcode() == Opcode::SCSI_RSP {
+            self.solicited_from.remove(&view.itt());
+        }
         if view.opcode() == Opcode::SCSI_RSP
             && let Some(h) = self.stags.remove(&view.itt())
             && self.send_invalidate
@@ -290,11 +301,17 @@ impl Datamover for IserDatamover {
             self.broken = Some(MoveError::NoWriteStag(s.itt));
             return;
         };
+        // RFC 7145 §9.2: the Write Base Offset addresses the first byte
+        // the target solicits, past the immediate and unsolicited data the
+        // initiator sent with the command (as the Linux initiator sets it
+        // and LIO's isert reads it); later solicitations of the command
+        // are at their distance from that one.
+        let from = *self.solicited_from.entry(s.itt).or_insert(s.offset);
         self.out.push_back(Transmit::Read {
             itt: s.itt,
             ttt: s.ttt,
             offset: s.offset,
-            remote: Self::remote(r, u64::from(s.offset), s.len),
+            remote: Self::remote(r, u64::from(s.offset.wrapping_sub(from)), s.len),
         });
     }
 

@@ -552,12 +552,15 @@ fn a_write_solicited_by_rdma_read_and_status_with_invalidate() {
     let p = Portal::new(8192);
     let (mut i, mut t) = logged_in(&p, VA);
     // 4 KiB immediate, the other 12 KiB read from the initiator's buffer
-    // from offset 4096 on.
+    // from offset 4096 on, where the Write Base Offset points.
     let data = pattern(5, 16384);
     let (_mr, read) = i.buffer(&data, Access::REMOTE_READ);
     let b = scsi_cmd(&mut i, 0x11, 0x2a, 16384);
     let h = Header {
-        write: Some(read),
+        write: Some(Remote {
+            base: read.base + 4096,
+            ..read
+        }),
         read: None,
     };
     i.send(h, &b, &data[..4096]);
