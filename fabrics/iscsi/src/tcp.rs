@@ -929,29 +929,10 @@ impl TcpConn {
                     self.nexus = Some((target, initiator, luns));
                 }
             }
-            ConnEvent::Command(req) => match self.session.and_then(|s| shard.session(s)) {
-                Some(mut s) => {
-                    s.submit(now, req);
-                }
-                None => {
-                    tracing::warn!(peer = %self.peer, "command outside a normal session dropped")
-                }
-            },
-            ConnEvent::DataOutDone { id, data } => {
-                if let Some(mut s) = self.session.and_then(|s| shard.session(s)) {
-                    s.data_out_done(id, data);
-                }
-            }
-            ConnEvent::ResponseSent { id } => {
-                if let Some(mut s) = self.session.and_then(|s| shard.session(s)) {
-                    s.response_sent(id);
-                }
-            }
-            ConnEvent::TaskMgmt(req) => {
-                if let Some(mut s) = self.session.and_then(|s| shard.session(s)) {
-                    s.task_mgmt(now, req);
-                }
-            }
+            ev @ (ConnEvent::Command(_)
+            | ConnEvent::DataOutDone { .. }
+            | ConnEvent::ResponseSent { .. }
+            | ConnEvent::TaskMgmt(_)) => session_event(now, shard, self.session, self.peer, ev),
             ConnEvent::Closed { reason } => {
                 tracing::info!(peer = %self.peer, ?reason, "connection closing");
                 if reason == CloseReason::TargetReset {
@@ -1118,6 +1099,40 @@ pub fn decide_session<D: Datamover>(
             conn.reject_session(status);
             None
         }
+    }
+}
+
+/// Hands core session `sid` what a connection's session layer asks of it
+/// (a command, write data placed, a response sent, task management),
+/// whichever transport carries the connection; a command outside a normal
+/// session is dropped with a log line. Other events are the driver's and
+/// are ignored here.
+pub fn session_event(
+    now: Instant,
+    shard: &mut Shard,
+    sid: Option<SessionId>,
+    peer: SocketAddr,
+    ev: ConnEvent,
+) {
+    let Some(mut s) = sid.and_then(|s| shard.session(s)) else {
+        if let ConnEvent::Command(_) = ev {
+            tracing::warn!(%peer, "command outside a normal session dropped");
+        }
+        return;
+    };
+    match ev {
+        ConnEvent::Command(req) => {
+            s.submit(now, req);
+        }
+        ConnEvent::DataOutDone { id, data } => s.data_out_done(id, data),
+        ConnEvent::ResponseSent { id } => s.response_sent(id),
+        ConnEvent::TaskMgmt(req) => {
+            s.task_mgmt(now, req);
+        }
+        ConnEvent::SessionRequest { .. }
+        | ConnEvent::LoggedIn
+        | ConnEvent::LoginFailed { .. }
+        | ConnEvent::Closed { .. } => {}
     }
 }
 

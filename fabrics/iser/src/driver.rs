@@ -46,6 +46,7 @@ use ferrite_iscsi::IscsiConfig;
 use ferrite_iscsi::conn::ConnEvent;
 use ferrite_iscsi::tcp::{
     Grant, Portal, Refusal, SessionRequest, complete_orphan, decide_session, open_nexus,
+    session_event,
 };
 use ferrite_rdma::verbs::{
     VerbsConnRequest, VerbsCq, VerbsListener, VerbsPd, VerbsQp, VerbsQpAttrs,
@@ -609,27 +610,10 @@ fn on_event(now: Instant, l: &mut Link, ev: ConnEvent, shard: &mut Shard, portal
                 l.nexus = Some((target, initiator, luns));
             }
         }
-        ConnEvent::Command(req) => match l.session.and_then(|s| shard.session(s)) {
-            Some(mut s) => {
-                s.submit(now, req);
-            }
-            None => tracing::warn!(peer = %l.peer, "command outside a normal session dropped"),
-        },
-        ConnEvent::DataOutDone { id, data } => {
-            if let Some(mut s) = l.session.and_then(|s| shard.session(s)) {
-                s.data_out_done(id, data);
-            }
-        }
-        ConnEvent::ResponseSent { id } => {
-            if let Some(mut s) = l.session.and_then(|s| shard.session(s)) {
-                s.response_sent(id);
-            }
-        }
-        ConnEvent::TaskMgmt(req) => {
-            if let Some(mut s) = l.session.and_then(|s| shard.session(s)) {
-                s.task_mgmt(now, req);
-            }
-        }
+        ev @ (ConnEvent::Command(_)
+        | ConnEvent::DataOutDone { .. }
+        | ConnEvent::ResponseSent { .. }
+        | ConnEvent::TaskMgmt(_)) => session_event(now, shard, l.session, l.peer, ev),
         ConnEvent::Closed { reason } => {
             tracing::info!(peer = %l.peer, ?reason, "iSER connection closing");
             begin_close(now, l, shard, portal);
