@@ -390,6 +390,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn iser_connections_are_named_with_their_transport() {
+        let peer: SocketAddr = "192.0.2.9:40000".parse().unwrap();
+        let req = |transport| SessionRequest {
+            initiator: "iqn.x",
+            isid: [0; 6],
+            tsih: 0,
+            target: None,
+            discovery: true,
+            peer,
+            local: peer,
+            transport,
+        };
+        assert_eq!(connection_name(&req("tcp")), "192.0.2.9:40000");
+        assert_eq!(connection_name(&req("iser")), "iser:192.0.2.9:40000");
+    }
+
+    #[test]
     fn backoff_grows_and_is_capped() {
         assert_eq!(backoff(1), Duration::ZERO);
         assert_eq!(backoff(2), FAILURE_BASE_DELAY);
