@@ -21,6 +21,20 @@ use slab::Slab;
 use crate::system::Snapshot;
 use ferrite_iscsi::portal::{CorePortal, Registry};
 
+/// The iSCSI portal view of a worker's core (`CorePortal`), built from
+/// its fields so that the other fields stay free to borrow mutably.
+macro_rules! core_portal {
+    ($w:ident) => {
+        CorePortal {
+            targets: &$w.snapshot.iscsi_targets,
+            iscsi: &$w.snapshot.iscsi,
+            registry: &$w.registry,
+            core: $w.core,
+            links: &$w.links,
+        }
+    };
+}
+
 /// Token kind of a listener's accept.
 const TOKEN_ACCEPT: u64 = 3;
 
@@ -365,13 +379,7 @@ impl CoreWorker {
             Ok(c) => {
                 tracing::debug!(core = self.core, peer = %c.peer(), adopted, "connection");
                 let key = self.conns.insert(c);
-                let portal = CorePortal {
-                    targets: &self.snapshot.iscsi_targets,
-                    iscsi: &self.snapshot.iscsi,
-                    registry: &self.registry,
-                    core: self.core,
-                    links: &self.links,
-                };
+                let portal = core_portal!(self);
                 if let Some(c) = self.conns.get_mut(key) {
                     if adopted {
                         c.start_adopted(ctx, key as u64, &mut self.shard, &portal);
@@ -416,13 +424,7 @@ impl CoreWorker {
     /// do not in time), sessions of a removed target are dropped at once
     /// (AsyncEvent 3).
     fn apply_snapshot(&mut self, ctx: &mut Ctx) {
-        let portal = CorePortal {
-            targets: &self.snapshot.iscsi_targets,
-            iscsi: &self.snapshot.iscsi,
-            registry: &self.registry,
-            core: self.core,
-            links: &self.links,
-        };
+        let portal = core_portal!(self);
         let now = ctx.now();
         let mut touched = Vec::new();
         for (key, c) in self.conns.iter_mut() {
@@ -474,13 +476,7 @@ impl CoreWorker {
 
     /// Closes every iSCSI connection of this core that `which` picks.
     fn close_where(&mut self, ctx: &mut Ctx, why: &str, which: impl Fn(&TcpConn) -> bool) {
-        let portal = CorePortal {
-            targets: &self.snapshot.iscsi_targets,
-            iscsi: &self.snapshot.iscsi,
-            registry: &self.registry,
-            core: self.core,
-            links: &self.links,
-        };
+        let portal = core_portal!(self);
         let now = ctx.now();
         let mut touched = Vec::new();
         for (key, c) in self.conns.iter_mut() {
@@ -529,13 +525,7 @@ impl CoreWorker {
             return;
         }
         let keys = keys.clone();
-        let portal = CorePortal {
-            targets: &self.snapshot.iscsi_targets,
-            iscsi: &self.snapshot.iscsi,
-            registry: &self.registry,
-            core: self.core,
-            links: &self.links,
-        };
+        let portal = core_portal!(self);
         let now = ctx.now();
         // Bounded: each round either settles or moves work along.
         for _ in 0..64 {
@@ -638,13 +628,7 @@ impl Worker for CoreWorker {
 
     fn on_completion(&mut self, ctx: &mut Ctx, c: Completion) {
         self.stats_dirty = true;
-        let portal = CorePortal {
-            targets: &self.snapshot.iscsi_targets,
-            iscsi: &self.snapshot.iscsi,
-            registry: &self.registry,
-            core: self.core,
-            links: &self.links,
-        };
+        let portal = core_portal!(self);
         match c {
             Completion::Accept { token, result } => {
                 let idx = (token >> 8) as usize;
@@ -762,13 +746,7 @@ impl Worker for CoreWorker {
                 self.close_where(ctx, "closing session on request", |c| {
                     c.tsih() == Some(tsih)
                 });
-                let portal = CorePortal {
-                    targets: &self.snapshot.iscsi_targets,
-                    iscsi: &self.snapshot.iscsi,
-                    registry: &self.registry,
-                    core: self.core,
-                    links: &self.links,
-                };
+                let portal = core_portal!(self);
                 self.iser
                     .close_session(ctx.now(), &mut self.shard, &portal, tsih);
             }
@@ -780,13 +758,7 @@ impl Worker for CoreWorker {
             Msg::Stop => {
                 self.stopping = true;
                 self.srp.stop();
-                let portal = CorePortal {
-                    targets: &self.snapshot.iscsi_targets,
-                    iscsi: &self.snapshot.iscsi,
-                    registry: &self.registry,
-                    core: self.core,
-                    links: &self.links,
-                };
+                let portal = core_portal!(self);
                 let now = ctx.now();
                 for (_, c) in self.conns.iter_mut() {
                     // RFC 7143 §11.9.1: the initiator learns why.
@@ -822,13 +794,7 @@ impl Worker for CoreWorker {
         self.forward_drained_resets();
         self.ready.clear();
         self.shard.ready_sessions(&mut self.ready);
-        let portal = CorePortal {
-            targets: &self.snapshot.iscsi_targets,
-            iscsi: &self.snapshot.iscsi,
-            registry: &self.registry,
-            core: self.core,
-            links: &self.links,
-        };
+        let portal = core_portal!(self);
         // Sessions replaced by a reinstatement (decided on any core): every
         // core closes the ones it runs.
         for old in self.registry.take_reinstated() {
@@ -873,13 +839,7 @@ impl Worker for CoreWorker {
             &self.snapshot.srp_targets,
             &crate::srp::Peers(&self.peers),
         );
-        let portal = CorePortal {
-            targets: &self.snapshot.iscsi_targets,
-            iscsi: &self.snapshot.iscsi,
-            registry: &self.registry,
-            core: self.core,
-            links: &self.links,
-        };
+        let portal = core_portal!(self);
         progress |= self.iser.poll(
             now,
             &mut self.shard,

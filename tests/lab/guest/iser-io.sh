@@ -63,7 +63,11 @@ check "dd read" dd if=/dev/$D of=/tmp/back.bin bs=1M count=16 iflag=direct 2>/de
 cmp /tmp/rand.bin /tmp/back.bin || fail "the data read back over iSER differs from what was written"
 step "dd: 16 MiB identical"
 
-fio_verify rand4k-qd32 /dev/$D --rw=randwrite --bs=4k --iodepth=32 --size=64m --offset=32m --runtime=60
+# The runtime bounds a hang; it must not cut the verify pass short, which
+# reads back all 64 MiB (terse field 6: KiB read).
+fio_verify rand4k-qd32 /dev/$D --rw=randwrite --bs=4k --iodepth=32 --size=64m --offset=32m --runtime=240
+awk -F';' '$1=="3" && $6 != 65536 { exit 1 }' /out/fio-rand4k-qd32.log ||
+    fail "fio verified less than the 64 MiB it wrote (runtime limit reached)"
 
 logout
 step "logged out"
