@@ -437,7 +437,7 @@ impl IserCore {
     }
 
     /// Closes the connection of session `tsih` (replaced by a
-    /// reinstatement on any core).
+    /// reinstatement on any core, or closed by management).
     pub fn close_session(
         &mut self,
         now: Instant,
@@ -447,7 +447,7 @@ impl IserCore {
     ) {
         for (_, l) in self.links.iter_mut() {
             if l.tsih == Some(tsih) && !l.closing {
-                tracing::info!(peer = %l.peer, tsih, "iSER session reinstated elsewhere: closing");
+                tracing::info!(peer = %l.peer, tsih, "iSER session closed on request (reinstatement or management)");
                 l.qp.conn_mut().conn_mut().transport_error();
                 begin_close(now, l, shard, portal);
             }
