@@ -767,7 +767,10 @@ pub struct IscsiTargetConfig {
     /// Whether new sessions are accepted.
     #[serde(default = "default_true")]
     pub enabled: bool,
-    /// Listening addresses: `"127.0.0.1:3260"`, `"[::1]:3260"`.
+    /// Listening addresses: `"127.0.0.1:3260"`, `"[::1]:3260"` (iSCSI
+    /// over TCP), or the same after `iser:` for an iSER portal (RDMA CM on
+    /// that address: `"iser:192.0.2.1:3260"`, LIO's portal with
+    /// `enable_iser`). One target may have both kinds.
     #[serde(default)]
     pub portals: Vec<String>,
     /// Target portal group tag.
@@ -890,10 +893,59 @@ impl IscsiTargetConfig {
         }
     }
 
-    /// The portals as socket addresses (entries that do not parse are
-    /// skipped; [`Config::validate`] refuses them).
+    /// The iSCSI/TCP portals as socket addresses (entries that do not
+    /// parse are skipped; [`Config::validate`] refuses them).
     pub fn portal_addrs(&self) -> Vec<SocketAddr> {
-        self.portals.iter().filter_map(|p| p.parse().ok()).collect()
+        self.portals
+            .iter()
+            .filter_map(|p| match parse_portal(p) {
+                Ok((PortalTransport::Tcp, a)) => Some(a),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The iSER portals (`iser:address:port`) as socket addresses.
+    pub fn iser_portal_addrs(&self) -> Vec<SocketAddr> {
+        self.portals
+            .iter()
+            .filter_map(|p| match parse_portal(p) {
+                Ok((PortalTransport::Iser, a)) => Some(a),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Every portal's address, TCP and iSER, each once: where the target
+    /// is reached and what SendTargets announces.
+    pub fn all_portal_addrs(&self) -> Vec<SocketAddr> {
+        let mut v: Vec<SocketAddr> = Vec::new();
+        for a in self.portals.iter().filter_map(|p| parse_portal(p).ok()) {
+            if !v.contains(&a.1) {
+                v.push(a.1);
+            }
+        }
+        v
+    }
+}
+
+/// The transport of an iSCSI portal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PortalTransport {
+    /// iSCSI over TCP (RFC 7143).
+    Tcp,
+    /// iSER (RFC 7145) on RDMA CM.
+    Iser,
+}
+
+/// The prefix of an iSER portal in `portals`.
+pub const ISER_PORTAL_PREFIX: &str = "iser:";
+
+/// Reads one portal entry: `address:port` (TCP) or `iser:address:port`.
+pub fn parse_portal(p: &str) -> Result<(PortalTransport, SocketAddr), std::net::AddrParseError> {
+    match p.strip_prefix(ISER_PORTAL_PREFIX) {
+        Some(a) => a.parse().map(|a| (PortalTransport::Iser, a)),
+        None => p.parse().map(|a| (PortalTransport::Tcp, a)),
     }
 }
 
@@ -1278,11 +1330,11 @@ impl Config {
                 ));
             }
             for (j, p) in t.portals.iter().enumerate() {
-                if p.parse::<SocketAddr>().is_err() {
+                if parse_portal(p).is_err() {
                     return Err(ConfigError::invalid(
                         format!("{at}.portals[{j}]"),
                         format!(
-                            "{p:?} is not an address:port; valid: \"192.0.2.1:3260\", \"[::1]:3260\""
+                            "{p:?} is not an address:port; valid: \"192.0.2.1:3260\", \"[::1]:3260\", \"iser:192.0.2.1:3260\""
                         ),
                     ));
                 }
@@ -2029,6 +2081,34 @@ mod tests {
         ] {
             validate_iscsi_name(ok).unwrap();
         }
+    }
+
+    #[test]
+    fn a_target_may_have_tcp_and_iser_portals() {
+        let mut t = IscsiTargetConfig::new("iqn.2026-12.org.ferrite:t");
+        t.portals = vec![
+            "192.0.2.1:3260".into(),
+            "iser:192.0.2.1:3260".into(),
+            "iser:[::1]:3261".into(),
+        ];
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        assert_eq!(t.portal_addrs(), vec![a("192.0.2.1:3260")]);
+        assert_eq!(
+            t.iser_portal_addrs(),
+            vec![a("192.0.2.1:3260"), a("[::1]:3261")]
+        );
+        assert_eq!(
+            t.all_portal_addrs(),
+            vec![a("192.0.2.1:3260"), a("[::1]:3261")]
+        );
+        assert!(parse_portal("iser:192.0.2.1").is_err());
+        assert!(parse_portal("rdma:192.0.2.1:3260").is_err());
+        let mut cfg = Config::default();
+        cfg.targets.iscsi = vec![t.clone()];
+        cfg.validate().unwrap();
+        t.portals = vec!["iser:nowhere".into()];
+        cfg.targets.iscsi = vec![t];
+        assert!(cfg.validate().is_err());
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! (`Type=notify`) it reports readiness and shutdown ([`notify`]).
 #![forbid(unsafe_code)]
 
+mod iser;
 mod notify;
 mod origin;
 mod runtime;
@@ -318,6 +319,7 @@ fn run(
         tracing::info!(target = %name, luns = t.luns.luns.len(), enabled = t.enabled, "target");
     }
     let mut srp_ports = Some(srp::bind_ports(&cfg.targets.srp)?);
+    let mut iser_portals = Some(iser::bind_portals(&cfg)?);
 
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -358,6 +360,11 @@ fn run(
         } else {
             Vec::new()
         };
+        let iser_portals = if core == 0 {
+            iser_portals.take().unwrap_or_default()
+        } else {
+            Vec::new()
+        };
         let (peers, snapshot, registry) = (txs.clone(), system.snapshot.clone(), registry.clone());
         let board = stats_board.clone();
         let budget = budget.clone();
@@ -368,6 +375,7 @@ fn run(
                 // sessions never leave the core that created them.
                 let w = CoreWorker::new(core, ls, peers, snapshot, registry)
                     .with_srp_ports(srp_ports)
+                    .with_iser_portals(iser_portals)
                     .with_stats(board)
                     .with_budget(budget);
                 ring::run(core, rcfg, rx, w).map(|_| ())

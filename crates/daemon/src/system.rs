@@ -211,7 +211,7 @@ pub fn iscsi_config_from(
             name: t.name.clone(),
             alias: t.alias.clone(),
             tpgt: t.tpgt,
-            portals: t.portal_addrs(),
+            portals: t.all_portal_addrs(),
             auth: chap_auth(&t.incoming_users, t.outgoing_user.as_ref()),
         })
         .collect();

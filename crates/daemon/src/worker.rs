@@ -21,6 +21,20 @@ use slab::Slab;
 use crate::system::Snapshot;
 use ferrite_iscsi::portal::{CorePortal, Registry};
 
+/// The iSCSI portal view of a worker's core (`CorePortal`), built from
+/// its fields so that the other fields stay free to borrow mutably.
+macro_rules! core_portal {
+    ($w:ident) => {
+        CorePortal {
+            targets: &$w.snapshot.iscsi_targets,
+            iscsi: &$w.snapshot.iscsi,
+            registry: &$w.registry,
+            core: $w.core,
+            links: &$w.links,
+        }
+    };
+}
+
 /// Token kind of a listener's accept.
 const TOKEN_ACCEPT: u64 = 3;
 
@@ -44,6 +58,8 @@ pub enum Msg {
     DropTarget(String),
     /// For this core's SRP fabric.
     Srp(crate::srp::SrpMsg),
+    /// A connection request for this core's iSER part.
+    Iser(crate::iser::IserMsg),
     /// PREEMPT AND ABORT on another core preempted these nexuses of this
     /// device: abort their commands here too (SPC-4 §5.13.11.2.4).
     AbortPreempted(
@@ -98,6 +114,7 @@ pub struct CoreWorker {
     next_timer: Option<Instant>,
     seed: u64,
     srp: crate::srp::SrpCore,
+    iser: crate::iser::IserCore,
     /// Where this core publishes its counters, and when it next does.
     stats_board: Option<Arc<crate::stats::StatsBoard>>,
     next_stats: Option<Instant>,
@@ -196,6 +213,7 @@ impl CoreWorker {
             next_timer: None,
             seed: random_seed() ^ (core as u64),
             srp: crate::srp::SrpCore::new(core),
+            iser: crate::iser::IserCore::new(core, random_seed() ^ (core as u64) << 32),
             stats_board: None,
             next_stats: None,
             stats_dirty: false,
@@ -334,6 +352,12 @@ impl CoreWorker {
         self
     }
 
+    /// Gives this core the iSER portals to accept connections on.
+    pub fn with_iser_portals(mut self, portals: Vec<crate::iser::IserPortal>) -> CoreWorker {
+        self.iser.set_portals(portals);
+        self
+    }
+
     fn add_conn(&mut self, ctx: &mut Ctx, fd: OwnedFd, received: Option<Vec<u8>>) {
         if self.stopping {
             return;
@@ -355,13 +379,7 @@ impl CoreWorker {
             Ok(c) => {
                 tracing::debug!(core = self.core, peer = %c.peer(), adopted, "connection");
                 let key = self.conns.insert(c);
-                let portal = CorePortal {
-                    targets: &self.snapshot.iscsi_targets,
-                    iscsi: &self.snapshot.iscsi,
-                    registry: &self.registry,
-                    core: self.core,
-                    links: &self.links,
-                };
+                let portal = core_portal!(self);
                 if let Some(c) = self.conns.get_mut(key) {
                     if adopted {
                         c.start_adopted(ctx, key as u64, &mut self.shard, &portal);
@@ -406,13 +424,7 @@ impl CoreWorker {
     /// do not in time), sessions of a removed target are dropped at once
     /// (AsyncEvent 3).
     fn apply_snapshot(&mut self, ctx: &mut Ctx) {
-        let portal = CorePortal {
-            targets: &self.snapshot.iscsi_targets,
-            iscsi: &self.snapshot.iscsi,
-            registry: &self.registry,
-            core: self.core,
-            links: &self.links,
-        };
+        let portal = core_portal!(self);
         let now = ctx.now();
         let mut touched = Vec::new();
         for (key, c) in self.conns.iter_mut() {
@@ -464,13 +476,7 @@ impl CoreWorker {
 
     /// Closes every iSCSI connection of this core that `which` picks.
     fn close_where(&mut self, ctx: &mut Ctx, why: &str, which: impl Fn(&TcpConn) -> bool) {
-        let portal = CorePortal {
-            targets: &self.snapshot.iscsi_targets,
-            iscsi: &self.snapshot.iscsi,
-            registry: &self.registry,
-            core: self.core,
-            links: &self.links,
-        };
+        let portal = core_portal!(self);
         let now = ctx.now();
         let mut touched = Vec::new();
         for (key, c) in self.conns.iter_mut() {
@@ -519,13 +525,7 @@ impl CoreWorker {
             return;
         }
         let keys = keys.clone();
-        let portal = CorePortal {
-            targets: &self.snapshot.iscsi_targets,
-            iscsi: &self.snapshot.iscsi,
-            registry: &self.registry,
-            core: self.core,
-            links: &self.links,
-        };
+        let portal = core_portal!(self);
         let now = ctx.now();
         // Bounded: each round either settles or moves work along.
         for _ in 0..64 {
@@ -628,13 +628,7 @@ impl Worker for CoreWorker {
 
     fn on_completion(&mut self, ctx: &mut Ctx, c: Completion) {
         self.stats_dirty = true;
-        let portal = CorePortal {
-            targets: &self.snapshot.iscsi_targets,
-            iscsi: &self.snapshot.iscsi,
-            registry: &self.registry,
-            core: self.core,
-            links: &self.links,
-        };
+        let portal = core_portal!(self);
         match c {
             Completion::Accept { token, result } => {
                 let idx = (token >> 8) as usize;
@@ -701,6 +695,16 @@ impl Worker for CoreWorker {
                 self.apply_snapshot(ctx);
                 self.srp
                     .apply_snapshot(&mut self.shard, &self.snapshot.srp_targets);
+                self.iser.apply_snapshot(
+                    ctx.now(),
+                    &mut self.shard,
+                    &self.snapshot.iscsi_targets,
+                    &self.snapshot.iscsi,
+                );
+            }
+            Msg::Iser(crate::iser::IserMsg::Incoming(req)) => {
+                let now = ctx.now();
+                self.iser.incoming(now, &self.snapshot.iscsi, req);
             }
             Msg::Srp(crate::srp::SrpMsg::Incoming { port, req }) => {
                 let now = ctx.now();
@@ -742,6 +746,9 @@ impl Worker for CoreWorker {
                 self.close_where(ctx, "closing session on request", |c| {
                     c.tsih() == Some(tsih)
                 });
+                let portal = core_portal!(self);
+                self.iser
+                    .close_session(ctx.now(), &mut self.shard, &portal, tsih);
             }
             Msg::DropTarget(target) => {
                 self.close_where(ctx, "target cold reset: dropping the connection", |c| {
@@ -751,18 +758,13 @@ impl Worker for CoreWorker {
             Msg::Stop => {
                 self.stopping = true;
                 self.srp.stop();
-                let portal = CorePortal {
-                    targets: &self.snapshot.iscsi_targets,
-                    iscsi: &self.snapshot.iscsi,
-                    registry: &self.registry,
-                    core: self.core,
-                    links: &self.links,
-                };
+                let portal = core_portal!(self);
                 let now = ctx.now();
                 for (_, c) in self.conns.iter_mut() {
                     // RFC 7143 §11.9.1: the initiator learns why.
                     c.close_with_notice(now, &mut self.shard, &portal);
                 }
+                self.iser.stop(now, &mut self.shard, &portal);
                 // Pending accepts are cancelled; the sockets close when the
                 // worker is dropped.
                 ctx.cancel(|t| t & 0xff == TOKEN_ACCEPT);
@@ -792,13 +794,7 @@ impl Worker for CoreWorker {
         self.forward_drained_resets();
         self.ready.clear();
         self.shard.ready_sessions(&mut self.ready);
-        let portal = CorePortal {
-            targets: &self.snapshot.iscsi_targets,
-            iscsi: &self.snapshot.iscsi,
-            registry: &self.registry,
-            core: self.core,
-            links: &self.links,
-        };
+        let portal = core_portal!(self);
         // Sessions replaced by a reinstatement (decided on any core): every
         // core closes the ones it runs.
         for old in self.registry.take_reinstated() {
@@ -843,6 +839,14 @@ impl Worker for CoreWorker {
             &self.snapshot.srp_targets,
             &crate::srp::Peers(&self.peers),
         );
+        let portal = core_portal!(self);
+        progress |= self.iser.poll(
+            now,
+            &mut self.shard,
+            &portal,
+            &self.snapshot.iscsi,
+            &crate::iser::Peers(&self.peers),
+        );
         self.forward_spanning_resets();
         self.next_timer = self
             .conns
@@ -860,6 +864,7 @@ impl Worker for CoreWorker {
         [
             self.next_timer,
             self.srp.next_deadline(),
+            self.iser.next_deadline(),
             // A paced sanitize's next write.
             self.shard.next_deadline(),
             stats,
@@ -880,10 +885,11 @@ impl Worker for CoreWorker {
     fn wake_fds(&self, out: &mut Vec<RawFd>) {
         self.shard.notify_fds(out);
         self.srp.wake_fds(out);
+        self.iser.wake_fds(out);
     }
 
     fn running(&self) -> bool {
-        !(self.stopping && self.conns.is_empty() && self.srp.is_empty())
+        !(self.stopping && self.conns.is_empty() && self.srp.is_empty() && self.iser.is_empty())
     }
 }
 

@@ -1008,6 +1008,31 @@ fn sockaddr(addr: &SocketAddr) -> libc::sockaddr_storage {
     ss
 }
 
+/// Reads a `sockaddr_in` or `sockaddr_in6` from the bytes of a
+/// `sockaddr_storage` (family in host order, port and address in network
+/// order); None for any other family.
+fn sockaddr_from_bytes(b: &[u8; 128]) -> Option<SocketAddr> {
+    let family = i32::from(u16::from_ne_bytes([b[0], b[1]]));
+    let port = u16::from_be_bytes([b[2], b[3]]);
+    if family == libc::AF_INET {
+        let ip = std::net::Ipv4Addr::new(b[4], b[5], b[6], b[7]);
+        return Some(SocketAddr::from((ip, port)));
+    }
+    if family == libc::AF_INET6 {
+        let mut ip = [0u8; 16];
+        ip.copy_from_slice(&b[8..24]);
+        let scope = u32::from_ne_bytes([b[24], b[25], b[26], b[27]]);
+        let flow = u32::from_be_bytes([b[4], b[5], b[6], b[7]]);
+        return Some(SocketAddr::V6(std::net::SocketAddrV6::new(
+            ip.into(),
+            port,
+            flow,
+            scope,
+        )));
+    }
+    None
+}
+
 fn conn_param(private: &[u8], attrs: &VerbsQpAttrs) -> Result<sys::rdma_conn_param, RdmaError> {
     let len =
         u8::try_from(private.len()).map_err(|_| RdmaError::Protocol("private data too long"))?;
@@ -1182,6 +1207,29 @@ impl VerbsConnRequest {
         // SAFETY: the id is live until accepted or rejected; `port_num` is
         // a plain field the connection manager sets for a request.
         unsafe { (*self.id).port_num }
+    }
+
+    /// The local (listening) and remote IP addresses and ports of the
+    /// request, as RDMA CM resolved them: the `src` and `dst` sockaddrs
+    /// at the start of the id's `struct rdma_route` (librdmacm's
+    /// `rdma_get_local_addr` / `rdma_get_peer_addr`, which are inline
+    /// functions in its header, not library symbols). None for an address
+    /// family other than IPv4 and IPv6 (an AF_IB request).
+    pub fn addrs(&self) -> (Option<SocketAddr>, Option<SocketAddr>) {
+        // SAFETY: the id is live until accepted or rejected; `route` is
+        // plain data the connection manager filled for the request.
+        let route = unsafe { (*self.id).route };
+        // Each sockaddr_storage is 128 bytes (16 u64s); the source comes
+        // first, then the destination.
+        let at = |i: usize| -> Option<SocketAddr> {
+            let words = route.get(i * 16..(i + 1) * 16)?;
+            let mut b = [0u8; 128];
+            for (dst, w) in b.chunks_exact_mut(8).zip(words) {
+                dst.copy_from_slice(&w.to_ne_bytes());
+            }
+            sockaddr_from_bytes(&b)
+        };
+        (at(0), at(1))
     }
 
     /// The device the request arrived on.
@@ -1682,6 +1730,21 @@ mod tests {
         assert!(Context::cm_devices().unwrap_or_default().is_empty());
         let a: SocketAddr = "127.0.0.1:0".parse().unwrap();
         assert!(VerbsListener::bind(&a, 4).is_err());
+    }
+
+    #[test]
+    fn sockaddrs_read_back_as_written() {
+        for a in ["192.0.2.7:3260", "[fe80::1]:3261"] {
+            let a: SocketAddr = a.parse().unwrap();
+            let ss = sockaddr(&a);
+            let mut b = [0u8; 128];
+            // SAFETY: test-only read of the plain-data storage just written.
+            let bytes: [u8; std::mem::size_of::<libc::sockaddr_storage>()] =
+                unsafe { std::mem::transmute(ss) };
+            b.copy_from_slice(&bytes[..128]);
+            assert_eq!(sockaddr_from_bytes(&b), Some(a));
+        }
+        assert_eq!(sockaddr_from_bytes(&[0u8; 128]), None);
     }
 
     #[test]

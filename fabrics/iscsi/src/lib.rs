@@ -8,8 +8,12 @@
 //! management, text, logout, NOP and async messages), the datamover
 //! interface under it and its iSCSI/TCP implementation ([`datamover`]), the
 //! project's own initiator ([`initiator`], for tools and tests), entry
-//! points for fuzz targets ([`fuzzing`]) and the TCP driver ([`tcp`]) that
-//! runs a connection on a reactor. Does not own: SCSI semantics (the core)
+//! points for fuzz targets ([`fuzzing`]), the portal's login decisions
+//! ([`portal`]) and the TCP driver ([`tcp`]) that runs a connection on a
+//! reactor, with the pieces every transport's driver shares
+//! ([`tcp::decide_session`], [`tcp::open_nexus`], [`tcp::session_event`],
+//! [`tcp::complete_orphan`]: `ferrite-iser`'s driver runs its logins and
+//! sessions through them). Does not own: SCSI semantics (the core)
 //! or storage (backends); everything but the driver reads no clock and
 //! opens no socket.
 //!

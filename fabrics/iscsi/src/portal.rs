@@ -286,7 +286,7 @@ impl Portal for CorePortal<'_> {
             isid,
             tsih,
             group,
-            connections: vec![req.peer.to_string()],
+            connections: vec![connection_name(req)],
         });
         Ok(Grant {
             tsih,
@@ -316,6 +316,15 @@ impl Portal for CorePortal<'_> {
         tracing::warn!(%peer, initiator = initiator.unwrap_or("?"), status = %format!("{status:04x}"),
             delay_ms = delay.as_millis() as u64, "login failed");
         delay
+    }
+}
+
+/// How the session list names a connection: its peer address, after
+/// `iser:` for one over iSER (the portal syntax of the configuration).
+fn connection_name(req: &SessionRequest<'_>) -> String {
+    match req.transport {
+        "tcp" => req.peer.to_string(),
+        t => format!("{t}:{}", req.peer),
     }
 }
 
@@ -379,6 +388,23 @@ impl CorePortal<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn iser_connections_are_named_with_their_transport() {
+        let peer: SocketAddr = "192.0.2.9:40000".parse().unwrap();
+        let req = |transport| SessionRequest {
+            initiator: "iqn.x",
+            isid: [0; 6],
+            tsih: 0,
+            target: None,
+            discovery: true,
+            peer,
+            local: peer,
+            transport,
+        };
+        assert_eq!(connection_name(&req("tcp")), "192.0.2.9:40000");
+        assert_eq!(connection_name(&req("iser")), "iser:192.0.2.9:40000");
+    }
 
     #[test]
     fn backoff_grows_and_is_capped() {

@@ -33,6 +33,7 @@ use ferrite_reactor::ring::{Ctx, TxSeg, advance};
 use ferrite_reactor::sock::tcp_left_established;
 
 use crate::conn::{CloseReason, Conn, ConnEvent, IscsiConfig, SessionSeq, TaskScope, TxQueue};
+use crate::datamover::Datamover;
 use crate::keys::Params;
 use crate::pdu::{BHS_LEN, Bhs, LoginStatus, Opcode};
 
@@ -60,6 +61,9 @@ pub struct SessionRequest<'a> {
     pub peer: SocketAddr,
     /// The portal the connection came in on (its local address).
     pub local: SocketAddr,
+    /// The transport carrying the connection: `"tcp"` or `"iser"` (how
+    /// the session list names its connections).
+    pub transport: &'static str,
 }
 
 /// What the portal grants a login.
@@ -816,6 +820,7 @@ impl TcpConn {
                     discovery,
                     peer: self.peer,
                     local: self.conn.local_addr(),
+                    transport: "tcp",
                 };
                 if tsih != 0 {
                     match self.join(&req, portal) {
@@ -860,21 +865,9 @@ impl TcpConn {
                     }
                     return;
                 }
-                match portal.session_request(&req) {
-                    Ok(grant) => {
-                        tracing::info!(peer = %self.peer, initiator = %initiator,
-                            target = target.as_deref().unwrap_or("(discovery)"), tsih = grant.tsih, "login");
-                        self.tsih = Some(grant.tsih);
-                        self.conn.accept_session(grant.tsih);
-                        self.pending = Some((initiator, isid, target, grant));
-                    }
-                    Err(why) => {
-                        let status = why.status();
-                        tracing::warn!(peer = %self.peer, initiator = %initiator,
-                            target = target.as_deref().unwrap_or("(discovery)"),
-                            class = status.class, detail = status.detail, ?why, "login refused");
-                        self.conn.reject_session(status);
-                    }
+                if let Some(grant) = decide_session(&mut self.conn, portal, &req) {
+                    self.tsih = Some(grant.tsih);
+                    self.pending = Some((initiator, isid, target, grant));
                 }
             }
             ConnEvent::LoginFailed { initiator, status } => {
@@ -890,14 +883,15 @@ impl TcpConn {
                 if let Some((initiator, isid, Some(target), grant)) = self.pending.take()
                     && let Some(luns) = grant.luns
                 {
-                    let isid_hex: String = isid.iter().map(|b| format!("{b:02x}")).collect();
-                    let nexus = Nexus {
-                        initiator_port: format!("{initiator},i,0x{isid_hex}"),
-                        initiator: initiator.clone(),
-                        target: target.clone(),
-                        rel_port_id: grant.rel_port_id,
-                    };
-                    let sid = shard.open_session(now, nexus, luns.clone(), true);
+                    let sid = open_nexus(
+                        now,
+                        shard,
+                        &initiator,
+                        isid,
+                        &target,
+                        grant.rel_port_id,
+                        &luns,
+                    );
                     // Large reads from file LUNs in memory travel as their
                     // pages, spliced into the socket (`TxSeg::Pipe`).
                     if let Some(mut s) = shard.session(sid) {
@@ -935,29 +929,10 @@ impl TcpConn {
                     self.nexus = Some((target, initiator, luns));
                 }
             }
-            ConnEvent::Command(req) => match self.session.and_then(|s| shard.session(s)) {
-                Some(mut s) => {
-                    s.submit(now, req);
-                }
-                None => {
-                    tracing::warn!(peer = %self.peer, "command outside a normal session dropped")
-                }
-            },
-            ConnEvent::DataOutDone { id, data } => {
-                if let Some(mut s) = self.session.and_then(|s| shard.session(s)) {
-                    s.data_out_done(id, data);
-                }
-            }
-            ConnEvent::ResponseSent { id } => {
-                if let Some(mut s) = self.session.and_then(|s| shard.session(s)) {
-                    s.response_sent(id);
-                }
-            }
-            ConnEvent::TaskMgmt(req) => {
-                if let Some(mut s) = self.session.and_then(|s| shard.session(s)) {
-                    s.task_mgmt(now, req);
-                }
-            }
+            ev @ (ConnEvent::Command(_)
+            | ConnEvent::DataOutDone { .. }
+            | ConnEvent::ResponseSent { .. }
+            | ConnEvent::TaskMgmt(_)) => session_event(now, shard, self.session, self.peer, ev),
             ConnEvent::Closed { reason } => {
                 tracing::info!(peer = %self.peer, ?reason, "connection closing");
                 if reason == CloseReason::TargetReset {
@@ -1098,9 +1073,95 @@ impl TcpConn {
     }
 }
 
+/// The portal's decision on the login of a new session (TSIH 0), for
+/// every transport's driver (TCP here, iSER's in `ferrite-iser`): asks
+/// `portal` (target lookup, portal check, admission, TSIH,
+/// reinstatement), logs the outcome, and answers the login in `conn`
+/// (accepted with the TSIH, or refused with the refusal's status). The
+/// grant to keep until [`ConnEvent::LoggedIn`], or None if refused.
+pub fn decide_session<D: Datamover>(
+    conn: &mut Conn<D>,
+    portal: &dyn Portal,
+    req: &SessionRequest<'_>,
+) -> Option<Grant> {
+    let target = req.target.unwrap_or("(discovery)");
+    match portal.session_request(req) {
+        Ok(grant) => {
+            tracing::info!(peer = %req.peer, initiator = %req.initiator, target,
+                tsih = grant.tsih, "login");
+            conn.accept_session(grant.tsih);
+            Some(grant)
+        }
+        Err(why) => {
+            let status = why.status();
+            tracing::warn!(peer = %req.peer, initiator = %req.initiator, target,
+                class = status.class, detail = status.detail, ?why, "login refused");
+            conn.reject_session(status);
+            None
+        }
+    }
+}
+
+/// Hands core session `sid` what a connection's session layer asks of it
+/// (a command, write data placed, a response sent, task management),
+/// whichever transport carries the connection; a command outside a normal
+/// session is dropped with a log line. Other events are the driver's and
+/// are ignored here.
+pub fn session_event(
+    now: Instant,
+    shard: &mut Shard,
+    sid: Option<SessionId>,
+    peer: SocketAddr,
+    ev: ConnEvent,
+) {
+    let Some(mut s) = sid.and_then(|s| shard.session(s)) else {
+        if let ConnEvent::Command(_) = ev {
+            tracing::warn!(%peer, "command outside a normal session dropped");
+        }
+        return;
+    };
+    match ev {
+        ConnEvent::Command(req) => {
+            s.submit(now, req);
+        }
+        ConnEvent::DataOutDone { id, data } => s.data_out_done(id, data),
+        ConnEvent::ResponseSent { id } => s.response_sent(id),
+        ConnEvent::TaskMgmt(req) => {
+            s.task_mgmt(now, req);
+        }
+        ConnEvent::SessionRequest { .. }
+        | ConnEvent::LoggedIn
+        | ConnEvent::LoginFailed { .. }
+        | ConnEvent::Closed { .. } => {}
+    }
+}
+
+/// Opens the core session of a normal session that logged in: the I_T
+/// nexus names the initiator port `initiator,i,0x<ISID>` (RFC 7143
+/// §4.4.1's SCSI initiator port name) and the session reports events
+/// (Async Messages), whichever transport carries it.
+pub fn open_nexus(
+    now: Instant,
+    shard: &mut Shard,
+    initiator: &str,
+    isid: [u8; 6],
+    target: &str,
+    rel_port_id: u16,
+    luns: &Arc<LunMap>,
+) -> SessionId {
+    let isid_hex: String = isid.iter().map(|b| format!("{b:02x}")).collect();
+    let nexus = Nexus {
+        initiator_port: format!("{initiator},i,0x{isid_hex}"),
+        initiator: initiator.to_string(),
+        target: target.to_string(),
+        rel_port_id,
+    };
+    shard.open_session(now, nexus, luns.clone(), true)
+}
+
 /// Completes towards the core an action whose connection is gone: the
 /// response slot is freed, write data will never come.
-fn complete_orphan(s: &mut ferrite_core::shard::Session<'_>, a: Action) {
+pub fn complete_orphan(s: &mut ferrite_core::shard::Session<'_>, a: Action) {
     match a {
         Action::Respond { id, .. } => s.response_sent(id),
         Action::FetchData { id, .. } => s.data_out_done(id, Err(Abort::ConnectionLost)),

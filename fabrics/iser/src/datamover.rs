@@ -6,10 +6,10 @@
 //!   data segment, no digests). The SCSI Response of a command whose
 //!   initiator advertised an STag is a Send with Invalidate of it when the
 //!   RDMA CM request allowed (the I flag clear).
-//! - Put_Data: an RDMA WRITE of the read data to the Write STag and base
+//! - Put_Data: an RDMA WRITE of the read data to the Read STag and base
 //!   offset of the command's iSER header; the status follows in a SCSI
 //!   Response (RFC 7145: no Data-In PDU goes on the wire).
-//! - Get_Data: an RDMA READ of the solicited range from the Read STag and
+//! - Get_Data: an RDMA READ of the solicited range from the Write STag and
 //!   base offset (RFC 7145: no R2T PDU goes on the wire); its completion
 //!   is the Data_Completion_Notify the driver hands back
 //!   ([`crate::conn::IserConn::read_done`]).
@@ -73,9 +73,9 @@ pub enum Transmit {
 /// initiator did not give what the transfer needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum MoveError {
-    #[error("read data for ITT {0:#x}, whose command advertised no Write STag")]
+    #[error("read data for ITT {0:#x}, whose command advertised no Read STag")]
     NoWriteStag(u32),
-    #[error("solicited data for ITT {0:#x}, whose command advertised no Read STag")]
+    #[error("solicited data for ITT {0:#x}, whose command advertised no Write STag")]
     NoReadStag(u32),
     #[error("read data for ITT {0:#x} came as a pipe, which iSER cannot send")]
     Pipe(u32),
@@ -97,6 +97,10 @@ pub struct IserDatamover {
     /// The STags of each command the initiator advertised them for, until
     /// its SCSI Response goes.
     stags: FxHashMap<u32, Header>,
+    /// The data offset of each write command's first solicited byte: the
+    /// one its Write Base Offset addresses (the initiator's buffer past
+    /// the data it sent unsolicited).
+    solicited_from: FxHashMap<u32, u32>,
     /// The unexpected PDUs outstanding, by ITT (true: a SCSI command).
     unexpected: FxHashMap<u32, bool>,
     broken: Option<MoveError>,
@@ -116,6 +120,7 @@ impl IserDatamover {
             unexpected_limit: recv_count as usize,
             out: VecDeque::new(),
             stags: FxHashMap::default(),
+            solicited_from: FxHashMap::default(),
             unexpected: FxHashMap::default(),
             broken: None,
         }
@@ -153,6 +158,7 @@ impl IserDatamover {
 
     /// A SCSI command arrived with iSER header `h`: its STags.
     pub fn note_command(&mut self, itt: u32, h: Header) {
+        self.solicited_from.remove(&itt);
         if h.write.is_some() || h.read.is_some() {
             self.stags.insert(itt, h);
         } else {
@@ -178,6 +184,8 @@ impl IserDatamover {
     pub fn forget_ended(&mut self, known: impl Fn(u32) -> bool) {
         self.unexpected.retain(|itt, scsi| !*scsi || known(*itt));
         self.stags.retain(|itt, _| known(*itt));
+        let stags = &self.stags;
+        self.solicited_from.retain(|itt, _| stags.contains_key(itt));
     }
 
     /// Commands whose STags are kept (bounded by the driver's pruning).
@@ -231,14 +239,17 @@ impl Datamover for IserDatamover {
         let view = Bhs(&b.0);
         self.answered(view, data);
         let mut invalidate = None;
+        if view.opcode() == Opcode::SCSI_RSP {
+            self.solicited_from.remove(&view.itt());
+        }
         if view.opcode() == Opcode::SCSI_RSP
             && let Some(h) = self.stags.remove(&view.itt())
             && self.send_invalidate
         {
             // RFC 7145: the SCSI Response may invalidate the STag
             // the command advertised; with two (bidirectional) the Write
-            // STag, the initiator invalidating the other itself.
-            invalidate = h.write.or(h.read).map(|r| r.stag);
+            // STag of the read data, the initiator invalidating the other itself.
+            invalidate = h.read.or(h.write).map(|r| r.stag);
         }
         let mut msg = Vec::with_capacity(HEADER_LEN + BHS_LEN + data.len());
         msg.extend_from_slice(&Header::target());
@@ -257,8 +268,8 @@ impl Datamover for IserDatamover {
         if len == 0 {
             return done;
         }
-        let Some(w) = self.stags.get(&itt).and_then(|h| h.write) else {
-            self.broken = Some(MoveError::NoWriteStag(itt));
+        let Some(w) = self.stags.get(&itt).and_then(|h| h.read) else {
+            self.broken = Some(MoveError::NoReadStag(itt));
             return done;
         };
         let sg = match data {
@@ -286,15 +297,21 @@ impl Datamover for IserDatamover {
     }
 
     fn get_data(&mut self, s: Solicit, _sns: Sns) {
-        let Some(r) = self.stags.get(&s.itt).and_then(|h| h.read) else {
-            self.broken = Some(MoveError::NoReadStag(s.itt));
+        let Some(r) = self.stags.get(&s.itt).and_then(|h| h.write) else {
+            self.broken = Some(MoveError::NoWriteStag(s.itt));
             return;
         };
+        // RFC 7145 §9.2: the Write Base Offset addresses the first byte
+        // the target solicits, past the immediate and unsolicited data the
+        // initiator sent with the command (as the Linux initiator sets it
+        // and LIO's isert reads it); later solicitations of the command
+        // are at their distance from that one.
+        let from = *self.solicited_from.entry(s.itt).or_insert(s.offset);
         self.out.push_back(Transmit::Read {
             itt: s.itt,
             ttt: s.ttt,
             offset: s.offset,
-            remote: Self::remote(r, u64::from(s.offset), s.len),
+            remote: Self::remote(r, u64::from(s.offset.wrapping_sub(from)), s.len),
         });
     }
 

@@ -4,11 +4,15 @@
 //! ```text
 //! byte 0      opcode (high nibble) and flags (low nibble)
 //! bytes 1-3   reserved
-//! bytes 4-7   Write STag          } valid when W is set: where the target
-//! bytes 8-15  Write Base Offset   } RDMA WRITEs the Data-In of a read
-//! bytes 16-19 Read STag           } valid when R is set: where the target
-//! bytes 20-27 Read Base Offset    } RDMA READs the solicited write data
+//! bytes 4-7   Write STag          } valid when W is set: the buffer of a
+//! bytes 8-15  Write Base Offset   } SCSI write, which the target RDMA READs
+//! bytes 16-19 Read STag           } valid when R is set: the buffer of a
+//! bytes 20-27 Read Base Offset    } SCSI read, which the target RDMA WRITEs
 //! ```
+//!
+//! The STags are named by the SCSI command they serve (RFC 7145 §9.2:
+//! the Write STag with an iSCSI write, the Read STag with a read), as the
+//! Linux iSER initiator and LIO's isert read them.
 //!
 //! Opcode 1 is an iSCSI control-type PDU, which follows the header: its BHS,
 //! AHS and data segment, without digests. Opcodes 2 and 3 are the Hello and
@@ -48,11 +52,11 @@ pub enum HeaderError {
 /// What the initiator's iSER header says about the data of one command.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Header {
-    /// Write STag and base offset: where the target writes read data
-    /// (present with W).
+    /// Write STag and base offset: the write data, which the target RDMA
+    /// READs (present with W).
     pub write: Option<Remote>,
-    /// Read STag and base offset: where the target reads write data
-    /// (present with R).
+    /// Read STag and base offset: where the target RDMA WRITEs the read
+    /// data (present with R).
     pub read: Option<Remote>,
 }
 

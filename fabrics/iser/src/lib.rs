@@ -14,6 +14,10 @@
 //!   receive size advertised and the unexpected-PDU limit, split and fed
 //!   to the session layer; RDMA READ completions fed back as its
 //!   Data_Completion_Notify. Sans-IO.
+//! - `driver` (the `verbs` feature): the reactor driver, RDMA CM
+//!   listeners on the iSER portals, the CM exchange, each connection's
+//!   queue pair and completion queue, and the pump between connections
+//!   and their core sessions; logins decided by iSCSI's portal code.
 //! - [`fuzzing`]: entry points for the cargo-fuzz targets in `fuzz/`.
 //! - [`qp`]: [`qp::IserQp`], the driver of one connection's queue pair
 //!   (receive and send buffers registered once, work requests, completions,
@@ -34,10 +38,9 @@
 //!   and Send with Invalidate, and what the target will use.
 //!
 //! Does not own: the iSCSI session layer (login, negotiation, CmdSN, task
-//! management, text, logout live in `ferrite-iscsi` and are shared with
-//! iSCSI over TCP), the RDMA providers (`ferrite-rdma`) or SCSI (the core),
-//! nor yet a reactor driver listening on RDMA CM (SRP's `driver.rs` is
-//! the model for one).
+//! management, text, logout and the portal's login decisions live in
+//! `ferrite-iscsi` and are shared with iSCSI over TCP), the RDMA providers
+//! (`ferrite-rdma`), SCSI (the core) or configuration (the daemon).
 //!
 //! Errors are values: every malformed header or private data is an
 //! [`header::HeaderError`] or [`cm::CmError`] naming what was wrong; the
@@ -49,6 +52,8 @@
 pub mod cm;
 pub mod conn;
 pub mod datamover;
+#[cfg(feature = "verbs")]
+pub mod driver;
 pub mod fuzzing;
 pub mod header;
 pub mod qp;

@@ -552,13 +552,16 @@ fn a_write_solicited_by_rdma_read_and_status_with_invalidate() {
     let p = Portal::new(8192);
     let (mut i, mut t) = logged_in(&p, VA);
     // 4 KiB immediate, the other 12 KiB read from the initiator's buffer
-    // from offset 4096 on.
+    // from offset 4096 on, where the Write Base Offset points.
     let data = pattern(5, 16384);
     let (_mr, read) = i.buffer(&data, Access::REMOTE_READ);
     let b = scsi_cmd(&mut i, 0x11, 0x2a, 16384);
     let h = Header {
-        write: None,
-        read: Some(read),
+        write: Some(Remote {
+            base: read.base + 4096,
+            ..read
+        }),
+        read: None,
     };
     i.send(h, &b, &data[..4096]);
     let m = i.wait_msg(&mut t);
@@ -578,8 +581,8 @@ fn a_read_by_rdma_write_and_status_in_a_send() {
         let (mr, write) = i.buffer(&[0u8; 12288], Access::REMOTE_WRITE);
         let b = scsi_cmd(&mut i, 0x20, 0x28, 12288);
         let h = Header {
-            write: Some(write),
-            read: None,
+            write: None,
+            read: Some(write),
         };
         i.send(h, &b, &[]);
         let m = i.wait_msg(&mut t);
@@ -676,8 +679,8 @@ fn bad_input_closes_that_connection_only() {
     };
     i.send(
         Header {
-            write: None,
-            read: Some(bogus),
+            write: Some(bogus),
+            read: None,
         },
         &b,
         &[],
@@ -691,8 +694,8 @@ fn bad_input_closes_that_connection_only() {
     let b = scsi_cmd(&mut i, 0x31, 0x28, 8192);
     i.send(
         Header {
-            write: Some(bogus),
-            read: None,
+            write: None,
+            read: Some(bogus),
         },
         &b,
         &[],
@@ -700,7 +703,7 @@ fn bad_input_closes_that_connection_only() {
     assert_eq!(t.wait_closed(), CloseReason::ProtocolError, "RDMA WRITE");
     nop(&mut good, &mut gt, 0x52, b"write");
 
-    // A read command without a Write STag: nowhere to put the data.
+    // A read command without a Read STag: nowhere to put the data.
     let (mut i, mut t) = logged_in(&p, VA);
     let b = scsi_cmd(&mut i, 0x32, 0x28, 4096);
     i.send(Header::default(), &b, &[]);
@@ -884,8 +887,8 @@ fn a_duplicate_itt_does_not_redirect_the_live_tasks_data() {
     let b = scsi_cmd(&mut i, 0x21, 0x28, 4096);
     i.send(
         Header {
-            write: Some(w1),
-            read: None,
+            write: None,
+            read: Some(w1),
         },
         &b,
         &[],
@@ -893,8 +896,8 @@ fn a_duplicate_itt_does_not_redirect_the_live_tasks_data() {
     let b = scsi_cmd(&mut i, 0x21, 0x28, 4096);
     i.send(
         Header {
-            write: Some(w2),
-            read: None,
+            write: None,
+            read: Some(w2),
         },
         &b,
         &[],
