@@ -9,10 +9,19 @@
 //! latency model (QD 1 reads and writes of 512 B to 32 KiB,
 //! with the least-squares fit time = setup + bytes / bandwidth per target).
 //!
+//! With `iser`, over iSER on the same soft-RoCE device: alone, the iSCSI
+//! comparison with ferrited's `iser:` portal and LIO's isert (libiscsi with
+//! `iser://` URLs, open-iscsi's iser iface); with `srp`, the SRP run with
+//! both iSER targets beside the SRP ones, so that the latency model puts
+//! ferrited's iSER, ferrited's SRP, LIO's isert and LIO's ib_srpt side by
+//! side (`compare-srp.sh` with `COMPARE_ISER=1`).
+//!
 //! ```sh
 //! cargo build --release --bins
 //! cargo run --release -p ferrite-tests --example lab_compare
 //! cargo run --release -p ferrite-tests --example lab_compare -- srp
+//! cargo run --release -p ferrite-tests --example lab_compare -- iser
+//! cargo run --release -p ferrite-tests --example lab_compare -- srp iser
 //! cargo run --release -p ferrite-tests --example lab_compare -- --from target/release/lab/compare-iscsi
 //! cargo run --release -p ferrite-tests --example lab_compare -- srp --from target/release/lab/compare-srp
 //! ```
@@ -23,7 +32,7 @@
 //! already made. The scenarios' knobs pass through from the environment:
 //! `CU_SUITES`, `CU_SUITE_TIMEOUT_S`, `CU_TARGETS`, `FIO_RUNTIME_S`,
 //! `FIO_LAT_RUNTIME_S`, `FIO_SIZE_MB`, `FIO_REPS`, `SKIP_FIO`, `SKIP_CU`,
-//! `SRP_OPTS`.
+//! `SKIP_FIO_JOBS`, `SRP_OPTS`.
 //!
 //! qemu runs TCG here: absolute figures mean nothing; the ratios between
 //! targets measured in one run do.
@@ -35,7 +44,7 @@ use std::process::Command;
 use ferrite_tests::compare::{self, FIO_JOBS};
 use ferrite_tests::lab::{self, LabOptions};
 
-const PASS_THROUGH: [&str; 10] = [
+const PASS_THROUGH: [&str; 11] = [
     "CU_SUITES",
     "CU_SUITE_TIMEOUT_S",
     "CU_TARGETS",
@@ -45,6 +54,7 @@ const PASS_THROUGH: [&str; 10] = [
     "FIO_REPS",
     "SKIP_FIO",
     "SKIP_CU",
+    "SKIP_FIO_JOBS",
     "SRP_OPTS",
 ];
 
@@ -86,6 +96,7 @@ fn loadavg() -> String {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let srp = args.iter().any(|a| a == "srp");
+    let iser = args.iter().any(|a| a == "iser");
     let scenario = if srp { "compare-srp" } else { "compare-iscsi" };
     let (out, seconds) = match args.iter().position(|a| a == "--from") {
         Some(i) => {
@@ -98,19 +109,24 @@ fn main() {
             (dir, None)
         }
         None => {
-            let env = PASS_THROUGH
-                .iter()
-                .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
-                .collect();
-            let load_before = loadavg();
-            let run = lab::run(
-                scenario,
-                &LabOptions {
-                    mem_mb: 4096,
-                    timeout_s: 5400,
-                    env,
-                },
+            let mut opts = if iser && !srp {
+                LabOptions::iser()
+            } else {
+                LabOptions::default()
+            };
+            if iser && srp {
+                opts.env.push(("COMPARE_ISER".into(), "1".into()));
+                opts.variant = Some("iser".into());
+            }
+            opts.env.extend(
+                PASS_THROUGH
+                    .iter()
+                    .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v))),
             );
+            opts.mem_mb = 4096;
+            opts.timeout_s = 5400;
+            let load_before = loadavg();
+            let run = lab::run(scenario, &opts);
             run.assert_passed();
             std::fs::write(run.out.join("commit.txt"), ferrited_commit() + "\n")
                 .expect("write commit.txt");
@@ -140,10 +156,11 @@ fn main() {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
 
-    if srp {
-        println!("# ferrited and LIO over SRP in one lab guest\n");
-    } else {
-        println!("# ferrited, LIO and tgtd in one lab guest\n");
+    match (srp, iser) {
+        (true, true) => println!("# ferrited and LIO over SRP and iSER in one lab guest\n"),
+        (true, false) => println!("# ferrited and LIO over SRP in one lab guest\n"),
+        (false, true) => println!("# ferrited and LIO (isert) over iSER in one lab guest\n"),
+        (false, false) => println!("# ferrited, LIO and tgtd in one lab guest\n"),
     }
     println!(
         "Run of {date}: kernel {} under qemu TCG (2 vCPUs), ferrited from {commit}.",
@@ -175,7 +192,12 @@ fn main() {
         println!("{}", compare::cu_suite_table(&targets));
     }
 
-    let fio = compare::read_fio(&out.join("fio"), &["ferrited", "lio"]);
+    let names: &[&str] = if srp && iser {
+        &["ferrited", "lio", "ferrited-iser", "lio-iser"]
+    } else {
+        &["ferrited", "lio"]
+    };
+    let fio = compare::read_fio(&out.join("fio"), names);
     if srp {
         if let Some(h) = read("srp-hosts.txt") {
             println!("What ib_srp negotiated with each:\n\n```\n{}```\n", h);
@@ -184,8 +206,30 @@ fn main() {
             "## fio over ib_srp on rxe0 (direct I/O, libaio; medians over the rounds, the ratio of each round's pair)\n"
         );
         println!("{}", compare::fio_table(&fio, &FIO_JOBS, "ferrited", "lio"));
+        if iser {
+            println!(
+                "## fio over iSER on rxe0: ferrited's iser: portal and LIO's isert, open-iscsi's iser iface\n"
+            );
+            println!(
+                "{}",
+                compare::fio_table(&fio, &FIO_JOBS, "ferrited-iser", "lio-iser")
+            );
+        }
         println!("## The latency model: QD 1 random I/O (mean latency, median over the rounds)\n");
+        println!("### SRP: ferrited and LIO's ib_srpt\n");
         println!("{}", compare::latency_table(&fio, "ferrited", "lio"));
+        if iser {
+            println!("### iSER: ferrited and LIO's isert\n");
+            println!(
+                "{}",
+                compare::latency_table(&fio, "ferrited-iser", "lio-iser")
+            );
+            println!("### ferrited: iSER against SRP\n");
+            println!(
+                "{}",
+                compare::latency_table(&fio, "ferrited-iser", "ferrited")
+            );
+        }
         let lat: Vec<String> = compare::latency_jobs(&fio)
             .into_iter()
             .map(|j| j.2)
@@ -195,7 +239,7 @@ fn main() {
             .copied()
             .chain(lat.iter().map(String::as_str))
             .collect();
-        for p in compare::fio_problems(&fio, &jobs, &["ferrited", "lio"]) {
+        for p in compare::fio_problems(&fio, &jobs, names) {
             println!("- fio problem: {p}");
         }
     } else if !fio.is_empty() {

@@ -9,7 +9,8 @@
 //!
 //! Layout of an output folder (see `tests/lab/guest/compare-iscsi.sh`):
 //! `cu/<target>/<suite>.log` (iscsi-test-cu's output), `cu/<target>/runs.tsv`
-//! (`suite rc seconds`), `cu/<target>/seconds`, `fio/<target>-<job>-<rep>.terse`
+//! (`suite rc seconds`), `cu/<target>/crashed.tsv` (`suite-or-test rc` of
+//! each iscsi-test-cu run that died of a signal), `cu/<target>/seconds`, `fio/<target>-<job>-<rep>.terse`
 //! (fio `--output-format=terse --terse-version=3`), `kernel.txt`,
 //! `versions.txt`.
 
@@ -57,6 +58,11 @@ pub struct CuTarget {
     pub seconds: u64,
     /// Set when the target process died (the suite it died in).
     pub died: Option<String>,
+    /// iscsi-test-cu runs that died of a signal (`ALL.Read10.Async: signal
+    /// 11`): a crashed suite was run again test by test, so these are the
+    /// crashed suites followed by the single tests that crashed again. Not
+    /// verdicts on the target.
+    pub crashed: Vec<String>,
 }
 
 impl CuTarget {
@@ -112,7 +118,35 @@ pub fn read_cu(dir: &Path, label: &str) -> CuTarget {
     t.died = fs::read_to_string(dir.join("died"))
         .ok()
         .map(|s| s.trim().to_string());
+    let crashed = fs::read_to_string(dir.join("crashed.tsv")).unwrap_or_default();
+    for line in crashed.lines() {
+        if let Some((what, rc)) = line.split_once('\t') {
+            let rc: i32 = rc.trim().parse().unwrap_or(0);
+            t.crashed.push(format!("{what}: signal {}", rc - 128));
+        }
+    }
     t
+}
+
+impl CuTarget {
+    /// Whether `suite` (`ALL.Read10`) ran, whole or test by test after a
+    /// crash.
+    pub fn ran_suite(&self, suite: &str) -> bool {
+        let tests = format!("{suite}.");
+        self.suites
+            .iter()
+            .any(|o| o.suite == suite || o.suite.starts_with(&tests))
+    }
+
+    /// The single tests (`Suite.Test`) whose iscsi-test-cu died of a signal
+    /// when run alone.
+    pub fn crashed_tests(&self) -> Vec<&str> {
+        self.crashed
+            .iter()
+            .filter_map(|c| c.split_once(':').map(|(w, _)| w))
+            .filter(|w| w.matches('.').count() >= 2)
+            .collect()
+    }
 }
 
 /// One direction of a fio job (terse v3).
@@ -260,12 +294,15 @@ pub fn read_fio(dir: &Path, targets: &[&str]) -> BTreeMap<String, BTreeMap<Strin
         let Some(stem) = name.strip_suffix(".terse") else {
             continue;
         };
-        let Some((target, rest)) = stem.split_once('-') else {
+        // `<target>-<job>-<round>`, target names may hold dashes
+        // (ferrited-iser): the longest one that fits.
+        let Some((target, rest)) = targets
+            .iter()
+            .filter_map(|t| Some((*t, stem.strip_prefix(t)?.strip_prefix('-')?)))
+            .max_by_key(|(t, _)| t.len())
+        else {
             continue;
         };
-        if !targets.contains(&target) {
-            continue;
-        }
         let Some((job, round)) = rest.rsplit_once('-') else {
             continue;
         };
@@ -314,6 +351,12 @@ pub fn cu_table(targets: &[CuTarget]) -> String {
     for t in targets {
         if let Some(d) = &t.died {
             let _ = writeln!(s, "\n{}: the target process {d}.", t.label);
+        }
+        if !t.crashed.is_empty() {
+            let _ = writeln!(s, "\n{}: iscsi-test-cu died of a signal in:", t.label);
+            for c in &t.crashed {
+                let _ = writeln!(s, "- {c}");
+            }
         }
         if t.failed.is_empty() {
             let _ = writeln!(s, "\n{}: no failures.", t.label);

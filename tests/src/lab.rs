@@ -26,7 +26,8 @@ use crate::ferrited_path;
 /// The outcome of one scenario.
 #[derive(Debug)]
 pub struct LabRun {
-    /// The scenario's name (its script is `tests/lab/guest/<name>.sh`).
+    /// The scenario's name (its script is `tests/lab/guest/<name>.sh`),
+    /// with its variant after a dot (`iscsi-login.iser`).
     pub scenario: String,
     /// The guest script's exit status; 90 when the guest never finished,
     /// 2 when the lab could not start.
@@ -93,6 +94,22 @@ pub struct LabOptions {
     pub timeout_s: u32,
     /// Extra variables exported in the guest.
     pub env: Vec<(String, String)>,
+    /// For a scenario run in more than one way: a name for this way, which
+    /// names its output folder and its line of the summary
+    /// (`target/lab/<scenario>.<variant>/`).
+    pub variant: Option<String>,
+}
+
+impl LabOptions {
+    /// An iSCSI scenario over iSER: ib_iser over `rdma_rxe` instead of
+    /// iscsi_tcp on loopback (the guest's `iscsi_transport`, lib.sh).
+    pub fn iser() -> LabOptions {
+        LabOptions {
+            env: vec![("LAB_ISCSI_TRANSPORT".into(), "iser".into())],
+            variant: Some("iser".into()),
+            ..LabOptions::default()
+        }
+    }
 }
 
 impl Default for LabOptions {
@@ -101,6 +118,7 @@ impl Default for LabOptions {
             mem_mb: 2048,
             timeout_s: 900,
             env: Vec::new(),
+            variant: None,
         }
     }
 }
@@ -132,7 +150,11 @@ pub fn run(name: &str, opts: &LabOptions) -> LabRun {
         ferritectl.display()
     );
     let root = bins.join("lab");
-    let out = root.join(name);
+    let label = match &opts.variant {
+        Some(v) => format!("{name}.{v}"),
+        None => name.to_string(),
+    };
+    let out = root.join(&label);
     let _ = fs::remove_dir_all(&out);
     fs::create_dir_all(&out).unwrap_or_else(|e| panic!("create {}: {e}", out.display()));
     let mut env = format!(
@@ -166,7 +188,7 @@ pub fn run(name: &str, opts: &LabOptions) -> LabRun {
     let status = status.code().unwrap_or(90);
     let console = fs::read_to_string(out.join("console.log")).unwrap_or_default();
     let run = LabRun {
-        scenario: name.to_string(),
+        scenario: label,
         status,
         out,
         console,

@@ -4,12 +4,18 @@
 # measured in one run do).
 #
 # The three targets, each with one 1 GiB thin file LU (512-byte blocks) in
-# one tmpfs, all on loopback:
-#   LIO      127.0.0.1:3260  configured through configfs as targetcli would:
+# one tmpfs, all on loopback (H is 127.0.0.1):
+#   LIO      H:3260  configured through configfs as targetcli would:
 #            fileio (buffered), unit serial, emulate_tpu/tpws, explicit ACLs
 #            for libiscsi's two initiator names and open-iscsi's, no auth
-#   ferrited 127.0.0.1:3261  vdisk_fileio, thin_provisioned
-#   tgtd     127.0.0.1:3262  bstype rdwr on a sparse file, LUN 1
+#   ferrited H:3261  vdisk_fileio, thin_provisioned
+#   tgtd     H:3262  bstype rdwr on a sparse file, LUN 1
+#
+# With LAB_ISCSI_TRANSPORT=iser (lib.sh: iscsi_transport) the same runs go
+# over iSER on rdma_rxe, H being 10.99.0.1 (rxe0): LIO's portal is marked
+# iser (ib_isert), ferrited has an iser: portal beside its TCP one, open-iscsi
+# logs in through its iser iface and libiscsi takes iser:// URLs. tgtd is
+# left out (CU_TARGETS defaults to ferrited and LIO).
 #
 # Then, in this order (so that a target misbehaving late leaves everything
 # earlier saved in /out):
@@ -24,15 +30,25 @@
 #      list for all three, each bounded by `timeout`, the URL given once;
 #      first ALL.MultipathIO with the URL given twice (two sessions). Raw
 #      output per suite in /out/cu/<target>/<suite>.log, "suite rc seconds"
-#      in runs.tsv.
+#      in runs.tsv. A suite whose iscsi-test-cu dies of a signal (libiscsi's
+#      own iSER code crashes on some tests) is run again test by test, each
+#      test a line of runs.tsv as if it were a suite; the crashed run's log
+#      is kept as <suite>.crashed.log, and every run that died of a signal
+#      is listed in crashed.tsv ("suite-or-test rc").
 #
 # Environment (all optional): CU_SUITES (space-separated ALL.* suites;
 # default every suite iscsi-test-cu -l lists), CU_SUITE_TIMEOUT_S (600),
-# CU_TARGETS (ferrited tgtd lio: LIO, in the kernel, last), FIO_RUNTIME_S
+# CU_TARGETS (ferrited tgtd lio: LIO, in the kernel, last; ferrited lio
+# under iser), FIO_RUNTIME_S
 # (4), FIO_SIZE_MB (256), FIO_REPS (5 rounds), SKIP_FIO / SKIP_CU (1 skips
 # the phase), FERRITED_ARGS (more arguments for ferrited).
 . "$(dirname "$0")/lib.sh"
-ip link set lo up
+iscsi_transport
+case $ISCSI_TRANSPORT in
+    tcp) H=127.0.0.1 SCHEME=iscsi TARGETS=${CU_TARGETS:-ferrited tgtd lio} ;;
+    iser) H=10.99.0.1 SCHEME=iser TARGETS=${CU_TARGETS:-ferrited lio} ;;
+esac
+step "transport $ISCSI_TRANSPORT"
 step "kernel $(uname -r)"
 uname -r >/out/kernel.txt
 {
@@ -45,7 +61,7 @@ LU_SIZE=1073741824
 LIO_IQN=iqn.2026-12.org.ferrite.lab:lio
 FER_IQN=iqn.2026-12.org.ferrite.lab:ferrited
 TGT_IQN=iqn.2026-12.org.ferrite.lab:tgtd
-LIO_P=127.0.0.1:3260 FER_P=127.0.0.1:3261 TGT_P=127.0.0.1:3262
+LIO_P=$H:3260 FER_P=$H:3261 TGT_P=$H:3262
 # libiscsi's initiator names (-i and -I; ferrite_tests::CU_INITIATORS).
 CU_I1=iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test
 CU_I2=iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test-2
@@ -67,28 +83,37 @@ T=$C/iscsi/$LIO_IQN/tpgt_1
 mkdir -p $T/lun/lun_0 || fail "LIO: target portal group"
 ln -s $B $T/lun/lun_0/lu0 || fail "LIO: LUN 0"
 mkdir $T/np/$LIO_P || fail "LIO: portal $LIO_P"
+if [ "$ISCSI_TRANSPORT" = iser ]; then
+    modprobe_all ib_isert
+    lio_w $T/np/$LIO_P/iser 1
+fi
 for n in $CU_I1 $CU_I2 $OI_NAME; do
     mkdir -p $T/acls/$n/lun_0 || fail "LIO: ACL $n"
     ln -s $T/lun/lun_0 $T/acls/$n/lun_0/map || fail "LIO: ACL $n LUN 0"
 done
 lio_w $T/attrib/authentication 0
 lio_w $T/enable 1
-wait_port 127.0.0.1 3260
+wait_port $H 3260
 
 step "ferrited on $FER_P"
+FER_PORTALS="\"$FER_P\""
+[ "$ISCSI_TRANSPORT" = iser ] && FER_PORTALS="$FER_PORTALS, \"iser:$FER_P\""
 cat >/tmp/ferrited.json <<JSON
 { "iscsi": { "nop_in_interval_s": 30, "nop_in_timeout_s": 60 },
   "devices": [ { "name": "lu0", "handler": "vdisk_fileio", "filename": "/lu/ferrited.img",
                  "size": $LU_SIZE, "thin_provisioned": true } ],
-  "targets": { "iscsi": [ { "name": "$FER_IQN", "portals": ["$FER_P"],
+  "targets": { "iscsi": [ { "name": "$FER_IQN", "portals": [$FER_PORTALS],
                             "luns": [ { "lun": 0, "device": "lu0" } ] } ] } }
 JSON
 # (The NOP-In timing is the host conformance run's: libiscsi's Sanitize.Reset
 # sleeps 60 s without reading its socket.)
 # shellcheck disable=SC2086
 start_ferrited --config /tmp/ferrited.json ${FERRITED_ARGS:-}
-wait_port 127.0.0.1 3261
+wait_portal $FER_P
 
+TGTD_PID=
+case " $TARGETS " in *" tgtd "*)
+[ "$ISCSI_TRANSPORT" = tcp ] || fail "tgtd runs only over TCP here"
 step "tgtd on $TGT_P"
 command -v tgtd >/dev/null || fail "tgtd missing: install tgt (tools/install-test-deps does)"
 tgtd -f -C 7 --iscsi portal=$TGT_P >/out/tgtd.log 2>&1 &
@@ -99,7 +124,8 @@ kill -0 $TGTD_PID 2>/dev/null || { cat /out/tgtd.log; fail "tgtd exited at start
 check "tgtd: target" tadm --op new --mode target --tid 1 -T $TGT_IQN
 check "tgtd: LUN 1" tadm --op new --mode logicalunit --tid 1 --lun 1 --bstype rdwr -b /lu/tgtd.img
 check "tgtd: bind" tadm --op bind --mode target --tid 1 -I ALL
-wait_port 127.0.0.1 3262
+wait_port $H 3262
+;; esac
 
 # ---- fio over open-iscsi: ferrited and LIO --------------------------------
 FIO_RUNTIME_S=${FIO_RUNTIME_S:-4}
@@ -117,7 +143,7 @@ if [ "${SKIP_FIO:-0}" != 1 ]; then
     declare -A DISK
     # login NAME IQN PORTAL: an open-iscsi session; its disk in DISK[NAME].
     login() {
-        check "discovery on $3" iscsiadm -m discovery -t st -p "$3" >/dev/null
+        discover "$3"
         check "login to $1" iscsiadm -m node -T "$2" -p "$3" --login >/dev/null
         local d; d=$(wait_disks "$2" 1) || fail "no disk for $1"
         DISK[$1]=$d
@@ -128,6 +154,7 @@ if [ "${SKIP_FIO:-0}" != 1 ]; then
     login ferrited $FER_IQN $FER_P
     login lio $LIO_IQN $LIO_P
     iscsiadm -m session -P 3 >/out/fio/sessions.txt 2>&1
+    check_transport
     for name in ferrited lio; do
         fio --name=fill --filename=/dev/${DISK[$name]} --direct=1 --ioengine=libaio --rw=write --bs=1m \
             --iodepth=8 --size=${FIO_SIZE_MB}m >/out/fio/$name-fill.log 2>&1 </dev/null ||
@@ -170,15 +197,28 @@ if [ "${SKIP_CU:-0}" != 1 ]; then
     SUITES=${CU_SUITES:-$(iscsi-test-cu -l | awk -F. 'NF == 2 && $1 == "ALL" && $2 != "MultipathIO"')}
     echo "$SUITES" | tr ' ' '\n' | grep . >/out/cu-suites.txt
     step "libiscsi: $(wc -l </out/cu-suites.txt) suites per target"
-    for t in ${CU_TARGETS:-ferrited tgtd lio}; do
+    for t in $TARGETS; do
         case $t in
-            ferrited) url=iscsi://$FER_P/$FER_IQN/0; pid=$FERRITED_PID ;;
-            lio) url=iscsi://$LIO_P/$LIO_IQN/0; pid= ;;
-            tgtd) url=iscsi://$TGT_P/$TGT_IQN/1; pid=$TGTD_PID ;;
+            ferrited) url=$SCHEME://$FER_P/$FER_IQN/0; pid=$FERRITED_PID ;;
+            lio) url=$SCHEME://$LIO_P/$LIO_IQN/0; pid= ;;
+            tgtd) url=$SCHEME://$TGT_P/$TGT_IQN/1; pid=$TGTD_PID ;;
             *) fail "unknown target $t in CU_TARGETS" ;;
         esac
-        o=/out/cu/$t; mkdir -p "$o"; : >"$o/runs.tsv"
+        o=/out/cu/$t; mkdir -p "$o"; : >"$o/runs.tsv"; : >"$o/crashed.tsv"
         t0=$SECONDS
+        # cu_run SUITE-OR-TEST URL...: one iscsi-test-cu process; its status
+        # in rc, a line in runs.tsv unless it died of a signal.
+        cu_run() {
+            local s=$1 s0=$SECONDS; shift
+            timeout -k 10 "${CU_SUITE_TIMEOUT_S:-600}" iscsi-test-cu -d -S -i $CU_I1 -I $CU_I2 -t "$s" "$@" \
+                >"$o/$s.log" 2>&1 </dev/null
+            rc=$?
+            if [ $rc -le 128 ] || [ $rc = 137 ]; then
+                printf '%s\t%s\t%s\n' "$s" $rc $((SECONDS - s0)) >>"$o/runs.tsv"
+            fi
+            [ $rc = 124 ] && step "$t: $s killed after ${CU_SUITE_TIMEOUT_S:-600} s"
+            return 0
+        }
         # MultipathIO first, on the LU as fresh as it gets: in libiscsi
         # 1.19 its CompareAndWrite test compares blocks 0 to 256 with zeroes
         # after zeroing only 0 to 255 (fixed upstream after 1.19), so it
@@ -186,13 +226,23 @@ if [ "${SKIP_CU:-0}" != 1 ]; then
         for s in ALL.MultipathIO $(cat /out/cu-suites.txt); do
             urls=$url
             [ "$s" = ALL.MultipathIO ] && urls="$url $url"
-            s0=$SECONDS
-            # shellcheck disable=SC2086
-            timeout -k 10 "${CU_SUITE_TIMEOUT_S:-600}" iscsi-test-cu -d -S -i $CU_I1 -I $CU_I2 -t "$s" $urls \
-                >"$o/$s.log" 2>&1 </dev/null
-            rc=$?
-            printf '%s\t%s\t%s\n' "$s" $rc $((SECONDS - s0)) >>"$o/runs.tsv"
-            [ $rc = 124 ] && step "$t: $s killed after ${CU_SUITE_TIMEOUT_S:-600} s"
+            cu_run "$s" $urls
+            if [ $rc -gt 128 ] && [ $rc != 137 ]; then
+                # iscsi-test-cu itself died of a signal: the rest of the
+                # suite, test by test.
+                printf '%s\t%s\n' "$s" $rc >>"$o/crashed.tsv"
+                mv "$o/$s.log" "$o/$s.crashed.log"
+                step "$t: iscsi-test-cu died of signal $((rc - 128)) in $s; its tests one by one"
+                for c in $(iscsi-test-cu -l | grep "^$s\.[^.]*\$"); do
+                    # shellcheck disable=SC2086
+                    cu_run "$c" $urls
+                    if [ $rc -gt 128 ] && [ $rc != 137 ]; then
+                        printf '%s\t%s\n' "$c" $rc >>"$o/crashed.tsv"
+                        mv "$o/$c.log" "$o/$c.crashed.log"
+                        step "$t: iscsi-test-cu died of signal $((rc - 128)) in $c"
+                    fi
+                done
+            fi
             if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then
                 step "$t: the target died during $s"
                 echo "died during $s" >"$o/died"
@@ -205,4 +255,4 @@ if [ "${SKIP_CU:-0}" != 1 ]; then
         sync
     done
 fi
-pass "ferrited, LIO and tgtd compared on kernel $(uname -r)"
+pass "$(echo $TARGETS | sed 's/ /, /g') compared over $ISCSI_TRANSPORT on kernel $(uname -r)"

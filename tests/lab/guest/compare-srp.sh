@@ -19,8 +19,16 @@
 #     16 and 32 KiB (time = setup + bytes / bandwidth is fitted from them);
 # time-bounded, direct I/O, terse v3 to /out/fio/<target>-<job>-<round>.terse.
 #
+# With COMPARE_ISER=1, iSER joins in on the same rxe0: the same ferrited
+# also serves an iSCSI target on its own LU with an iser: portal
+# (10.99.0.1:3260), LIO serves one through isert (10.99.0.1:3261, TCP and
+# iSER), and open-iscsi's iser iface logs in to both: four targets,
+# ferrited, lio (SRP), ferrited-iser and lio-iser, each round running every
+# job on all four (in the list's order in odd rounds, reversed in even ones).
+#
 # Environment (all optional): FIO_RUNTIME_S (4), FIO_LAT_RUNTIME_S (3),
-# FIO_SIZE_MB (256), FIO_REPS (3 rounds), SRP_OPTS (more add_target options
+# FIO_SIZE_MB (256), FIO_REPS (3 rounds), SKIP_FIO_JOBS (1: the latency
+# model's jobs only), COMPARE_ISER (0), SRP_OPTS (more add_target options
 # for both), FERRITED_ARGS (more arguments for ferrited).
 . "$(dirname "$0")/lib.sh"
 step "kernel $(uname -r)"
@@ -32,13 +40,19 @@ uname -r >/out/kernel.txt
 } >/out/versions.txt
 rxe_pair
 modprobe_all ib_srp sd_mod
+ISER=${COMPARE_ISER:-0}
+NAMES="ferrited lio"
+[ "$ISER" = 1 ] && NAMES="ferrited lio ferrited-iser lio-iser"
+FER_IQN=iqn.2026-12.org.ferrite.lab:ferrited-iser
+LIO_IQN=iqn.2026-12.org.ferrite.lab:lio-iser
+FER_ISER_P=10.99.0.1:3260 LIO_ISER_P=10.99.0.1:3261
 
 LU_SIZE=1073741824
 FIO_RUNTIME_S=${FIO_RUNTIME_S:-4}
 FIO_LAT_RUNTIME_S=${FIO_LAT_RUNTIME_S:-3}
 FIO_SIZE_MB=${FIO_SIZE_MB:-256}
 FIO_REPS=${FIO_REPS:-3}
-mkdir -p /lu && mount -t tmpfs -o size=3g tmpfs /lu || fail "tmpfs for the LUs"
+mkdir -p /lu && mount -t tmpfs -o size=5g tmpfs /lu || fail "tmpfs for the LUs"
 mkdir -p /out/fio
 
 # name:fio arguments (the jobs of compare-iscsi.sh)
@@ -48,6 +62,7 @@ rand4k-write-qd1:--rw=randwrite,--bs=4k,--iodepth=1
 rand4k-write-qd32:--rw=randwrite,--bs=4k,--iodepth=32
 seq1m-read-qd8:--rw=read,--bs=1m,--iodepth=8
 seq1m-write-qd8:--rw=write,--bs=1m,--iodepth=8"
+[ "${SKIP_FIO_JOBS:-0}" = 1 ] && FIO_JOBS=""
 # The latency model's jobs: lat-<read|write>-<bytes>.
 LAT_JOBS=$(for rw in read write; do for b in 512 1024 2048 4096 8192 16384 32768; do
     echo "lat-$rw-$b:--rw=rand$rw,--bs=$b,--iodepth=1"; done; done)
@@ -80,9 +95,27 @@ truncate -s $LU_SIZE /lu/ferrited.img || fail "create /lu/ferrited.img"
 srp_config /tmp/srp.json \
     "{ \"name\": \"lu0\", \"handler\": \"vdisk_fileio\", \"filename\": \"/lu/ferrited.img\", \"size\": $LU_SIZE, \"thin_provisioned\": true }" \
     '{ "lun": 0, "device": "lu0" }'
+if [ "$ISER" = 1 ]; then
+    # The same ferrited: a second LU behind an iSCSI target with an iSER
+    # portal beside its TCP one (SendTargets).
+    truncate -s $LU_SIZE /lu/ferrited-iser.img || fail "create /lu/ferrited-iser.img"
+    python3 - /tmp/srp.json <<PY || fail "the iSER part of ferrited's configuration"
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["devices"].append({"name": "lu1", "handler": "vdisk_fileio", "filename": "/lu/ferrited-iser.img",
+                     "size": $LU_SIZE, "thin_provisioned": True})
+c["targets"]["iscsi"] = [{"name": "$FER_IQN", "portals": ["$FER_ISER_P", "iser:$FER_ISER_P"],
+                          "luns": [{"lun": 0, "device": "lu1"}]}]
+json.dump(c, open(sys.argv[1], "w"))
+PY
+fi
 # shellcheck disable=SC2086
 start_ferrited --config /tmp/srp.json ${FERRITED_ARGS:-}
 wait_srp_listening
+if [ "$ISER" = 1 ]; then
+    ISCSI_TRANSPORT=iser
+    wait_portal $FER_ISER_P
+fi
 
 step "LIO: ib_srpt on rxe0, RDMA/CM port $LIO_CM_PORT"
 lio_fileio_lu ib_srpt /lu/lio.img $LU_SIZE
@@ -102,6 +135,29 @@ mkdir -p $A/lun_0 || fail "LIO: ACL"
 ln -s $T/lun/lun_0 $A/lun_0/map || fail "LIO: ACL LUN 0"
 lio_w $T/enable 1
 
+if [ "$ISER" = 1 ]; then
+    step "LIO: isert on $LIO_ISER_P"
+    modprobe_all iscsi_target_mod ib_isert ib_iser
+    B1=$C/core/fileio_0/lu1
+    truncate -s $LU_SIZE /lu/lio-iser.img || fail "create /lu/lio-iser.img"
+    mkdir -p $B1 || fail "LIO: second backstore"
+    lio_w $B1/control "fd_dev_name=/lu/lio-iser.img,fd_dev_size=$LU_SIZE,fd_buffered_io=1"
+    lio_w $B1/wwn/vpd_unit_serial 6b2f1d9e-3c4a-4f7b-9e05-8d1c2a3b4e5f
+    lio_w $B1/enable 1
+    lio_w $B1/attrib/emulate_tpu 1
+    lio_w $B1/attrib/emulate_tpws 1
+    TI=$C/iscsi/$LIO_IQN/tpgt_1
+    mkdir -p $TI/lun/lun_0 || fail "LIO: iSCSI target portal group"
+    ln -s $B1 $TI/lun/lun_0/lu1 || fail "LIO: iSCSI LUN 0"
+    mkdir $TI/np/$LIO_ISER_P || fail "LIO: portal $LIO_ISER_P"
+    lio_w $TI/np/$LIO_ISER_P/iser 1
+    for a in generate_node_acls:1 demo_mode_write_protect:0 authentication:0 cache_dynamic_acls:1; do
+        lio_w $TI/attrib/${a%%:*} ${a#*:}
+    done
+    lio_w $TI/enable 1
+    wait_port ${LIO_ISER_P%:*} ${LIO_ISER_P##*:}
+fi
+
 step "ib_srp logs in to both"
 srp_login "${SRP_OPTS:-}"
 echo "id_ext=$GUID,ioc_guid=$GUID,dest=${SRP_LISTEN%:*}:$LIO_CM_PORT${SRP_OPTS:+,$SRP_OPTS}" \
@@ -110,10 +166,23 @@ echo "id_ext=$GUID,ioc_guid=$GUID,dest=${SRP_LISTEN%:*}:$LIO_CM_PORT${SRP_OPTS:+
 declare -A DISK
 DISK[ferrited]=$(disk_of_id_ext $SRP_ID_EXT) || fail "no disk of ferrited's SRP port: $(dmesg | grep -i srp | tail -3)"
 DISK[lio]=$(disk_of_id_ext $GUID) || fail "no disk of LIO's SRP port: $(dmesg | grep -i srp | tail -3)"
-for name in ferrited lio; do
-    # The same block layer settings for both: no scheduler in between.
+if [ "$ISER" = 1 ]; then
+    step "open-iscsi logs in over iSER to both"
+    start_iscsid
+    for t in "$FER_IQN $FER_ISER_P" "$LIO_IQN $LIO_ISER_P"; do
+        set -- $t
+        discover "$2"
+        check "iSER login to $1" iscsiadm -m node -T "$1" -p "$2" --login
+    done
+    check_transport
+    DISK[ferrited-iser]=$(wait_disks $FER_IQN 1) || fail "no disk of ferrited's iSER target"
+    DISK[lio-iser]=$(wait_disks $LIO_IQN 1) || fail "no disk of LIO's iSER target"
+    iscsiadm -m session -P 2 >/out/iser-sessions.txt 2>&1
+fi
+for name in $NAMES; do
+    # The same block layer settings for all: no scheduler in between.
     echo none >/sys/block/${DISK[$name]}/queue/scheduler 2>/dev/null
-    host_info $name ${DISK[$name]}
+    case $name in *-iser) ;; *) host_info $name ${DISK[$name]} ;; esac
     fio --name=fill --filename=/dev/${DISK[$name]} --direct=1 --ioengine=libaio --rw=write --bs=1m \
         --iodepth=8 --size=${FIO_SIZE_MB}m >/out/fio/$name-fill.log 2>&1 </dev/null ||
         { cat /out/fio/$name-fill.log; fail "fio: filling $name's region"; }
@@ -121,7 +190,7 @@ done
 
 step "fio: ${FIO_SIZE_MB} MiB written on each; $FIO_REPS rounds"
 for rep in $(seq 1 "$FIO_REPS"); do
-    order="ferrited lio"; [ $((rep % 2)) = 0 ] && order="lio ferrited"
+    order=$NAMES; [ $((rep % 2)) = 0 ] && order=$(echo $NAMES | tr ' ' '\n' | tac | tr '\n' ' ')
     while IFS=: read -r job args; do
         rt=$FIO_RUNTIME_S
         case $job in lat-*) rt=$FIO_LAT_RUNTIME_S ;; esac
@@ -135,8 +204,8 @@ for rep in $(seq 1 "$FIO_REPS"); do
             awk -F';' -v n="$name $job #$rep" -v rc=$rc '$1=="3" { printf "lab: fio %s: rc=%s err=%s read %s KiB/s %s IOPS, write %s KiB/s %s IOPS\n", n, rc, $5, $7, $8, $48, $49 }' "$f"
             [ $rc = 0 ] || step "fio $name $job #$rep exited with $rc (kept in $f)"
         done
-    done <<<"$FIO_JOBS
-$LAT_JOBS"
+    done < <(printf '%s\n%s\n' "$FIO_JOBS" "$LAT_JOBS" | grep .)
 done
+[ "$ISER" = 1 ] && { iscsiadm -m node --logoutall=all >/dev/null 2>&1 || fail "open-iscsi logout"; }
 for p in /sys/class/srp_remote_ports/port-*; do [ -e "$p/delete" ] && echo 1 >"$p/delete"; done
-pass "ferrited and LIO over SRP on rxe0, kernel $(uname -r)"
+pass "$(echo $NAMES | sed 's/ /, /g') on rxe0, kernel $(uname -r)"

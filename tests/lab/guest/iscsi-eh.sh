@@ -20,9 +20,9 @@
 # §7.7; ferrited waits for the backend, as LIO and SCST do). So each stall
 # (STALL_MS) must outlast 3T and end within the TMF timeouts of the moment the
 # TMF is sent: T = 4 s, stalls of 20 s, both TMF timeouts 30 s.
+# Runs over TCP, or over iSER with LAB_ISCSI_TRANSPORT=iser (lib.sh: iscsi_transport).
 . "$(dirname "$0")/lib.sh"
-ip link set lo up
-P=127.0.0.1:3260
+iscsi_transport
 T=iqn.2026-12.org.ferrite.lab:eh
 CMD_TIMEOUT=4
 STALL_MS=20000
@@ -35,21 +35,22 @@ cat >/tmp/eh.json <<JSON
         { "op": "read", "lba": $STALL_LBA, "blocks": 8, "delay_ms": $STALL_MS, "count": 2 } ] } },
     { "name": "busy", "handler": "vdisk_nullio", "mem": true, "size": 134217728 } ],
   "targets": { "iscsi": [
-    { "name": "$T", "portals": ["$P"],
+    { "name": "$T", "portals": [$PORTALS],
       "luns": [ { "lun": 0, "device": "slow" }, { "lun": 1, "device": "busy" } ] } ] } }
 JSON
 start_ferrited --config /tmp/eh.json
-wait_port 127.0.0.1 3260
+wait_portal
 start_iscsid
 modprobe_all sg
 
 node() { iscsiadm -m node -T $T -p $P "$@"; }
-check "discovery" iscsiadm -m discovery -t sendtargets -p $P
+discover
 for kv in node.session.err_timeo.abort_timeout=$TMF_TIMEOUT node.session.err_timeo.lu_reset_timeout=$TMF_TIMEOUT \
     node.session.err_timeo.tgt_reset_timeout=$TMF_TIMEOUT node.session.timeo.replacement_timeout=60; do
     node -o update -n "${kv%%=*}" -v "${kv#*=}" >/dev/null || fail "iscsiadm: set $kv"
 done
 check "login" node --login
+check_transport
 DISKS=$(wait_disks $T 2) || fail "the two LUNs did not appear"
 SLOW=$(disk_of_lun $T 0)
 BUSY=$(disk_of_lun $T 1)

@@ -1,23 +1,27 @@
 # iscsi-fs.sh - filesystems on a ferrited fileio LUN through open-iscsi: ext4
-# and xfs in turn: mkfs, 256 MiB of files written with their checksums,
-# unmounted, logged out and in again, remounted, every checksum matching,
-# and the filesystem checker finding nothing to repair.
+# and xfs in turn (FS_TYPES), on each: mkfs, FS_FILES (16) files of 16 MiB
+# and 200 small ones written with their checksums, unmounted, logged out and
+# in again, remounted, every checksum matching, and the filesystem checker
+# finding nothing to repair.
+# Runs over TCP, or over iSER with LAB_ISCSI_TRANSPORT=iser (lib.sh: iscsi_transport).
 . "$(dirname "$0")/lib.sh"
-ip link set lo up
+iscsi_transport
 IQN=iqn.2026-12.org.ferrite.lab:fs
 cat >/tmp/fs.json <<JSON
 { "devices": [ { "name": "f0", "handler": "vdisk_fileio", "filename": "/tmp/fs.img", "size": 1073741824, "thin_provisioned": true } ],
-  "targets": { "iscsi": [ { "name": "$IQN", "portals": ["127.0.0.1:3260"], "luns": [ { "lun": 0, "device": "f0" } ] } ] } }
+  "targets": { "iscsi": [ { "name": "$IQN", "portals": [$PORTALS], "luns": [ { "lun": 0, "device": "f0" } ] } ] } }
 JSON
 modprobe_all ext4 xfs
 start_ferrited --config /tmp/fs.json
-wait_port 127.0.0.1 3260
+wait_portal
 start_iscsid
-check "discovery" iscsiadm -m discovery -t st -p 127.0.0.1:3260
-login() { iscsiadm -m node -T $IQN -p 127.0.0.1:3260 --login >/dev/null || fail "login"; D=$(wait_disks $IQN 1) || fail "no disk"; }
-logout() { iscsiadm -m node -T $IQN -p 127.0.0.1:3260 --logout >/dev/null || fail "logout"; }
+discover
+login() { iscsiadm -m node -T $IQN -p $P --login >/dev/null || fail "login"; D=$(wait_disks $IQN 1) || fail "no disk"; check_transport; }
+logout() { iscsiadm -m node -T $IQN -p $P --logout >/dev/null || fail "logout"; }
+FS_TYPES=${FS_TYPES:-ext4 xfs}
+FS_FILES=${FS_FILES:-16}
 mkdir -p /mnt/t
-for fs in ext4 xfs; do
+for fs in $FS_TYPES; do
     login
     step "$fs: mkfs on /dev/$D"
     case $fs in
@@ -26,13 +30,13 @@ for fs in ext4 xfs; do
     esac
     check "mount $fs" mount /dev/$D /mnt/t
     : >/tmp/sums
-    for i in $(seq 1 16); do
+    for i in $(seq 1 "$FS_FILES"); do
         dd if=/dev/urandom bs=1M count=16 2>/dev/null | tee /mnt/t/file$i | sha256sum | sed "s#-#/mnt/t/file$i#" >>/tmp/sums
     done
     mkdir -p /mnt/t/dir; for i in $(seq 1 200); do echo "small $i" >/mnt/t/dir/s$i; done
     ( cd /mnt/t/dir && cat s* | sha256sum ) >/tmp/small.sum
     used=$(du -sm /mnt/t | cut -f1)
-    [ "$used" -ge 256 ] || fail "$fs: only $used MiB written"
+    [ "$used" -ge $((FS_FILES * 16)) ] || fail "$fs: only $used MiB written"
     check "umount $fs" umount /mnt/t
     logout
     step "$fs: $used MiB written, unmounted, logged out"
@@ -48,4 +52,4 @@ for fs in ext4 xfs; do
     step "$fs: checksums match after the remount, fsck clean"
     logout
 done
-pass "ext4 and xfs: 256 MiB written, remounted, checksums and fsck clean"
+pass "$(echo $FS_TYPES | sed 's/ / and /g'): $((FS_FILES * 16)) MiB written, remounted, checksums and fsck clean"

@@ -3,19 +3,21 @@
 # the kernel logs the unit attention (REPORTED LUNS DATA HAS CHANGED); a LUN
 # resized with ferritectl is seen at its new size, the kernel logging
 # CAPACITY DATA HAS CHANGED; I/O on the first LUN goes on throughout.
+# Runs over TCP, or over iSER with LAB_ISCSI_TRANSPORT=iser (lib.sh: iscsi_transport).
 . "$(dirname "$0")/lib.sh"
-ip link set lo up
+iscsi_transport
 IQN=iqn.2026-12.org.ferrite.lab:live
 T=/targets/iscsi/$IQN
 cat >/tmp/live.json <<JSON
 { "devices": [ { "name": "f0", "handler": "vdisk_fileio", "filename": "/tmp/live0.img", "size": 67108864 } ],
-  "targets": { "iscsi": [ { "name": "$IQN", "portals": ["127.0.0.1:3260"], "luns": [ { "lun": 0, "device": "f0" } ] } ] } }
+  "targets": { "iscsi": [ { "name": "$IQN", "portals": [$PORTALS], "luns": [ { "lun": 0, "device": "f0" } ] } ] } }
 JSON
 start_ferrited --config /tmp/live.json
-wait_port 127.0.0.1 3260
+wait_portal
 start_iscsid
-check "discovery" iscsiadm -m discovery -t st -p 127.0.0.1:3260
-check "login" iscsiadm -m node -T $IQN -p 127.0.0.1:3260 --login
+discover
+check "login" iscsiadm -m node -T $IQN -p $P --login
+check_transport
 D0=$(wait_disks $IQN 1) || fail "no disk"
 step "LUN 0 is /dev/$D0"
 fio --name=bg --filename=/dev/$D0 --direct=1 --ioengine=libaio --rw=randrw --bs=4k --iodepth=4 \

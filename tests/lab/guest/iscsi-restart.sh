@@ -7,9 +7,9 @@
 # checked in the image file itself and through the LUN. The kernel logs the
 # connection error, then meets the restarted target's POWER ON unit attention;
 # iscsid logs the recovery.
+# Runs over TCP, or over iSER with LAB_ISCSI_TRANSPORT=iser (lib.sh: iscsi_transport).
 . "$(dirname "$0")/lib.sh"
-ip link set lo up
-P=127.0.0.1:3260
+iscsi_transport
 T=iqn.2026-12.org.ferrite.lab:restart
 IMG=/tmp/images/wt0.img
 REPLACEMENT_TIMEOUT=90
@@ -24,17 +24,18 @@ cat >/tmp/restart.json <<JSON
     { "name": "wt0", "handler": "vdisk_fileio", "filename": "$IMG",
       "size": 268435456, "write_through": true } ],
   "targets": { "iscsi": [
-    { "name": "$T", "portals": ["$P"], "luns": [ { "lun": 0, "device": "wt0" } ] } ] } }
+    { "name": "$T", "portals": [$PORTALS], "luns": [ { "lun": 0, "device": "wt0" } ] } ] } }
 JSON
 start_ferrited --config /tmp/restart.json
-wait_port 127.0.0.1 3260
+wait_portal
 start_iscsid
 
 step "login (replacement_timeout ${REPLACEMENT_TIMEOUT} s)"
-iscsiadm -m discovery -t sendtargets -p $P >/out/discovery.txt 2>&1 || { cat /out/discovery.txt; fail "SendTargets discovery"; }
+discover
 iscsiadm -m node -T $T -p $P -o update -n node.session.timeo.replacement_timeout -v $REPLACEMENT_TIMEOUT >/dev/null ||
     fail "iscsiadm: set replacement_timeout"
 iscsiadm -m node -T $T -p $P --login >/dev/null || fail "login to $T"
+check_transport
 D=$(wait_disks $T 1) || fail "no disk appeared for $T"
 SESSION=$(ls -d /sys/class/iscsi_session/session* | head -1)
 [ "$(cat "$SESSION/recovery_tmo")" = $REPLACEMENT_TIMEOUT ] ||
@@ -118,6 +119,7 @@ outage=$(awk -v a="$killed" -v b="$back" 'BEGIN { printf "%.1f", b - a }')
 relogin=$(awk -v a="$restarted" -v b="$back" 'BEGIN { printf "%.1f", b - a }')
 awk -v o="$outage" -v t=$REPLACEMENT_TIMEOUT 'BEGIN { exit !(o < t) }' ||
     fail "the session came back after ${outage} s, not within the replacement timeout (${REPLACEMENT_TIMEOUT} s)"
+check_transport
 step "session logged in again ${relogin} s after the restart, ${outage} s after the kill"
 
 step "waiting for the job to finish its writes and its verify pass"

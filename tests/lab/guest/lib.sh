@@ -22,7 +22,15 @@ fail() {
     dmesg > /out/dmesg.log 2>/dev/null
     exit 1
 }
-pass() { dmesg > /out/dmesg.log 2>/dev/null; echo "lab: PASS${1:+: $*}"; exit 0; }
+# Under iSER a scenario passes only if ferrited logged no iSER protocol or
+# transfer error.
+pass() {
+    dmesg > /out/dmesg.log 2>/dev/null
+    if [ "${ISCSI_TRANSPORT:-}" = iser ] && grep -E "iSER: .*closing the connection|work request failed" /out/ferrited.log; then
+        fail "ferrited reported an iSER protocol or transfer error"
+    fi
+    echo "lab: PASS${1:+: $*}"; exit 0
+}
 # check DESCRIPTION CMD...: run CMD, fail with DESCRIPTION when it fails.
 check() { local what=$1; shift; "$@" || fail "$what (exit $?: $*)"; }
 
@@ -74,6 +82,69 @@ start_iscsid() {
         sleep 0.1
     done
     fail "iscsid never answered"
+}
+
+# iscsi_transport: the iSCSI transport a scenario runs over, chosen by the
+# harness through LAB_ISCSI_TRANSPORT: tcp (the default: iscsi_tcp on
+# loopback) or iser (ib_iser over rdma_rxe, see rxe_pair). Sets P, the portal
+# the initiator uses, and PORTALS, the portal list of a ferrited target in
+# its JSON configuration (under iser a TCP portal for SendTargets and the
+# iSER portal on the same address).
+iscsi_transport() {
+    ISCSI_TRANSPORT=${LAB_ISCSI_TRANSPORT:-tcp}
+    case $ISCSI_TRANSPORT in
+        tcp)
+            ip link set lo up
+            P=127.0.0.1:3260
+            PORTALS='"127.0.0.1:3260"' ;;
+        iser)
+            rxe_pair
+            modprobe_all ib_iser
+            P=10.99.0.1:3260
+            PORTALS='"10.99.0.1:3260", "iser:10.99.0.1:3260"' ;;
+        *) fail "LAB_ISCSI_TRANSPORT is '$ISCSI_TRANSPORT', not tcp or iser" ;;
+    esac
+}
+# wait_portal [PORTAL]: until ferrited accepts connections on PORTAL ($P by
+# default) and, under iser, its iSER portal there listens on RDMA/CM.
+wait_portal() {
+    local p=${1:-$P}
+    wait_port "${p%:*}" "${p##*:}"
+    [ "$ISCSI_TRANSPORT" = iser ] || return 0
+    local i
+    for i in $(seq 1 100); do grep -q "iSER portal listening.*$p" /out/ferrited.log && return 0; sleep 0.2; done
+    fail "ferrited's iSER portal on $p never listened"
+}
+# discover [PORTAL]: SendTargets discovery through PORTAL ($P by default),
+# over TCP, its output in /out/discovery.txt. Under iser every node found is
+# recorded again on open-iscsi's iser iface instead of the default (tcp)
+# one, so the scenario's `iscsiadm -m node -T IQN -p PORTAL` commands log in
+# over iSER.
+discover() {
+    local p=${1:-$P}
+    iscsiadm -m discovery -t sendtargets -p "$p" >/out/discovery.txt 2>&1 ||
+        { cat /out/discovery.txt; fail "SendTargets discovery through $p"; }
+    [ "$ISCSI_TRANSPORT" = iser ] || return 0
+    if ! iscsiadm -m iface -I iser 2>/dev/null | grep -q "iface.transport_name = iser"; then
+        check "iface new" iscsiadm -m iface -I iser -o new
+        check "iface transport" iscsiadm -m iface -I iser -o update -n iface.transport_name -v iser
+    fi
+    local iqn
+    for iqn in $(awk -v p="$p" '$1 == p ",1" { print $2 }' /out/discovery.txt); do
+        check "delete the tcp node of $iqn" iscsiadm -m node -o delete -T "$iqn" -p "$p"
+        check "iser node for $iqn" iscsiadm -m node -o new -T "$iqn" -p "$p" -I iser
+    done
+}
+# check_transport: every open-iscsi session runs over $ISCSI_TRANSPORT (and,
+# under iser, ferritectl sessions shows an iSER connection).
+check_transport() {
+    local t
+    t=$(iscsiadm -m session -P 1 2>/dev/null | awk '/Iface Transport:/ { print $3 }' | sort -u)
+    [ -n "$t" ] || fail "no iSCSI session to check the transport of"
+    [ "$t" = "$ISCSI_TRANSPORT" ] || fail "the sessions run over '$(echo $t)', not $ISCSI_TRANSPORT"
+    [ "$ISCSI_TRANSPORT" = iser ] || return 0
+    ctl sessions >/out/sessions.txt 2>&1 || true
+    grep -q "iser:" /out/sessions.txt || { cat /out/sessions.txt; fail "ferritectl sessions shows no iSER connection"; }
 }
 
 # udev gives /dev/disk/by-*, and dm-multipath finds its paths through it.
