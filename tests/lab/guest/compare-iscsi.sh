@@ -204,21 +204,36 @@ if [ "${SKIP_CU:-0}" != 1 ]; then
             tgtd) url=$SCHEME://$TGT_P/$TGT_IQN/1; pid=$TGTD_PID ;;
             *) fail "unknown target $t in CU_TARGETS" ;;
         esac
-        o=/out/cu/$t; mkdir -p "$o"; : >"$o/runs.tsv"; : >"$o/crashed.tsv"
+        o=/out/cu/$t; mkdir -p "$o"; : >"$o/runs.tsv"; : >"$o/crashed.tsv"; : >"$o/login-retries.tsv"
         t0=$SECONDS
         # cu_run SUITE-OR-TEST URL...: one iscsi-test-cu process; its status
-        # in rc, a line in runs.tsv unless it died of a signal.
+        # in rc, a line in runs.tsv unless it died of a signal. Under iSER,
+        # a run in which libiscsi could not log in because its own event
+        # loop failed ("revents is not POLLIN", before any verdict of the
+        # target's) is made again, up to CU_LOGIN_TRIES (3) times in all;
+        # each such run is kept as <name>.login-N.log and counted in
+        # login-retries.tsv.
         cu_run() {
-            local s=$1 s0=$SECONDS; shift
-            timeout -k 10 "${CU_SUITE_TIMEOUT_S:-600}" iscsi-test-cu -d -S -i $CU_I1 -I $CU_I2 -t "$s" "$@" \
-                >"$o/$s.log" 2>&1 </dev/null
-            rc=$?
-            if [ $rc -le 128 ] || [ $rc = 137 ]; then
+            local s=$1 s0=$SECONDS try=1; shift
+            while :; do
+                timeout -k 10 "${CU_SUITE_TIMEOUT_S:-600}" iscsi-test-cu -d -S -i $CU_I1 -I $CU_I2 -t "$s" "$@" \
+                    >"$o/$s.log" 2>&1 </dev/null
+                rc=$?
+                [ "$ISCSI_TRANSPORT" = iser ] && [ $try -lt "${CU_LOGIN_TRIES:-3}" ] &&
+                    grep -q "revents is not POLLIN" "$o/$s.log" && ! grep -q '^  Test: .*\.\.\.' "$o/$s.log" || break
+                mv "$o/$s.log" "$o/$s.login-$try.log"
+                printf '%s\t%s\n' "$s" $try >>"$o/login-retries.tsv"
+                try=$((try + 1))
+            done
+            if ! died_of_signal $rc; then
                 printf '%s\t%s\t%s\n' "$s" $rc $((SECONDS - s0)) >>"$o/runs.tsv"
             fi
             [ $rc = 124 ] && step "$t: $s killed after ${CU_SUITE_TIMEOUT_S:-600} s"
             return 0
         }
+        # died_of_signal RC: the status of a process killed by a signal
+        # other than timeout's SIGKILL.
+        died_of_signal() { [ "$1" -gt 128 ] && [ "$1" -lt 160 ] && [ "$1" != 137 ]; }
         # MultipathIO first, on the LU as fresh as it gets: in libiscsi
         # 1.19 its CompareAndWrite test compares blocks 0 to 256 with zeroes
         # after zeroing only 0 to 255 (fixed upstream after 1.19), so it
@@ -227,7 +242,7 @@ if [ "${SKIP_CU:-0}" != 1 ]; then
             urls=$url
             [ "$s" = ALL.MultipathIO ] && urls="$url $url"
             cu_run "$s" $urls
-            if [ $rc -gt 128 ] && [ $rc != 137 ]; then
+            if died_of_signal $rc; then
                 # iscsi-test-cu itself died of a signal: the rest of the
                 # suite, test by test.
                 printf '%s\t%s\n' "$s" $rc >>"$o/crashed.tsv"
@@ -236,7 +251,7 @@ if [ "${SKIP_CU:-0}" != 1 ]; then
                 for c in $(iscsi-test-cu -l | grep "^$s\.[^.]*\$"); do
                     # shellcheck disable=SC2086
                     cu_run "$c" $urls
-                    if [ $rc -gt 128 ] && [ $rc != 137 ]; then
+                    if died_of_signal $rc; then
                         printf '%s\t%s\n' "$c" $rc >>"$o/crashed.tsv"
                         mv "$o/$c.log" "$o/$c.crashed.log"
                         step "$t: iscsi-test-cu died of signal $((rc - 128)) in $c"
