@@ -10,8 +10,8 @@
 //! Layout of an output folder (see `tests/lab/guest/compare-iscsi.sh`):
 //! `cu/<target>/<suite>.log` (iscsi-test-cu's output), `cu/<target>/runs.tsv`
 //! (`suite rc seconds`), `cu/<target>/crashed.tsv` (`suite-or-test rc` of
-//! each iscsi-test-cu run that died of a signal), `cu/<target>/login-retries.tsv`
-//! (runs made again after libiscsi's iSER login failed), `cu/<target>/seconds`, `fio/<target>-<job>-<rep>.terse`
+//! each iscsi-test-cu run that died of a signal), `cu/<target>/retries.tsv`
+//! (runs made again after libiscsi's iSER code crashed or failed its login), `cu/<target>/seconds`, `fio/<target>-<job>-<rep>.terse`
 //! (fio `--output-format=terse --terse-version=3`), `kernel.txt`,
 //! `versions.txt`.
 
@@ -64,9 +64,9 @@ pub struct CuTarget {
     /// crashed suites followed by the single tests that crashed again. Not
     /// verdicts on the target.
     pub crashed: Vec<String>,
-    /// Runs made again because libiscsi's iSER event loop failed its login
-    /// (`login-retries.tsv`).
-    pub login_retries: usize,
+    /// Runs made again because libiscsi's iSER code crashed or failed its
+    /// login in its own event loop (`retries.tsv`).
+    pub retries: usize,
 }
 
 impl CuTarget {
@@ -122,7 +122,7 @@ pub fn read_cu(dir: &Path, label: &str) -> CuTarget {
     t.died = fs::read_to_string(dir.join("died"))
         .ok()
         .map(|s| s.trim().to_string());
-    t.login_retries = fs::read_to_string(dir.join("login-retries.tsv"))
+    t.retries = fs::read_to_string(dir.join("retries.tsv"))
         .unwrap_or_default()
         .lines()
         .count();
@@ -360,11 +360,11 @@ pub fn cu_table(targets: &[CuTarget]) -> String {
         if let Some(d) = &t.died {
             let _ = writeln!(s, "\n{}: the target process {d}.", t.label);
         }
-        if t.login_retries > 0 {
+        if t.retries > 0 {
             let _ = writeln!(
                 s,
-                "\n{}: {} runs made again after libiscsi's iSER login failed in its own event loop.",
-                t.label, t.login_retries
+                "\n{}: {} runs made again after libiscsi's iSER code crashed or failed its login.",
+                t.label, t.retries
             );
         }
         if !t.crashed.is_empty() {

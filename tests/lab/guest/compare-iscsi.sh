@@ -34,7 +34,8 @@
 #      own iSER code crashes on some tests) is run again test by test, each
 #      test a line of runs.tsv as if it were a suite; the crashed run's log
 #      is kept as <suite>.crashed.log, and every run that died of a signal
-#      is listed in crashed.tsv ("suite-or-test rc").
+#      is listed in crashed.tsv ("suite-or-test rc"); under iSER a run is
+#      first made again up to CU_TRIES times (see cu_run).
 #
 # Environment (all optional): CU_SUITES (space-separated ALL.* suites;
 # default every suite iscsi-test-cu -l lists), CU_SUITE_TIMEOUT_S (600),
@@ -204,25 +205,29 @@ if [ "${SKIP_CU:-0}" != 1 ]; then
             tgtd) url=$SCHEME://$TGT_P/$TGT_IQN/1; pid=$TGTD_PID ;;
             *) fail "unknown target $t in CU_TARGETS" ;;
         esac
-        o=/out/cu/$t; mkdir -p "$o"; : >"$o/runs.tsv"; : >"$o/crashed.tsv"; : >"$o/login-retries.tsv"
+        o=/out/cu/$t; mkdir -p "$o"; : >"$o/runs.tsv"; : >"$o/crashed.tsv"; : >"$o/retries.tsv"
         t0=$SECONDS
-        # cu_run SUITE-OR-TEST URL...: one iscsi-test-cu process; its status
-        # in rc, a line in runs.tsv unless it died of a signal. Under iSER,
-        # a run in which libiscsi could not log in because its own event
-        # loop failed ("revents is not POLLIN", before any verdict of the
-        # target's) is made again, up to CU_LOGIN_TRIES (3) times in all;
-        # each such run is kept as <name>.login-N.log and counted in
-        # login-retries.tsv.
+        # cu_run SUITE-OR-TEST URL...: one iscsi-test-cu run; its status in
+        # rc, a line in runs.tsv unless it died of a signal. Under iSER,
+        # libiscsi's own iSER code corrupts its heap now and then, against
+        # every target (glibc aborts with "munmap_chunk(): invalid pointer"
+        # or "corrupted double-linked list", or the login fails in its event
+        # loop with "revents is not POLLIN"): a run that died of a signal,
+        # or whose login failed so before any verdict, is made again, up to
+        # CU_TRIES (3) times in all; each such run is kept as
+        # <name>.try-N.log and listed in retries.tsv ("name try rc").
         cu_run() {
             local s=$1 s0=$SECONDS try=1; shift
             while :; do
                 timeout -k 10 "${CU_SUITE_TIMEOUT_S:-600}" iscsi-test-cu -d -S -i $CU_I1 -I $CU_I2 -t "$s" "$@" \
                     >"$o/$s.log" 2>&1 </dev/null
                 rc=$?
-                [ "$ISCSI_TRANSPORT" = iser ] && [ $try -lt "${CU_LOGIN_TRIES:-3}" ] &&
+                [ "$ISCSI_TRANSPORT" = iser ] && [ $try -lt "${CU_TRIES:-3}" ] || break
+                if ! died_of_signal $rc; then
                     grep -q "revents is not POLLIN" "$o/$s.log" && ! grep -q '^  Test: .*\.\.\.' "$o/$s.log" || break
-                mv "$o/$s.log" "$o/$s.login-$try.log"
-                printf '%s\t%s\n' "$s" $try >>"$o/login-retries.tsv"
+                fi
+                mv "$o/$s.log" "$o/$s.try-$try.log"
+                printf '%s\t%s\t%s\n' "$s" $try $rc >>"$o/retries.tsv"
                 try=$((try + 1))
             done
             if ! died_of_signal $rc; then
