@@ -617,6 +617,15 @@ pub fn run<W: Worker>(
         let r = ctx.submit(Some(timeout));
         mailbox.set_sleeping(false);
         r?;
+        // A wake-up poll holds the file it was armed on, not its number: a
+        // worker's fd closed and its number given to a new file (one
+        // connection gone, another come) would leave the old poll armed
+        // and the new file never watched. So wake-up polls last one sleep
+        // and are withdrawn after it (their completions are skipped above).
+        if !armed.is_empty() {
+            ctx.cancel(|t| t >> 32 == 0xffff_fffe);
+            armed.clear();
+        }
     }
     drain(&mut ctx, wake_armed)?;
     Ok(worker)
@@ -878,6 +887,109 @@ mod tests {
         )
         .unwrap();
         f.inner
+    }
+
+    /// A worker whose wake fd is the read end of a pipe; told through its
+    /// mailbox, it closes that pipe and puts a new one's read end on the
+    /// same fd number, then waits (its next deadline a minute away) for a
+    /// byte on the new pipe.
+    struct Reuse {
+        read: OwnedFd,
+        /// The old pipe's write end, kept open so its read end stays quiet.
+        old_write: Option<OwnedFd>,
+        new_write: std::sync::mpsc::Sender<OwnedFd>,
+        got: bool,
+    }
+
+    fn pipe() -> (OwnedFd, OwnedFd) {
+        let mut fds = [0; 2];
+        // SAFETY: fds has room for the two descriptors pipe2 returns.
+        assert_eq!(
+            unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK) },
+            0
+        );
+        // SAFETY: both were just opened and are owned by nobody else.
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+    }
+
+    impl Worker for Reuse {
+        type Msg = OwnedFd;
+        fn on_completion(&mut self, _ctx: &mut Ctx, _c: Completion) {}
+        fn on_message(&mut self, _ctx: &mut Ctx, old_write: OwnedFd) {
+            let number = self.read.as_raw_fd();
+            let (r, w) = pipe();
+            // SAFETY: both are open; dup2 closes `number` (the old read
+            // end) and makes it refer to the new pipe.
+            assert_eq!(unsafe { libc::dup2(r.as_raw_fd(), number) }, number);
+            self.old_write = Some(old_write);
+            self.new_write.send(w).unwrap();
+        }
+        fn poll(&mut self, _ctx: &mut Ctx) -> bool {
+            let mut b = [0u8; 1];
+            // SAFETY: reads at most one byte into b from an open fd.
+            let n = unsafe { libc::read(self.read.as_raw_fd(), b.as_mut_ptr().cast(), 1) };
+            if n == 1 {
+                self.got = true;
+            }
+            n == 1
+        }
+        fn next_deadline(&self) -> Option<Instant> {
+            Some(Instant::now() + Duration::from_secs(60))
+        }
+        fn wants_spin(&self) -> bool {
+            false
+        }
+        fn wake_fds(&self, out: &mut Vec<RawFd>) {
+            out.push(self.read.as_raw_fd());
+        }
+        fn running(&self) -> bool {
+            !self.got
+        }
+    }
+
+    /// A wake fd whose number was closed and given to a new file while the
+    /// reactor slept still wakes it: the poll armed on the old file does
+    /// not stand for the new one.
+    #[test]
+    fn a_wake_fd_number_reused_by_a_new_file_still_wakes_the_reactor() {
+        let (tx, rx) = mailbox::<OwnedFd>().unwrap();
+        let (r, w) = pipe();
+        let (new_tx, new_rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || {
+            let cfg = ReactorConfig {
+                poll: Duration::ZERO,
+                latency_poll: Duration::ZERO,
+                ..ReactorConfig::default()
+            };
+            let worker = Reuse {
+                read: r,
+                old_write: None,
+                new_write: new_tx,
+                got: false,
+            };
+            run(0, cfg, rx, worker).unwrap()
+        });
+        // Let the reactor go to sleep with a poll armed on the first pipe.
+        std::thread::sleep(Duration::from_millis(200));
+        tx.send(w).unwrap();
+        let new_w = new_rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        // Asleep again, now with the new pipe behind the same number.
+        std::thread::sleep(Duration::from_millis(200));
+        let start = Instant::now();
+        // SAFETY: writes one byte from a live buffer to an open pipe.
+        assert_eq!(
+            unsafe { libc::write(new_w.as_raw_fd(), [1u8].as_ptr().cast(), 1) },
+            1
+        );
+        let w = t.join().unwrap();
+        assert!(w.got);
+        // Without a poll on the new file the reactor would sleep out its
+        // worker's minute-long deadline.
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the reactor woke only after {:?}",
+            start.elapsed()
+        );
     }
 
     #[test]
