@@ -904,10 +904,8 @@ mod tests {
     fn pipe() -> (OwnedFd, OwnedFd) {
         let mut fds = [0; 2];
         // SAFETY: fds has room for the two descriptors pipe2 returns.
-        assert_eq!(
-            unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK) },
-            0
-        );
+        let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK) };
+        assert_eq!(rc, 0);
         // SAFETY: both were just opened and are owned by nobody else.
         unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
     }
@@ -977,10 +975,8 @@ mod tests {
         std::thread::sleep(Duration::from_millis(200));
         let start = Instant::now();
         // SAFETY: writes one byte from a live buffer to an open pipe.
-        assert_eq!(
-            unsafe { libc::write(new_w.as_raw_fd(), [1u8].as_ptr().cast(), 1) },
-            1
-        );
+        let n = unsafe { libc::write(new_w.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+        assert_eq!(n, 1);
         let w = t.join().unwrap();
         assert!(w.got);
         // Without a poll on the new file the reactor would sleep out its
