@@ -138,14 +138,8 @@ lio_w $T/enable 1
 if [ "$ISER" = 1 ]; then
     step "LIO: isert on $LIO_ISER_P"
     modprobe_all iscsi_target_mod ib_isert ib_iser
-    B1=$C/core/fileio_0/lu1
-    truncate -s $LU_SIZE /lu/lio-iser.img || fail "create /lu/lio-iser.img"
-    mkdir -p $B1 || fail "LIO: second backstore"
-    lio_w $B1/control "fd_dev_name=/lu/lio-iser.img,fd_dev_size=$LU_SIZE,fd_buffered_io=1"
-    lio_w $B1/wwn/vpd_unit_serial 6b2f1d9e-3c4a-4f7b-9e05-8d1c2a3b4e5f
-    lio_w $B1/enable 1
-    lio_w $B1/attrib/emulate_tpu 1
-    lio_w $B1/attrib/emulate_tpws 1
+    lio_fileio_backstore lu1 /lu/lio-iser.img $LU_SIZE 6b2f1d9e-3c4a-4f7b-9e05-8d1c2a3b4e5f
+    B1=$LIO_BS
     TI=$C/iscsi/$LIO_IQN/tpgt_1
     mkdir -p $TI/lun/lun_0 || fail "LIO: iSCSI target portal group"
     ln -s $B1 $TI/lun/lun_0/lu1 || fail "LIO: iSCSI LUN 0"

@@ -272,17 +272,27 @@ lio_fileio_lu() {
     mkdir -p /etc/target/pr /etc/target/alua || fail "LIO: /etc/target"
     lio_w $C/dbroot /etc/target
     modprobe_all target_core_file "$1"
+    lio_fileio_backstore lu0 "$2" "$3" 3f1c2b7e-0d4a-4e59-8a6b-5c9e2d71f0a3
+    LIO_LU=$LIO_BS
+}
+
+# lio_fileio_backstore NAME IMAGE SIZE SERIAL: one more thin fileio
+# backstore of LIO (after lio_fileio_lu) on IMAGE (SIZE bytes, created if
+# missing), enabled, with that unit serial; sets LIO_BS to its configfs
+# folder.
+lio_fileio_backstore() {
+    local b=$C/core/fileio_0/$1
     [ -e "$2" ] || truncate -s "$3" "$2" || fail "create $2"
-    LIO_LU=$C/core/fileio_0/lu0
-    mkdir -p $LIO_LU || fail "LIO: backstore"
+    mkdir -p $b || fail "LIO: backstore $1"
     # targetcli's fileio default is write-back (buffered), as ferrited's fileio is.
-    lio_w $LIO_LU/control "fd_dev_name=$2,fd_dev_size=$3,fd_buffered_io=1"
+    lio_w $b/control "fd_dev_name=$2,fd_dev_size=$3,fd_buffered_io=1"
     # The unit serial names the LU in VPD pages 80h/83h and names LIO's
     # persistent reservation file (dbroot/pr/aptpl_<serial>).
-    lio_w $LIO_LU/wwn/vpd_unit_serial 3f1c2b7e-0d4a-4e59-8a6b-5c9e2d71f0a3
-    lio_w $LIO_LU/enable 1
+    lio_w $b/wwn/vpd_unit_serial $4
+    lio_w $b/enable 1
     # Thin provisioning (UNMAP and WRITE SAME with UNMAP); LIO takes them only
     # once the device is enabled.
-    lio_w $LIO_LU/attrib/emulate_tpu 1
-    lio_w $LIO_LU/attrib/emulate_tpws 1
+    lio_w $b/attrib/emulate_tpu 1
+    lio_w $b/attrib/emulate_tpws 1
+    LIO_BS=$b
 }
