@@ -102,10 +102,13 @@ fn ferrited_beside_lio_in_one_guest() {
     );
 }
 
-/// The suites over iSER: the command set's basics, the task management and
-/// CmdSN families.
-const CI_ISER_SUITES: &str = "ALL.Inquiry ALL.ReadCapacity16 ALL.Write16 \
-    ALL.ReportSupportedOpcodes ALL.iSCSIcmdsn ALL.iSCSITMF";
+/// The suites over iSER: the command set's basics and the CmdSN family,
+/// the ones libiscsi 1.19's iSER code gets through on both targets. Its
+/// Write16, Read10, CompareAndWrite, iSCSITMF and two-session MultipathIO
+/// runs die of a signal against LIO and ferrited alike (docs/iscsi.md lists
+/// them with the evidence); `lab_compare -- iser` runs every family.
+const CI_ISER_SUITES: &str =
+    "ALL.Inquiry ALL.ReadCapacity16 ALL.ReportSupportedOpcodes ALL.iSCSIcmdsn";
 
 /// libiscsi 1.19's iSER code is not reliable against any target: it
 /// corrupts its heap now and then (glibc aborts, SIGSEGV), its login fails
@@ -125,13 +128,14 @@ fn ferrited_beside_lio_isert_over_iser() {
             ("CU_SUITES", CI_ISER_SUITES),
             ("CU_TARGETS", "ferrited lio"),
             ("CU_SUITE_TIMEOUT_S", "300"),
+            ("CU_MULTIPATH", "0"),
             ("SKIP_FIO", "1"),
         ]
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string())),
     );
     opts.mem_mb = 4096;
-    opts.timeout_s = 1800;
+    opts.timeout_s = 1200;
     let run = lab::run_passing("compare-iscsi", &opts);
     let cu: Vec<compare::CuTarget> = ["ferrited", "lio"]
         .iter()
@@ -142,7 +146,10 @@ fn ferrited_beside_lio_isert_over_iser() {
     let (f, lio) = (&cu[0], &cu[1]);
     assert!(f.died.is_none(), "ferrited died: {:?}", f.died);
     for t in [f, lio] {
-        let missing = missing_suites(CI_ISER_SUITES, t);
+        let missing: Vec<&str> = CI_ISER_SUITES
+            .split_whitespace()
+            .filter(|s| !t.ran_suite(s))
+            .collect();
         assert!(
             missing.is_empty(),
             "{}: suites that did not run: {missing:?}",

@@ -28,7 +28,8 @@
 #      discarded (libiscsi expects a fresh LU) and the sessions log out.
 #   2. libiscsi's iscsi-test-cu -d -S, one process per suite of the same
 #      list for all three, each bounded by `timeout`, the URL given once;
-#      first ALL.MultipathIO with the URL given twice (two sessions). Raw
+#      first ALL.MultipathIO with the URL given twice (two sessions;
+#      CU_MULTIPATH=0 leaves it out). Raw
 #      output per suite in /out/cu/<target>/<suite>.log, "suite rc seconds"
 #      in runs.tsv. A suite whose iscsi-test-cu dies of a signal (libiscsi's
 #      own iSER code crashes on some tests) is run again test by test, each
@@ -243,7 +244,9 @@ if [ "${SKIP_CU:-0}" != 1 ]; then
         # 1.19 its CompareAndWrite test compares blocks 0 to 256 with zeroes
         # after zeroing only 0 to 255 (fixed upstream after 1.19), so it
         # fails wherever an earlier suite left data in block 256.
-        for s in ALL.MultipathIO $(cat /out/cu-suites.txt); do
+        mp=ALL.MultipathIO
+        [ "${CU_MULTIPATH:-1}" = 0 ] && mp=
+        for s in $mp $(cat /out/cu-suites.txt); do
             urls=$url
             [ "$s" = ALL.MultipathIO ] && urls="$url $url"
             cu_run "$s" $urls
