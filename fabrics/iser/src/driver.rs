@@ -55,7 +55,7 @@ use ferrite_rdma::{CompletionQueue, ProtectionDomain, RdmaError, WcStatus, WorkC
 
 use crate::cm::{CmReply, CmRequest};
 use crate::conn::{IserConn, recv_count_for};
-use crate::qp::{IserQp, RecvRing};
+use crate::qp::{IserQp, QpBuffers};
 
 /// iSER's well-known port (RFC 7145 §13: the iSCSI port, 3260).
 pub const ISER_PORT: u16 = 3260;
@@ -141,6 +141,9 @@ struct PendingLogin {
 struct Link {
     qp: IserQp,
     cq: VerbsCq,
+    /// The device it came in on (its buffers go back to that device's
+    /// spares).
+    device: String,
     /// The queue pair's RDMA CM event channel (disconnects).
     event_fd: RawFd,
     peer: SocketAddr,
@@ -156,6 +159,11 @@ struct Link {
     hold: Option<Instant>,
 }
 
+/// The buffers of ended connections a core keeps registered for new
+/// ones: enough for an initiator that reconnects or logs in to discover
+/// and then to a target, few enough that an idle core holds little.
+const SPARE_BUFFERS: usize = 2;
+
 /// The iSER part of one core.
 pub struct IserCore {
     core: usize,
@@ -163,6 +171,9 @@ pub struct IserCore {
     /// Protection domains of the devices connections came in on, this
     /// core's.
     pds: HashMap<String, VerbsPd>,
+    /// Registered buffers of connections that ended, by device, for the
+    /// next ones ([`SPARE_BUFFERS`] at most).
+    spare: Vec<(String, QpBuffers)>,
     links: slab::Slab<Link>,
     wcs: Vec<WorkCompletion>,
     actions: VecDeque<Action>,
@@ -178,6 +189,7 @@ impl IserCore {
             core,
             portals: Vec::new(),
             pds: HashMap::new(),
+            spare: Vec::new(),
             links: slab::Slab::new(),
             wcs: Vec::new(),
             actions: VecDeque::new(),
@@ -298,8 +310,15 @@ impl IserCore {
             }
         };
         let pd_dyn: &dyn ProtectionDomain = &pd;
-        let ring = match RecvRing::new(pd_dyn, recvs, cfg.max_recv_data_segment_length)
-            .and_then(|r| r.post_all(&qp).map(|_| r))
+        let data_len = cfg.max_recv_data_segment_length;
+        let spare = self
+            .spare
+            .iter()
+            .position(|(d, b)| *d == name && b.fits(recvs, data_len))
+            .map(|i| self.spare.swap_remove(i).1);
+        let bufs = match spare
+            .map_or_else(|| QpBuffers::new(pd_dyn, recvs, data_len), Ok)
+            .and_then(|b| b.post_all(&qp).map(|_| b))
         {
             Ok(r) => r,
             Err(e) => {
@@ -315,21 +334,16 @@ impl IserCore {
         }
         let event_fd = qp.event_fd();
         self.seed = self.seed.wrapping_mul(6364136223846793005).wrapping_add(1);
-        let conn = IserConn::new(now, cfg.clone(), local, peer, self.seed, &cm, ring.count());
+        let conn = IserConn::new(now, cfg.clone(), local, peer, self.seed, &cm, bufs.count());
         let max_sge = attrs.max_sge as usize;
-        let qp = match IserQp::new(conn, Box::new(qp), Box::new(pd), ring, max_sge) {
-            Ok(q) => q,
-            Err(e) => {
-                tracing::warn!(%peer, error = %e, "iSER connection setup failed");
-                return;
-            }
-        };
+        let qp = IserQp::new(conn, Box::new(qp), Box::new(pd), bufs, max_sge);
         tracing::info!(core = self.core, %peer, portal = %local, qpn = qp.qp().qp_num(),
             zero_based = cm.zero_based, send_invalidate = rep.send_invalidate,
             receives = recvs, "iSER connection");
         self.links.insert(Link {
             qp,
             cq,
+            device: name,
             event_fd,
             peer,
             session: None,
@@ -392,6 +406,10 @@ impl IserCore {
             let l = self.links.remove(k);
             progress = true;
             tracing::info!(core = self.core, peer = %l.peer, "iSER connection closed");
+            let bufs = l.qp.into_buffers();
+            if self.spare.len() < SPARE_BUFFERS {
+                self.spare.push((l.device, bufs));
+            }
         }
         progress
     }

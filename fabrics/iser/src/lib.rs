@@ -20,7 +20,8 @@
 //!   and their core sessions; logins decided by iSCSI's portal code.
 //! - [`fuzzing`]: entry points for the cargo-fuzz targets in `fuzz/`.
 //! - [`qp`]: [`qp::IserQp`], the driver of one connection's queue pair
-//!   (receive and send buffers registered once, work requests, completions,
+//!   (receive and send buffers registered once and kept for the next
+//!   connection, [`qp::QpBuffers`]; work requests, completions,
 //!   back-pressure of a full send queue), provider-neutral.
 //!
 //! and the iSER wire formats, read in place and built without I/O:

@@ -3,9 +3,9 @@
 //! Provider-neutral (only the `ferrite_rdma` traits) and thread-agnostic:
 //! the reactor that owns the connection calls it from its poller.
 //!
-//! Buffers: the receive buffers ([`RecvRing`], each of the largest Send
-//! the connection may advertise) and the send buffers are one registered
-//! allocation each, registered once; read data is RDMA WRITTEN straight
+//! Buffers: the receive buffers (each of the largest Send the connection
+//! may advertise) and the send buffers are one registered allocation
+//! each ([`QpBuffers`]), registered once and kept for the next connection; read data is RDMA WRITTEN straight
 //! from the core's buffers ([`ProtectionDomain::map_sg`], registered once
 //! per pool buffer on the verbs provider); solicited write data is RDMA
 //! READ into registered buffers kept for reuse and copied from there into
@@ -92,47 +92,70 @@ impl Slots {
     }
 }
 
-/// The receive buffers of one connection, posted before it is accepted.
-pub struct RecvRing {
-    slots: Slots,
+/// The registered buffers of one connection: its receive buffers (posted
+/// before it is accepted) and its send buffers. A connection that ends
+/// gives them back ([`IserQp::into_buffers`]) so that the next one on the
+/// same core and device takes them as they are: registering some tens of
+/// MiB is most of an RDMA connection's setup time otherwise.
+pub struct QpBuffers {
+    recv: Slots,
+    send: Slots,
 }
 
-impl std::fmt::Debug for RecvRing {
+impl std::fmt::Debug for QpBuffers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "RecvRing({} x {})", self.slots.count, self.slots.len)
+        write!(
+            f,
+            "QpBuffers(recv {} x {}, send {} x {})",
+            self.recv.count, self.recv.len, self.send.count, self.send.len
+        )
     }
 }
 
-impl RecvRing {
+impl QpBuffers {
     /// `count` receive buffers for Sends of up to `data_len` bytes of data
-    /// segment (at least the login's 8192) with their headers.
+    /// segment (at least the login's 8192) with their headers, and a send
+    /// buffer for a response to each of them and a few more.
     pub fn new(
         pd: &dyn ProtectionDomain,
         count: u32,
         data_len: u32,
-    ) -> Result<RecvRing, DriverError> {
-        let len = recv_size((data_len as usize).max(LOGIN_DATA_LEN));
-        Ok(RecvRing {
-            slots: Slots::new(pd, count.max(1) as usize, len)?,
+    ) -> Result<QpBuffers, DriverError> {
+        let count = count.max(1) as usize;
+        Ok(QpBuffers {
+            recv: Slots::new(pd, count, Self::recv_len(data_len))?,
+            // A response to every unexpected PDU, NOP-In pings and async
+            // messages besides.
+            send: Slots::new(pd, count + 4, recv_size(LOGIN_DATA_LEN))?,
         })
+    }
+
+    fn recv_len(data_len: u32) -> usize {
+        recv_size((data_len as usize).max(LOGIN_DATA_LEN))
+    }
+
+    /// Whether these are the buffers [`QpBuffers::new`] would make for
+    /// `count` and `data_len`.
+    pub fn fits(&self, count: u32, data_len: u32) -> bool {
+        self.recv.count == count.max(1) as usize && self.recv.len == Self::recv_len(data_len)
     }
 
     /// Receive buffers.
     pub fn count(&self) -> u32 {
-        self.slots.count as u32
+        self.recv.count as u32
     }
 
     fn post(&self, qp: &dyn QueuePair, slot: usize) -> Result<(), DriverError> {
         qp.post_recv(&RecvWr {
             wr_id: RECV_BIT | slot as u64,
-            sges: self.slots.sges(slot, self.slots.len),
+            sges: self.recv.sges(slot, self.recv.len),
         })
         .map_err(DriverError::Post)
     }
 
-    /// Posts every buffer (before accepting the connection).
+    /// Posts every receive buffer (before accepting the connection).
     pub fn post_all(&self, qp: &dyn QueuePair) -> Result<(), DriverError> {
-        (0..self.slots.count).try_for_each(|s| self.post(qp, s))
+        (0..self.recv.count).try_for_each(|s| self.post(qp, s))
     }
 }
 
@@ -165,8 +188,7 @@ pub struct IserQp {
     conn: IserConn,
     qp: Box<dyn QueuePair>,
     pd: Box<dyn ProtectionDomain>,
-    recv: RecvRing,
-    send: Slots,
+    bufs: QpBuffers,
     free_send: Vec<usize>,
     max_sge: usize,
     next_wr: u64,
@@ -187,26 +209,22 @@ impl std::fmt::Debug for IserQp {
 }
 
 impl IserQp {
-    /// Wraps an accepted connection. `recv` must already be posted on
-    /// `qp`, and `conn` built for its count; `max_sge` is the QP's
-    /// scatter-gather limit.
+    /// Wraps an accepted connection. The receive buffers of `bufs` must
+    /// already be posted on `qp`, and `conn` built for their count;
+    /// `max_sge` is the QP's scatter-gather limit.
     pub fn new(
         conn: IserConn,
         qp: Box<dyn QueuePair>,
         pd: Box<dyn ProtectionDomain>,
-        recv: RecvRing,
+        bufs: QpBuffers,
         max_sge: usize,
-    ) -> Result<IserQp, DriverError> {
-        // A response to every unexpected PDU, NOP-In pings and async
-        // messages besides.
-        let n = recv.count() as usize + 4;
-        let send = Slots::new(&*pd, n, recv_size(LOGIN_DATA_LEN))?;
-        Ok(IserQp {
+    ) -> IserQp {
+        let n = bufs.send.count;
+        IserQp {
             conn,
             qp,
             pd,
-            recv,
-            send,
+            bufs,
             free_send: (0..n).rev().collect(),
             max_sge: max_sge.max(1),
             next_wr: 1,
@@ -215,7 +233,16 @@ impl IserQp {
             waiting: None,
             read_bufs: Vec::new(),
             disconnected: false,
-        })
+        }
+    }
+
+    /// Ends the connection's queue pair and gives its buffers back for
+    /// another connection: nothing the device does touches them once the
+    /// queue pair is gone.
+    pub fn into_buffers(self) -> QpBuffers {
+        let IserQp { qp, bufs, .. } = self;
+        drop(qp);
+        bufs
     }
 
     /// The connection.
@@ -264,9 +291,9 @@ impl IserQp {
                 }
                 return;
             }
-            let msg = self.recv.slots.read(slot, wc.byte_len as usize);
+            let msg = self.bufs.recv.read(slot, wc.byte_len as usize);
             // Copied out: the buffer goes straight back.
-            if let Err(e) = self.recv.post(&*self.qp, slot) {
+            if let Err(e) = self.bufs.post(&*self.qp, slot) {
                 self.conn
                     .transfer_failed(&format!("reposting a receive: {e}"));
                 return;
@@ -411,12 +438,12 @@ impl IserQp {
         match t {
             Transmit::Send { msg, invalidate } => {
                 let op = invalidate.map_or(SendOp::Send, |rkey| SendOp::SendInvalidate { rkey });
-                let (slot, own, sges) = if msg.len() <= self.send.len {
+                let (slot, own, sges) = if msg.len() <= self.bufs.send.len {
                     let Some(slot) = self.free_send.pop() else {
                         return Err(Transmit::Send { msg, invalidate });
                     };
-                    self.send.write(slot, &msg);
-                    (Some(slot), None, self.send.sges(slot, msg.len()))
+                    self.bufs.send.write(slot, &msg);
+                    (Some(slot), None, self.bufs.send.sges(slot, msg.len()))
                 } else {
                     let len = msg.len() as u64;
                     match self

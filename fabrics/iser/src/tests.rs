@@ -29,7 +29,7 @@ use crate::cm::{CmReply, CmRequest};
 use crate::conn::IserConn;
 use crate::datamover::IserDatamover;
 use crate::header::{HEADER_LEN, Header, Remote, recv_size};
-use crate::qp::{IserQp, RecvRing};
+use crate::qp::{IserQp, QpBuffers};
 
 const TARGET: &str = "iqn.2026-12.test:iser";
 /// Receive buffers each side posts.
@@ -333,14 +333,19 @@ impl Ini {
 struct Portal {
     listener: SoftListener,
     dev: SoftDevice,
+    /// One protection domain for every connection, as the driver has per
+    /// core and device (buffers given back are registered in it).
+    pd: SoftPd,
     cfg: Arc<IscsiConfig>,
 }
 
 impl Portal {
     fn new(max_recv: u32) -> Portal {
+        let dev = SoftDevice::new("target");
         Portal {
             listener: SoftListener::bind(&unix_addr()).expect("bind"),
-            dev: SoftDevice::new("target"),
+            pd: dev.alloc_pd(),
+            dev,
             cfg: config(max_recv),
         }
     }
@@ -348,6 +353,12 @@ impl Portal {
     /// Connects an initiator whose CM request is `req`; returns both ends
     /// and the target's CM reply.
     fn connect(&self, req: CmRequest) -> (Ini, Target, CmReply) {
+        self.connect_with(req, None)
+    }
+
+    /// [`Portal::connect`], the target's buffers `bufs` when given (those
+    /// of an ended connection), new ones otherwise.
+    fn connect_with(&self, req: CmRequest, bufs: Option<QpBuffers>) -> (Ini, Target, CmReply) {
         let idev = SoftDevice::new("ini");
         let ipd = idev.alloc_pd();
         let icq = SoftCq::new().expect("cq");
@@ -377,18 +388,19 @@ impl Portal {
         let cm = CmRequest::parse(creq.private_data()).expect("iSER CM REQ");
         assert_eq!(cm, req);
         let reply = CmReply::to(&cm, true);
-        let pd = self.dev.alloc_pd();
+        let pd = self.pd.clone();
         let cq = SoftCq::new().expect("cq");
         let qp = SoftQp::create(&pd, &cq, &cq, None, QpAttrs::default());
-        let ring =
-            RecvRing::new(&pd, RECVS, self.cfg.max_recv_data_segment_length).expect("recv ring");
-        ring.post_all(&qp).expect("post recvs");
+        let bufs = bufs.unwrap_or_else(|| {
+            QpBuffers::new(&pd, RECVS, self.cfg.max_recv_data_segment_length).expect("buffers")
+        });
+        bufs.post_all(&qp).expect("post recvs");
         qp.accept(creq, &reply.encode()).expect("accept");
         let (iqp, rep) = h.join().expect("connect thread").expect("connect");
         assert_eq!(CmReply::parse(&rep), Ok(reply));
         let addr: SocketAddr = "192.0.2.1:3260".parse().expect("addr");
         let conn = IserConn::new(Instant::now(), self.cfg.clone(), addr, addr, 7, &cm, RECVS);
-        let tqp = IserQp::new(conn, Box::new(qp), Box::new(pd), ring, 16).expect("iser qp");
+        let tqp = IserQp::new(conn, Box::new(qp), Box::new(pd), bufs, 16);
         let send = ipd
             .reg_zeroed((SEND_SLOTS * SEND_SLOT) as usize, Access::LOCAL_WRITE)
             .expect("send mr");
@@ -798,6 +810,56 @@ fn logout_then_disconnect() {
         i.poll();
         t.cq.wait(Duration::from_millis(2));
     }
+}
+
+/// The buffers of a connection that logged out serve the next one: its
+/// receives and sends work and carry that connection's data, not the
+/// last one's.
+#[test]
+fn an_ended_connections_buffers_serve_the_next_one() {
+    let p = Portal::new(8192);
+    let (mut i, mut t) = logged_in(&p, VA);
+    let first = pattern(5, 4096);
+    let b = scsi_cmd(&mut i, 0x10, 0x2a, 4096);
+    i.send(Header::default(), &b, &first);
+    assert_eq!(status_of(&i.wait_msg(&mut t), 0x10), 0);
+    let mut b = BhsBuf::new(Opcode::LOGOUT_REQ, flags::F);
+    b.set_immediate().set_itt(0x60).set_u32(24, i.cmd_sn);
+    i.send(Header::default(), &b, &[]);
+    assert_eq!(i.wait_msg(&mut t).opcode(), Opcode::LOGOUT_RSP.0);
+    assert_eq!(t.wait_closed(), CloseReason::Logout);
+    let deadline = Instant::now() + WAIT;
+    while !t.qp.finished() {
+        assert!(Instant::now() < deadline, "the connection never finished");
+        t.turn();
+        i.poll();
+        t.cq.wait(Duration::from_millis(2));
+    }
+    let bufs = t.qp.into_buffers();
+    assert!(bufs.fits(RECVS, p.cfg.max_recv_data_segment_length));
+    assert!(!bufs.fits(RECVS + 1, p.cfg.max_recv_data_segment_length));
+    drop(i);
+
+    let (mut i, mut t, _) = p.connect_with(NO_INV, Some(bufs));
+    login(
+        &mut i,
+        &mut t,
+        &[
+            ("TargetRecvDataSegmentLength", "8192"),
+            ("InitiatorRecvDataSegmentLength", "8192"),
+        ],
+    );
+    // More commands than receive buffers: every buffer is reposted and
+    // used again on this connection.
+    for n in 0..(RECVS + 8) {
+        let data = pattern(100 + u64::from(n), 2048);
+        let itt = 0x100 + n;
+        let b = scsi_cmd(&mut i, itt, 0x2a, 2048);
+        i.send(Header::default(), &b, &data);
+        assert_eq!(status_of(&i.wait_msg(&mut t), itt), 0);
+        assert_eq!(t.core.written.last(), Some(&(u64::from(itt), data)));
+    }
+    nop(&mut i, &mut t, 0x500, b"ping");
 }
 
 /// A SendTargets text request over iSER: the answer is one Send naming
