@@ -332,7 +332,7 @@ impl Ini {
 /// A listener with the target side of each connection made on it.
 struct Portal {
     listener: SoftListener,
-    dev: SoftDevice,
+    _dev: SoftDevice,
     /// One protection domain for every connection, as the driver has per
     /// core and device (buffers given back are registered in it).
     pd: SoftPd,
@@ -345,7 +345,7 @@ impl Portal {
         Portal {
             listener: SoftListener::bind(&unix_addr()).expect("bind"),
             pd: dev.alloc_pd(),
-            dev,
+            _dev: dev,
             cfg: config(max_recv),
         }
     }
