@@ -172,6 +172,17 @@ impl IscsiConfig {
         Some(auth)
     }
 
+    /// The largest data segment an RDMA connection receives in a Send
+    /// (the most its TargetRecvDataSegmentLength may settle at): the
+    /// MaxRecvDataSegmentLength, at most the FirstBurstLength, since only
+    /// unsolicited data comes in Sends and the rest by RDMA READ. An iSER
+    /// connection's receive buffers are this large, each of a window's
+    /// worth, registered for the connection's life.
+    pub fn rdma_recv_data_segment_length(&self) -> u32 {
+        let l = self.limits();
+        l.max_recv_data_segment_length.min(l.first_burst_length)
+    }
+
     fn limits(&self) -> Limits {
         Limits {
             max_recv_data_segment_length: self
@@ -490,6 +501,9 @@ impl<D: Datamover> Conn<D> {
         let ttt = u32::from_le_bytes([w[4], w[5], w[6], w[7]]);
         let mut limits = cfg.limits();
         limits.rdma = dm.is_rdma();
+        if limits.rdma {
+            limits.max_recv_data_segment_length = cfg.rdma_recv_data_segment_length();
+        }
         limits.max_outstanding_unexpected_pdus = dm.max_unexpected_pdus();
         let login = Login::with_rng(limits, cfg.clone(), rng);
         Conn {

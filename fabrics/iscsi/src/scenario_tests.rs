@@ -1574,6 +1574,16 @@ fn login_over(
     security: &[(&str, &str)],
     operational: &[(&str, &str)],
 ) -> (Vec<LoginAnswer>, Option<crate::keys::Params>) {
+    login_over_with(cfg(), rdma, security, operational)
+}
+
+/// [`login_over`] with the configuration `cfg`.
+fn login_over_with(
+    cfg: IscsiConfig,
+    rdma: bool,
+    security: &[(&str, &str)],
+    operational: &[(&str, &str)],
+) -> (Vec<LoginAnswer>, Option<crate::keys::Params>) {
     let log = std::rc::Rc::new(std::cell::RefCell::new(LoginLog::default()));
     let dm = LoginRecorder {
         rdma,
@@ -1581,7 +1591,7 @@ fn login_over(
     };
     let addr: SocketAddr = "192.0.2.1:3260".parse().unwrap();
     let now = Instant::now();
-    let mut c = Conn::with_datamover(now, Arc::new(cfg()), addr, addr, 7, dm);
+    let mut c = Conn::with_datamover(now, Arc::new(cfg), addr, addr, 7, dm);
     for (i, (keys, csg, nsg)) in [(security, 0u8, 1u8), (operational, 1, 3)]
         .into_iter()
         .enumerate()
@@ -1648,6 +1658,32 @@ fn iser_initiator_login_on_an_rdma_connection() {
     assert_eq!(p.data_digest, crate::keys::Digest::None);
     assert_eq!(p.max_burst_length, 65536);
     assert_eq!(p.first_burst_length, 32768);
+}
+
+/// Only unsolicited data comes in Sends, so an RDMA connection receives
+/// no more than the FirstBurstLength in one, whatever the
+/// MaxRecvDataSegmentLength: its receive buffers are that large, and the
+/// login agrees no more. TCP keeps the MaxRecvDataSegmentLength.
+#[test]
+fn an_rdma_connection_receives_at_most_the_first_burst_in_a_send() {
+    let big = IscsiConfig {
+        max_recv_data_segment_length: 262_144,
+        first_burst_length: 65_536,
+        ..cfg()
+    };
+    assert_eq!(big.rdma_recv_data_segment_length(), 65_536);
+    let (rsps, params) =
+        login_over_with(big.clone(), true, ISER_SECURITY_KEYS, ISER_OPERATIONAL_KEYS);
+    let (st, op) = &rsps[1];
+    assert_eq!(*st, [0, 0]);
+    assert_eq!(answer(op, "TargetRecvDataSegmentLength"), Some("65536"));
+    let p = params.expect("datamover enabled");
+    assert_eq!(p.max_recv_data_segment_length, 65_536);
+    let (rsps, _) = login_over_with(big, false, ISER_SECURITY_KEYS, &[]);
+    let declared = rsps
+        .iter()
+        .find_map(|(_, keys)| answer(keys, "MaxRecvDataSegmentLength").map(str::to_string));
+    assert_eq!(declared.as_deref(), Some("262144"));
 }
 
 #[test]

@@ -164,6 +164,14 @@ struct Link {
 /// and then to a target, few enough that an idle core holds little.
 const SPARE_BUFFERS: usize = 2;
 
+/// The most iSER connections one core runs. Each holds a window of
+/// registered receive buffers (`recv_count_for` ×
+/// `rdma_recv_data_segment_length`: 8.5 MiB with the defaults) from its
+/// connection request on, login or not, so the cap is what bounds the
+/// memory RDMA connection requests can pin: a request beyond it is
+/// rejected with a log line.
+pub const MAX_CONNECTIONS_PER_CORE: usize = 64;
+
 /// The iSER part of one core.
 pub struct IserCore {
     core: usize,
@@ -249,6 +257,14 @@ impl IserCore {
         }
         let (local, peer) = req.addrs();
         let peer_s = peer.map_or_else(|| "?".to_string(), |p| p.to_string());
+        if self.links.len() >= MAX_CONNECTIONS_PER_CORE {
+            tracing::warn!(core = self.core, peer = %peer_s, limit = MAX_CONNECTIONS_PER_CORE,
+                "iSER connection rejected: this core runs as many connections as it takes");
+            if let Err(e) = req.reject(&[]) {
+                tracing::debug!(error = %e, "iSER reject not delivered");
+            }
+            return;
+        }
         let cm = match CmRequest::parse(req.private_data()) {
             Ok(cm) => cm,
             Err(e) => {
@@ -310,7 +326,7 @@ impl IserCore {
             }
         };
         let pd_dyn: &dyn ProtectionDomain = &pd;
-        let data_len = cfg.max_recv_data_segment_length;
+        let data_len = cfg.rdma_recv_data_segment_length();
         let spare = self
             .spare
             .iter()

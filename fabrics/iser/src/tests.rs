@@ -392,7 +392,7 @@ impl Portal {
         let cq = SoftCq::new().expect("cq");
         let qp = SoftQp::create(&pd, &cq, &cq, None, QpAttrs::default());
         let bufs = bufs.unwrap_or_else(|| {
-            QpBuffers::new(&pd, RECVS, self.cfg.max_recv_data_segment_length).expect("buffers")
+            QpBuffers::new(&pd, RECVS, self.cfg.rdma_recv_data_segment_length()).expect("buffers")
         });
         bufs.post_all(&qp).expect("post recvs");
         qp.accept(creq, &reply.encode()).expect("accept");
@@ -836,8 +836,9 @@ fn an_ended_connections_buffers_serve_the_next_one() {
         t.cq.wait(Duration::from_millis(2));
     }
     let bufs = t.qp.into_buffers();
-    assert!(bufs.fits(RECVS, p.cfg.max_recv_data_segment_length));
-    assert!(!bufs.fits(RECVS + 1, p.cfg.max_recv_data_segment_length));
+    let len = p.cfg.rdma_recv_data_segment_length();
+    assert!(bufs.fits(RECVS, len));
+    assert!(!bufs.fits(RECVS + 1, len));
     drop(i);
 
     let (mut i, mut t, _) = p.connect_with(NO_INV, Some(bufs));
