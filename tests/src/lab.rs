@@ -237,3 +237,32 @@ fn record(root: &Path, run: &LabRun) {
         run.steps().join("\n")
     );
 }
+
+/// The newest build of the test binary `name` (`srp_verbs`,
+/// `iser_verbs`) beside the running one, for a scenario that runs it in
+/// the guest (`cargo test` builds every test binary of the package before
+/// it runs any; `tools/test-all` builds these with the lab's).
+pub fn test_binary(name: &str) -> PathBuf {
+    let deps = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(PathBuf::from))
+        .unwrap_or_default();
+    let prefix = format!("{name}-");
+    let newest = fs::read_dir(&deps)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.starts_with(&prefix) && !n.contains('.')
+        })
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .max();
+    match newest {
+        Some((_, p)) => p,
+        None => panic!(
+            "no {name} test binary in {}: build it (cargo test -p ferrite-tests --test {name} --no-run)",
+            deps.display()
+        ),
+    }
+}

@@ -45,3 +45,18 @@ fn iser_error_handler_abort_then_lun_reset_on_a_stalled_lun() {
 fn iser_lun_added_and_resized_live_are_seen_by_the_kernel() {
     lab::run_passing("iscsi-live", &LabOptions::iser());
 }
+
+/// The project's iSER-over-verbs tests (`tests/tests/iser_verbs.rs`: RDMA
+/// CM connection requests that never log in, beyond what a core takes) on
+/// the guest's soft-RoCE device.
+#[test]
+fn iser_verbs_tests_pass_on_soft_roce() {
+    let bin = lab::test_binary("iser_verbs");
+    lab::run_passing(
+        "iser-verbs",
+        &LabOptions {
+            env: vec![("ISER_VERBS_TEST".into(), bin.display().to_string())],
+            ..LabOptions::default()
+        },
+    );
+}

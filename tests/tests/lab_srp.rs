@@ -2,8 +2,6 @@
 //! port on soft-RoCE (`rdma_rxe`) through the `verbs` provider, each
 //! scenario in its own guest of the kernel lab ([`ferrite_tests::lab`]).
 
-use std::path::PathBuf;
-
 use ferrite_tests::lab::{self, LabOptions};
 
 #[test]
@@ -21,35 +19,9 @@ fn ib_srp_reconnects_after_a_restart_under_load() {
     lab::run_passing("srp-restart", &LabOptions::default());
 }
 
-/// The newest `srp_verbs` test binary beside this one (`cargo test` builds
-/// every test binary of the package before it runs any).
-fn srp_verbs_binary() -> PathBuf {
-    let deps = std::env::current_exe()
-        .ok()
-        .and_then(|e| e.parent().map(PathBuf::from))
-        .unwrap_or_default();
-    let newest = std::fs::read_dir(&deps)
-        .into_iter()
-        .flatten()
-        .filter_map(Result::ok)
-        .filter(|e| {
-            let n = e.file_name().to_string_lossy().into_owned();
-            n.starts_with("srp_verbs-") && !n.contains('.')
-        })
-        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
-        .max();
-    match newest {
-        Some((_, p)) => p,
-        None => panic!(
-            "no srp_verbs test binary in {}: build it (cargo test -p ferrite-tests --no-run)",
-            deps.display()
-        ),
-    }
-}
-
 #[test]
 fn the_verbs_tests_pass_on_soft_roce() {
-    let bin = srp_verbs_binary();
+    let bin = lab::test_binary("srp_verbs");
     lab::run_passing(
         "srp-verbs",
         &LabOptions {
