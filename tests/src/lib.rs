@@ -55,6 +55,15 @@ pub fn ferrited_path() -> PathBuf {
     p
 }
 
+/// The RDMA device and its IPv4 address a verbs test runs on, from the
+/// environment variable `var` (`DEVICE,ADDRESS`, for instance
+/// `rxe0,10.99.0.1` in the kernel lab); `None` when it is not set.
+pub fn rdma_device(var: &str) -> Option<(String, String)> {
+    let v = std::env::var(var).ok()?;
+    let (dev, addr) = v.split_once(',')?;
+    Some((dev.to_string(), addr.to_string()))
+}
+
 /// A free TCP port on 127.0.0.1.
 pub fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind ephemeral port");

@@ -22,16 +22,9 @@ use ferrite_iser::cm::CmRequest;
 use ferrite_iser::driver::MAX_CONNECTIONS_PER_CORE;
 use ferrite_rdma::RdmaError;
 use ferrite_rdma::verbs::{Context, VerbsCq, VerbsPd, VerbsQp, VerbsQpAttrs};
-use ferrite_tests::{Config, Device, Ferrited, Target, free_port};
+use ferrite_tests::{Config, Device, Ferrited, Target, free_port, rdma_device};
 
 const IQN: &str = "iqn.2026-12.org.ferrite.test:iser-verbs";
-
-/// The device and address from `FERRITE_ISER_VERBS`, if set.
-fn device() -> Option<(String, String)> {
-    let v = std::env::var("FERRITE_ISER_VERBS").ok()?;
-    let (dev, addr) = v.split_once(',')?;
-    Some((dev.to_string(), addr.to_string()))
-}
 
 /// A connection request the Linux iSER initiator would send.
 fn cm_request() -> [u8; 4] {
@@ -64,7 +57,7 @@ fn connect(addr: &SocketAddr, pd: &VerbsPd, cq: &VerbsCq) -> Result<VerbsQp, Rdm
 
 #[test]
 fn connection_requests_beyond_a_cores_cap_are_rejected_and_served_again_later() {
-    let Some((dev, ip)) = device() else {
+    let Some((dev, ip)) = rdma_device("FERRITE_ISER_VERBS") else {
         eprintln!("FERRITE_ISER_VERBS unset (no RDMA device): skipping iSER over verbs");
         return;
     };

@@ -26,18 +26,11 @@ use ferrite_rdma::verbs::{Context, VerbsCq, VerbsPd, VerbsQp, VerbsQpAttrs};
 use ferrite_scsi::Lun;
 use ferrite_srp::initiator::{self, InitError, Initiator, InitiatorConfig, Layout};
 use ferrite_srp::iu::{self, LoginLayout};
-use ferrite_tests::{Config, Device, Ferrited, SrpTarget, free_port};
+use ferrite_tests::{Config, Device, Ferrited, SrpTarget, free_port, rdma_device};
 use serde_json::json;
 use srp_util::{BS, clear_ua, lose_channel_mid_transfer, pattern, port_id_of, rw};
 
 const PORT_ID: &str = "0x66657272697465207672627320703030";
-
-/// The device and address from `FERRITE_SRP_VERBS`, if set.
-fn device() -> Option<(String, String)> {
-    let v = std::env::var("FERRITE_SRP_VERBS").ok()?;
-    let (dev, addr) = v.split_once(',')?;
-    Some((dev.to_string(), addr.to_string()))
-}
 
 struct Rig {
     f: Ferrited,
@@ -156,7 +149,7 @@ fn login(r: &Rig, cfg: InitiatorConfig) -> Verbs {
 
 #[test]
 fn linux_style_login_and_verified_io_over_rdma_cm() {
-    let Some((dev, ip)) = device() else {
+    let Some((dev, ip)) = rdma_device("FERRITE_SRP_VERBS") else {
         eprintln!("FERRITE_SRP_VERBS unset (no RDMA device): skipping SRP over verbs");
         return;
     };
@@ -276,7 +269,7 @@ fn linux_style_login_and_verified_io_over_rdma_cm() {
 
 #[test]
 fn refusals_reach_the_initiator_through_rdma_cm() {
-    let Some((dev, ip)) = device() else {
+    let Some((dev, ip)) = rdma_device("FERRITE_SRP_VERBS") else {
         eprintln!("FERRITE_SRP_VERBS unset (no RDMA device): skipping SRP over verbs");
         return;
     };
@@ -335,7 +328,7 @@ fn refusals_reach_the_initiator_through_rdma_cm() {
 
 #[test]
 fn a_channel_lost_mid_transfer_over_rdma_cm_spares_the_other_channel() {
-    let Some((dev, ip)) = device() else {
+    let Some((dev, ip)) = rdma_device("FERRITE_SRP_VERBS") else {
         eprintln!("FERRITE_SRP_VERBS unset (no RDMA device): skipping SRP over verbs");
         return;
     };

@@ -296,3 +296,22 @@ lio_fileio_backstore() {
     lio_w $b/attrib/emulate_tpws 1
     LIO_BS=$b
 }
+
+# verbs_tests LABEL ENV BIN MIN: runs the project's test binary BIN (its
+# RDMA tests, which skip without a device) with ENV=rxe0,10.99.0.1 on the
+# guest's soft-RoCE device, its output in /out/LABEL.log; fails unless at
+# least MIN tests ran and passed.
+verbs_tests() {
+    local label=$1 env=$2 bin=$3 min=$4 rc n
+    [ -x "$bin" ] || fail "no $label test binary ($bin)"
+    env "$env=rxe0,10.99.0.1" FERRITED="$FERRITED" RUST_BACKTRACE=1 \
+        "$bin" --test-threads=1 --nocapture >"/out/$label.log" 2>&1
+    rc=$?
+    grep -E "^test |test result" "/out/$label.log"
+    [ $rc -eq 0 ] || { tail -n 60 "/out/$label.log"; fail "$label tests failed (status $rc)"; }
+    grep -q "skipping .* over verbs" "/out/$label.log" && fail "the $label tests skipped: no RDMA device seen"
+    n=$(sed -n "s/^test result: ok. \([0-9]*\) passed.*/\1/p" "/out/$label.log")
+    [ "${n:-0}" -ge "$min" ] || fail "only $n $label tests ran"
+    N=$n
+}
+

@@ -7,13 +7,5 @@
 # length above the target's). SRP_VERBS_TEST is the test binary's path.
 . "$(dirname "$0")/lib.sh"
 rxe_pair
-[ -x "${SRP_VERBS_TEST:-}" ] || fail "no srp_verbs test binary (SRP_VERBS_TEST=${SRP_VERBS_TEST:-})"
-FERRITE_SRP_VERBS=rxe0,10.99.0.1 FERRITED=$FERRITED RUST_BACKTRACE=1 \
-    "$SRP_VERBS_TEST" --test-threads=1 --nocapture >/out/srp-verbs.log 2>&1
-rc=$?
-grep -E "^test |test result" /out/srp-verbs.log
-[ $rc -eq 0 ] || { tail -n 60 /out/srp-verbs.log; fail "srp_verbs tests failed (status $rc)"; }
-grep -q "skipping SRP over verbs" /out/srp-verbs.log && fail "the verbs tests skipped: no RDMA device seen"
-n=$(sed -n "s/^test result: ok. \([0-9]*\) passed.*/\1/p" /out/srp-verbs.log)
-[ "${n:-0}" -ge 3 ] || fail "only $n verbs tests ran"
-pass "$n SRP-over-verbs tests passed on rxe0"
+verbs_tests srp-verbs FERRITE_SRP_VERBS "${SRP_VERBS_TEST:-}" 3
+pass "$N SRP-over-verbs tests passed on rxe0"
