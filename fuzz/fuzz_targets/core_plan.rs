@@ -86,8 +86,9 @@ fuzz_target!(|data: &[u8]| {
             product: "fuzz".into(),
             revision: "1".into(),
             serial: "fuzz0".into(),
-            naa: 0x6001_4050_0000_0001,
-            eui64: 0x0014_0500_0000_0001,
+            naa: u64::to_be_bytes(0x6001_4050_0000_0001).to_vec(),
+            eui64: u64::to_be_bytes(0x0014_0500_0000_0001).to_vec(),
+            ..Identity::default()
         },
         flags,
     ));

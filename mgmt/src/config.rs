@@ -33,10 +33,12 @@ pub const DEFAULT_TARGET_IQN: &str = "iqn.2026-11.org.ferrite:default";
 /// Size of the image [`Config::embedded_default`] creates: 1 GiB.
 pub const DEFAULT_IMAGE_SIZE: u64 = 1 << 30;
 
-/// IEEE OUI placed in derived NAA and EUI-64 identifiers. Derived
-/// identifiers only need to be stable and distinct per device name; an
-/// operator who owns an OUI sets `naa`/`eui64` explicitly.
-pub const DERIVED_ID_OUI: u32 = 0x00_14_05;
+/// Top octet of a derived EUI-64: the U/L bit set (locally administered)
+/// and the SLAP quadrant of an administratively assigned identifier
+/// (IEEE 802c: Z = 0, Y = 0), so a derived EUI-64 cannot be any company's
+/// (whose identifiers keep the U/L bit clear). The high nibble carries
+/// name bits.
+pub const DERIVED_EUI64_LOCAL: u8 = 0x02;
 
 /// Why a configuration could not be loaded, validated or saved.
 #[derive(Debug, thiserror::Error)]
@@ -202,13 +204,32 @@ pub struct DeviceConfig {
     pub t10_product: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub t10_revision: Option<String>,
-    /// NAA IEEE Registered identifier, 16 hex digits starting with 5
-    /// (`"0x5001405..."` or `"5001405..."`); derived from the name when absent.
+    /// NAA designator (VPD 83h): 16 hex digits of NAA 2, 3 or 5, or 32 of
+    /// NAA 6 (`"0x6001405..."` or `"6001405..."`); derived from the name
+    /// (NAA 3, locally assigned) when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub naa: Option<String>,
-    /// EUI-64 identifier, 16 hex digits; derived from the name when absent.
+    /// EUI-64 based designator: 16, 24 or 32 hex digits; derived from the
+    /// name (a locally administered EUI-64) when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eui64: Option<String>,
+    /// Vendor specific identifier of the T10 vendor ID based designator,
+    /// after the vendor; the serial when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub t10_id: Option<String>,
+    /// Standard INQUIRY vendor specific bytes 36..55, at most 20
+    /// characters; zeros when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vendor_specific: Option<String>,
+    /// SCSI name string designator of the logical unit; none when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lu_name: Option<String>,
+    /// The VPD 83h designators in order, comma separated: `naa`, `t10`,
+    /// `eui64`, `lu_name`, `rel_port`, `port_group=N`, `lu_group=N`,
+    /// `port_name`, `target_name`; when absent
+    /// `naa,t10,eui64,rel_port,target_name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vpd83: Option<String>,
     /// Fault injection, for tests: see [`FaultConfig`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fault: Option<FaultConfig>,
@@ -346,6 +367,10 @@ impl DeviceConfig {
             t10_revision: None,
             naa: None,
             eui64: None,
+            t10_id: None,
+            vendor_specific: None,
+            lu_name: None,
+            vpd83: None,
             fault: None,
         }
     }
@@ -369,26 +394,48 @@ impl DeviceConfig {
         }
     }
 
-    /// The NAA identifier: configured, or NAA 5 with [`DERIVED_ID_OUI`] and 36
-    /// bits derived from the name.
-    pub fn effective_naa(&self) -> u64 {
-        if let Some(v) = self.naa.as_deref().and_then(parse_hex_u64) {
+    /// The NAA designator: configured, or NAA 3 (locally assigned, SPC-4
+    /// §7.8.6.6.3) with 60 bits derived from the name, which no company's
+    /// NAA 5 or 6 can equal.
+    pub fn effective_naa(&self) -> Vec<u8> {
+        if let Some(v) = self
+            .naa
+            .as_deref()
+            .and_then(|n| parse_hex_bytes(n, &[8, 16]))
+        {
             return v;
         }
         let h = self.name_hash();
-        let vendor = u64::from_be_bytes([0, 0, 0, h[8], h[9], h[10], h[11], h[12]]) & 0xf_ffff_ffff;
-        (5u64 << 60) | (u64::from(DERIVED_ID_OUI) << 36) | vendor
+        let mut v = h[8..16].to_vec();
+        v[0] = 0x30 | (v[0] & 0x0f);
+        v
     }
 
-    /// The EUI-64 identifier: configured, or [`DERIVED_ID_OUI`] and 40 bits
-    /// derived from the name.
-    pub fn effective_eui64(&self) -> u64 {
-        if let Some(v) = self.eui64.as_deref().and_then(parse_hex_u64) {
+    /// The EUI-64 designator: configured, or a locally administered EUI-64
+    /// ([`DERIVED_EUI64_LOCAL`]) with 60 bits derived from the name.
+    pub fn effective_eui64(&self) -> Vec<u8> {
+        if let Some(v) = self
+            .eui64
+            .as_deref()
+            .and_then(|e| parse_hex_bytes(e, &[8, 12, 16]))
+        {
             return v;
         }
         let h = self.name_hash();
-        let ext = u64::from_be_bytes([0, 0, 0, h[13], h[14], h[15], h[16], h[17]]);
-        (u64::from(DERIVED_ID_OUI) << 40) | ext
+        let mut v = h[16..24].to_vec();
+        v[0] = (v[0] & 0xf0) | DERIVED_EUI64_LOCAL;
+        v
+    }
+
+    /// The VPD 83h layout: configured, or empty (the core's default).
+    pub fn effective_vpd83(&self) -> Vec<ferrite_core::device::Vpd83> {
+        let words = self.vpd83.as_deref().unwrap_or("");
+        words
+            .split(',')
+            .map(str::trim)
+            .filter(|w| !w.is_empty())
+            .filter_map(ferrite_core::device::Vpd83::parse)
+            .collect()
     }
 
     /// The SCSI identity the core reports (INQUIRY, VPD 80h, 83h).
@@ -400,9 +447,13 @@ impl DeviceConfig {
                 .clone()
                 .unwrap_or_else(|| self.handler.default_product().into()),
             revision: self.t10_revision.clone().unwrap_or_else(|| "0001".into()),
+            vendor_specific: self.vendor_specific.clone().unwrap_or_default(),
             serial: self.effective_serial(),
+            t10_id: self.t10_id.clone().unwrap_or_default(),
             naa: self.effective_naa(),
             eui64: self.effective_eui64(),
+            lu_name: self.lu_name.clone().unwrap_or_default(),
+            layout: self.effective_vpd83(),
         }
     }
 
@@ -502,33 +553,113 @@ impl DeviceConfig {
                 ));
             }
         }
-        if let Some(n) = &self.naa {
-            // SPC-4 §7.8.6.6.4: NAA IEEE Registered designator, NAA field 5h.
-            match parse_hex_u64(n) {
-                Some(v) if v >> 60 == 5 => {}
-                _ => {
-                    return Err(ConfigError::invalid(
-                        format!("{at}.naa"),
-                        format!(
-                            "{n:?}: valid is 16 hex digits starting with 5 (NAA IEEE Registered)"
-                        ),
-                    ));
-                }
+        for (field, value, max) in [
+            ("t10_id", &self.t10_id, 247),
+            ("vendor_specific", &self.vendor_specific, 20),
+        ] {
+            if let Some(v) = value
+                && (v.len() > max || !v.bytes().all(|b| (0x20..0x7f).contains(&b)))
+            {
+                return Err(ConfigError::invalid(
+                    format!("{at}.{field}"),
+                    format!("{v:?}: valid is at most {max} printable ASCII characters"),
+                ));
             }
         }
-        if let Some(e) = &self.eui64
-            && parse_hex_u64(e).is_none()
+        if let Some(n) = &self.lu_name
+            && (n.is_empty() || n.len() > 251 || n.contains('\0'))
         {
             return Err(ConfigError::invalid(
-                format!("{at}.eui64"),
-                format!("{e:?}: valid is 16 hex digits"),
+                format!("{at}.lu_name"),
+                format!("{n:?}: valid is 1 to 251 bytes of UTF-8 without NUL"),
             ));
+        }
+        if let Some(n) = &self.naa {
+            check_naa(n).map_err(|m| ConfigError::invalid(format!("{at}.naa"), m))?;
+        }
+        if let Some(e) = &self.eui64 {
+            check_eui64(e).map_err(|m| ConfigError::invalid(format!("{at}.eui64"), m))?;
+        }
+        if let Some(l) = &self.vpd83 {
+            check_vpd83(l).map_err(|m| ConfigError::invalid(format!("{at}.vpd83"), m))?;
         }
         if let Some(f) = &self.fault {
             f.validate(&format!("{at}.fault"))?;
         }
         Ok(())
     }
+}
+
+/// Checks an NAA designator (SPC-4 §7.8.6.6): 16 hex digits of NAA 2, 3
+/// or 5, or 32 hex digits of NAA 6, with an optional `0x`.
+pub fn check_naa(n: &str) -> Result<Vec<u8>, String> {
+    match parse_hex_bytes(n, &[8, 16]) {
+        Some(v) if v.len() == 8 && matches!(v[0] >> 4, 2 | 3 | 5) => Ok(v),
+        Some(v) if v.len() == 16 && v[0] >> 4 == 6 => Ok(v),
+        Some(v) => Err(format!(
+            "{n:?}: NAA {:x} with {} bytes; valid is 16 hex digits of NAA 2, 3 or 5 \
+             or 32 hex digits of NAA 6",
+            v[0] >> 4,
+            v.len()
+        )),
+        None => Err(format!(
+            "{n:?}: valid is 16 hex digits of NAA 2, 3 or 5 or 32 hex digits of NAA 6"
+        )),
+    }
+}
+
+/// Checks an EUI-64 based designator (SPC-4 §7.8.6.5): 16, 24 or 32 hex
+/// digits, with an optional `0x`.
+pub fn check_eui64(e: &str) -> Result<Vec<u8>, String> {
+    parse_hex_bytes(e, &[8, 12, 16])
+        .ok_or_else(|| format!("{e:?}: valid is 16, 24 or 32 hex digits"))
+}
+
+/// Checks a VPD 83h layout: comma separated words [`DeviceConfig::vpd83`]
+/// names, none twice.
+pub fn check_vpd83(l: &str) -> Result<(), String> {
+    let mut seen = Vec::new();
+    for w in l.split(',').map(str::trim) {
+        let Some(d) = ferrite_core::device::Vpd83::parse(w) else {
+            return Err(format!(
+                "{w:?} is not a designator; valid: naa, t10, t10_nul, eui64, lu_name, rel_port, \
+                 port_group=N, lu_group=N, port_name, target_name, no_piv, comma separated"
+            ));
+        };
+        if seen.contains(&d) {
+            return Err(format!("{w:?} is listed twice"));
+        }
+        seen.push(d);
+    }
+    Ok(())
+}
+
+/// Parses hex digits, with an optional `0x`, into one of the byte lengths
+/// `lens`.
+pub fn parse_hex_bytes(s: &str, lens: &[usize]) -> Option<Vec<u8>> {
+    let d = s
+        .strip_prefix("0x")
+        .or_else(|| s.strip_prefix("0X"))
+        .unwrap_or(s);
+    if !lens.contains(&(d.len() / 2))
+        || !d.len().is_multiple_of(2)
+        || !d.bytes().all(|b| b.is_ascii_hexdigit())
+    {
+        return None;
+    }
+    (0..d.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&d[i..i + 2], 16).ok())
+        .collect()
+}
+
+/// Lower-case hex digits of `b`, with `0x`.
+pub fn hex_id(b: &[u8]) -> String {
+    let mut s = String::from("0x");
+    for x in b {
+        s.push_str(&format!("{x:02x}"));
+    }
+    s
 }
 
 /// Parses exactly 16 hex digits, with an optional `0x`.
@@ -601,6 +732,10 @@ pub struct SrpTargetConfig {
     /// allowed) with their own LUN maps.
     #[serde(default)]
     pub ini_groups: Vec<GroupConfig>,
+    /// Relative target port identifier (VPD 83h), as SCST's `rel_tgt_id`;
+    /// absent: derived (see [`Config::validate`] for uniqueness).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rel_tgt_id: Option<u16>,
 }
 
 fn default_srp_credits() -> u32 {
@@ -620,6 +755,7 @@ impl SrpTargetConfig {
             credits: default_srp_credits(),
             luns: Vec::new(),
             ini_groups: Vec::new(),
+            rel_tgt_id: None,
         }
     }
 
@@ -797,6 +933,10 @@ pub struct IscsiTargetConfig {
     /// the target's `outgoing_user`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub group_incoming_users: BTreeMap<String, Vec<ChapUser>>,
+    /// Relative target port identifier (VPD 83h), as SCST's `rel_tgt_id`;
+    /// absent: derived (see [`Config::validate`] for uniqueness).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rel_tgt_id: Option<u16>,
 }
 
 /// A CHAP name and secret (RFC 7143 §12.1.3). Debug output hides the secret.
@@ -890,7 +1030,14 @@ impl IscsiTargetConfig {
             incoming_users: Vec::new(),
             outgoing_user: None,
             group_incoming_users: BTreeMap::new(),
+            rel_tgt_id: None,
         }
+    }
+
+    /// The relative target port identifier: `rel_tgt_id`, else the portal
+    /// group tag (at least 1).
+    pub fn rel_port_id(&self) -> u16 {
+        self.rel_tgt_id.unwrap_or(self.tpgt.max(1))
     }
 
     /// The iSCSI/TCP portals as socket addresses (entries that do not
@@ -1302,6 +1449,32 @@ impl Config {
     }
 
     /// Checks everything that can be checked without touching the system.
+    /// SPC-4 §7.8.6.7: relative port 0 is reserved; a configured id names
+    /// one port of all.
+    fn validate_rel_tgt_ids(&self) -> Result<(), ConfigError> {
+        let iscsi = self.targets.iscsi.iter().enumerate();
+        let iscsi = iscsi.map(|(i, t)| (format!("targets.iscsi[{i}]"), t.rel_tgt_id));
+        let srp = self.targets.srp.iter().enumerate();
+        let srp = srp.map(|(i, t)| (format!("targets.srp[{i}]"), t.rel_tgt_id));
+        let mut seen: BTreeMap<u16, String> = BTreeMap::new();
+        for (at, r) in iscsi.chain(srp) {
+            let Some(r) = r else { continue };
+            if r == 0 {
+                return Err(ConfigError::invalid(
+                    format!("{at}.rel_tgt_id"),
+                    "0 is reserved; valid is 1 to 65535",
+                ));
+            }
+            if let Some(prev) = seen.insert(r, at.clone()) {
+                return Err(ConfigError::invalid(
+                    format!("{at}.rel_tgt_id"),
+                    format!("{r} is already the relative port of {prev}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         let mut names = BTreeMap::new();
         for (i, d) in self.devices.iter().enumerate() {
@@ -1315,6 +1488,7 @@ impl Config {
             }
         }
         let devices: BTreeSet<&str> = names.keys().copied().collect();
+        self.validate_rel_tgt_ids()?;
         let mut targets = BTreeMap::new();
         for (i, t) in self.targets.iscsi.iter().enumerate() {
             let at = format!("targets.iscsi[{i}]");
@@ -1815,7 +1989,27 @@ mod tests {
             (
                 "devices[0].naa",
                 |c| c.devices[0].naa = Some("0x6001405000000000".into()),
-                "starting with 5",
+                "NAA 6 with 8 bytes",
+            ),
+            (
+                "devices[0].naa",
+                |c| c.devices[0].naa = Some("0x5001405000000000000000000000000a".into()),
+                "NAA 5 with 16 bytes",
+            ),
+            (
+                "devices[0].vpd83",
+                |c| c.devices[0].vpd83 = Some("naa,t10,bogus".into()),
+                "\"bogus\" is not a designator",
+            ),
+            (
+                "devices[0].vpd83",
+                |c| c.devices[0].vpd83 = Some("naa,naa".into()),
+                "listed twice",
+            ),
+            (
+                "devices[0].vendor_specific",
+                |c| c.devices[0].vendor_specific = Some("x".repeat(21)),
+                "at most 20",
             ),
             (
                 "devices[0].naa",
@@ -1825,7 +2019,7 @@ mod tests {
             (
                 "devices[0].eui64",
                 |c| c.devices[0].eui64 = Some("xyz".into()),
-                "16 hex",
+                "16, 24 or 32 hex",
             ),
             (
                 "targets.iscsi[0].name",
@@ -2122,22 +2316,35 @@ mod tests {
         assert_ne!(a.effective_naa(), b.effective_naa());
         assert_ne!(a.effective_eui64(), b.effective_eui64());
         assert_ne!(a.effective_serial(), b.effective_serial());
-        assert_eq!(a.effective_naa() >> 60, 5);
-        assert_eq!(
-            (a.effective_naa() >> 36) & 0xff_ffff,
-            u64::from(DERIVED_ID_OUI)
-        );
+        // Derived ids are locally assigned: NAA 3, and an EUI-64 with the
+        // U/L bit set, so no company's id can equal them.
+        assert_eq!(a.effective_naa().len(), 8);
+        assert_eq!(a.effective_naa()[0] >> 4, 3);
+        assert_eq!(a.effective_eui64().len(), 8);
+        assert_eq!(a.effective_eui64()[0] & 0x0f, DERIVED_EUI64_LOCAL);
         assert_eq!(a.effective_serial().len(), 16);
-        // Fixed value: a change here changes every deployed device's identity.
+        // Fixed values: a change here changes every deployed device's identity.
         let sha = Sha256::digest(b"ferrite-device:disk0");
         let expect: String = sha[..8].iter().map(|b| format!("{b:02x}")).collect();
         assert_eq!(a.effective_serial(), expect);
+        let mut naa = sha[8..16].to_vec();
+        naa[0] = 0x30 | (naa[0] & 0x0f);
+        assert_eq!(a.effective_naa(), naa);
+        let mut eui = sha[16..24].to_vec();
+        eui[0] = (eui[0] & 0xf0) | 0x02;
+        assert_eq!(a.effective_eui64(), eui);
         let mut c = a.clone();
         c.naa = Some("0x5000000000000001".into());
         c.eui64 = Some("0011223344556677".into());
         c.serial = Some("S1".into());
-        assert_eq!(c.effective_naa(), 0x5000_0000_0000_0001);
-        assert_eq!(c.effective_eui64(), 0x0011_2233_4455_6677);
+        assert_eq!(c.effective_naa(), 0x5000_0000_0000_0001u64.to_be_bytes());
+        assert_eq!(c.effective_eui64(), 0x0011_2233_4455_6677u64.to_be_bytes());
+        c.naa = Some("0x6001405abcdef0123456789abcdef012".into());
+        assert_eq!(c.effective_naa().len(), 16);
+        assert_eq!(
+            hex_id(&c.effective_naa()),
+            "0x6001405abcdef0123456789abcdef012"
+        );
         let id = c.identity();
         assert_eq!(id.serial, "S1");
         assert_eq!(id.vendor, "FERRITE");

@@ -45,11 +45,22 @@ pub enum DeviceAttr {
     T10Vendor(String),
     T10Product(String),
     T10Revision(String),
-    Naa(u64),
-    Eui64(u64),
+    /// Hex digits, as [`DeviceConfig::naa`].
+    Naa(String),
+    /// Hex digits, as [`DeviceConfig::eui64`].
+    Eui64(String),
+    /// The rest of the identity (empty: not set).
+    T10Id(String),
+    VendorSpecific(String),
+    LuName(String),
+    Vpd83(String),
     /// Resize to this many bytes (fileio: the file grows or shrinks; nullio:
     /// the capacity changes). The daemon raises CAPACITY DATA HAS CHANGED.
     Size(u64),
+}
+
+fn set(v: &str) -> Option<String> {
+    (!v.is_empty()).then(|| v.to_string())
 }
 
 impl DeviceAttr {
@@ -65,8 +76,12 @@ impl DeviceAttr {
             DeviceAttr::T10Vendor(v) => cfg.t10_vendor = Some(v.clone()),
             DeviceAttr::T10Product(v) => cfg.t10_product = Some(v.clone()),
             DeviceAttr::T10Revision(v) => cfg.t10_revision = Some(v.clone()),
-            DeviceAttr::Naa(v) => cfg.naa = Some(format!("{v:016x}")),
-            DeviceAttr::Eui64(v) => cfg.eui64 = Some(format!("{v:016x}")),
+            DeviceAttr::Naa(v) => cfg.naa = Some(v.clone()),
+            DeviceAttr::Eui64(v) => cfg.eui64 = Some(v.clone()),
+            DeviceAttr::T10Id(v) => cfg.t10_id = set(v),
+            DeviceAttr::VendorSpecific(v) => cfg.vendor_specific = set(v),
+            DeviceAttr::LuName(v) => cfg.lu_name = set(v),
+            DeviceAttr::Vpd83(v) => cfg.vpd83 = set(v),
             DeviceAttr::Size(v) => cfg.size = Some(*v),
         }
     }

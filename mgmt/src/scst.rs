@@ -12,7 +12,8 @@
 use std::net::{IpAddr, SocketAddr};
 
 use crate::config::{
-    Config, DeviceConfig, GroupConfig, Handler, IscsiTargetConfig, LunConfig, parse_hex_u64,
+    Config, DeviceConfig, GroupConfig, Handler, IscsiTargetConfig, LunConfig, check_eui64,
+    check_naa,
 };
 use crate::tree::{device_attr_by_scst_name, parse_bool, parse_size_mb};
 
@@ -204,13 +205,15 @@ fn bool_attr(s: &Stmt) -> Result<bool, ImportError> {
 }
 
 /// SCST writes identifiers with or without `0x` and sometimes with `-`.
-fn hex_id(v: &str) -> Option<String> {
-    let d: String = v
-        .trim_start_matches("0x")
-        .chars()
+fn hex_digits(v: &str) -> String {
+    let d = v
+        .strip_prefix("0x")
+        .or_else(|| v.strip_prefix("0X"))
+        .unwrap_or(v);
+    d.chars()
         .filter(|c| *c != '-' && *c != ':')
-        .collect();
-    parse_hex_u64(&d).map(|_| format!("0x{}", d.to_ascii_lowercase()))
+        .collect::<String>()
+        .to_ascii_lowercase()
 }
 
 /// Converts `scst.conf` text.
@@ -218,6 +221,19 @@ pub fn import_scst(text: &str) -> Result<Import, ImportError> {
     let stmts = parse_blocks(text)?;
     let mut cfg = Config::default();
     let mut warn: Vec<String> = Vec::new();
+    // SCST derives device ids from setup_id; it must be known before the
+    // devices, wherever the file sets it.
+    let mut setup_id = 0u32;
+    for s in stmts.iter().filter(|s| s.words[0] == "setup_id") {
+        let v = arg(s, 1, "a value")?;
+        let d = v.strip_prefix("0x").or_else(|| v.strip_prefix("0X"));
+        let n = match d {
+            Some(h) => u32::from_str_radix(h, 16),
+            None => v.parse::<u32>(),
+        };
+        setup_id =
+            n.map_err(|_| syntax(s.line, format!("setup_id {v:?} is not a 32-bit number")))?;
+    }
     let mut iscsi_params_from: Option<String> = None;
     for s in &stmts {
         let kw = s.words[0].as_str();
@@ -239,7 +255,7 @@ pub fn import_scst(text: &str) -> Result<Import, ImportError> {
                         ));
                         continue;
                     }
-                    cfg.devices.push(import_device(h, d, &mut warn)?);
+                    cfg.devices.push(import_device(h, d, setup_id, &mut warn)?);
                 }
             }
             ("TARGET_DRIVER", block) => {
@@ -279,6 +295,7 @@ pub fn import_scst(text: &str) -> Result<Import, ImportError> {
                     }
                 }
             }
+            ("setup_id", None) => {}
             (other, _) => warn.push(format!("line {}: {other} ignored", s.line)),
         }
     }
@@ -311,35 +328,127 @@ pub fn import_scst(text: &str) -> Result<Import, ImportError> {
     })
 }
 
+/// SCST's `prod_rev_lvl` when a device sets none (SCST_FIO_REV of SCST
+/// 3.11; earlier releases: `3100`, `390 `, `350 `).
+pub const SCST_DEFAULT_REV: &str = "3110";
+
+/// SCST's device id number (scst_vdisk.c `vdisk_gen_dev_id_num`): CRC32C
+/// without pre- or post-inversion over the name and its NUL, below
+/// `setup_id`.
+pub fn scst_dev_id_num(name: &str, setup_id: u32) -> u64 {
+    let mut b = name.as_bytes().to_vec();
+    b.push(0);
+    let raw = !crc32c::crc32c_append(u32::MAX, &b);
+    u64::from(setup_id) << 32 | u64::from(raw)
+}
+
+/// What SCST reports for a vdisk device from its name alone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScstDerived {
+    /// `t10_dev_id`: `<id hex>-<name>`, at most 25 characters; also the
+    /// default `vend_specific_id` (the T10 designator's identifier).
+    pub t10_dev_id: String,
+    /// `usn`: the id in hex.
+    pub usn: String,
+    /// `t10_vend_id`.
+    pub vendor: &'static str,
+    /// `prod_id`: the name, at most 16 characters.
+    pub product: String,
+}
+
+/// SCST's derivations for device `name` of handler `h` (vdev_create_node).
+pub fn scst_derived(name: &str, h: Handler, setup_id: u32) -> ScstDerived {
+    let n = scst_dev_id_num(name, setup_id);
+    let mut t10_dev_id = format!("{n:x}-{name}");
+    t10_dev_id.truncate(25);
+    ScstDerived {
+        t10_dev_id,
+        usn: format!("{n:x}"),
+        vendor: if h == Handler::VdiskBlockio {
+            "SCST_BIO"
+        } else {
+            "SCST_FIO"
+        },
+        product: name.chars().take(16).collect(),
+    }
+}
+
+/// SCST's VPD 83h for a vdisk (scst_vdisk.c `vdisk_dev_id_vpd`): the
+/// T10 designator, the relative port, then the EUI-64 (configured, or else
+/// when no NAA is set the first 8 bytes of `t10_dev_id`) and the NAA when
+/// configured, all without protocol identifiers.
+fn scst_identity(d: &mut DeviceConfig, t10_dev_id: &str, setup_id: u32) {
+    let der = scst_derived(&d.name, d.handler, setup_id);
+    d.serial.get_or_insert(der.usn);
+    d.t10_vendor.get_or_insert(der.vendor.to_string());
+    d.t10_product.get_or_insert(der.product);
+    d.t10_id.get_or_insert(der.t10_dev_id);
+    let mut layout = vec!["t10", "rel_port"];
+    if d.eui64.is_none() && d.naa.is_none() {
+        let mut compat = [0u8; 8];
+        for (c, b) in compat.iter_mut().zip(t10_dev_id.bytes()) {
+            *c = b;
+        }
+        d.eui64 = Some(crate::config::hex_id(&compat));
+    }
+    if d.eui64.is_some() {
+        layout.push("eui64");
+    }
+    if d.naa.is_some() {
+        layout.push("naa");
+    }
+    if d.lu_name.is_some() {
+        layout.insert(0, "lu_name");
+    }
+    layout.push("no_piv");
+    d.vpd83 = Some(layout.join(","));
+}
+
 fn import_device(
     h: Handler,
     s: &Stmt,
+    setup_id: u32,
     warn: &mut Vec<String>,
 ) -> Result<DeviceConfig, ImportError> {
     let mut d = DeviceConfig::new(arg(s, 1, "a device name")?, h);
+    let mut t10_dev_id = scst_derived(&d.name, h, setup_id).t10_dev_id;
     for a in s.block.iter().flatten() {
         let v = || arg(a, 1, "a value");
         match a.words[0].as_str() {
+            "t10_dev_id" => {
+                let x = v()?;
+                if x.len() > 25 {
+                    return Err(syntax(
+                        a.line,
+                        format!("t10_dev_id {x:?}: valid is at most 25 characters"),
+                    ));
+                }
+                t10_dev_id = x.to_string();
+            }
+            "scsi_device_name" => {
+                d.lu_name = Some(v()?.to_string());
+                warn.push(format!(
+                    "line {}: scsi_device_name is reported as the logical unit's SCSI name \
+                     string (SCST reports it as the target device's)",
+                    a.line
+                ));
+            }
             "size_mb" => {
                 d.size =
                     Some(parse_size_mb(v()?).map_err(|m| syntax(a.line, format!("size_mb: {m}")))?)
             }
-            "naa_id" => match hex_id(v()?) {
-                Some(x) if x.as_bytes().get(2) == Some(&b'5') => d.naa = Some(x),
-                _ => warn.push(format!(
-                    "line {}: naa_id {} is not a 16-digit NAA 5 id; a derived one is used",
-                    a.line,
-                    v()?
-                )),
-            },
-            "eui64_id" => match hex_id(v()?) {
-                Some(x) => d.eui64 = Some(x),
-                None => warn.push(format!(
-                    "line {}: eui64_id {} is not 16 hex digits; a derived one is used",
-                    a.line,
-                    v()?
-                )),
-            },
+            // SCST's naa_id and eui64_id: hex, the lengths SPC-4 allows.
+            "naa_id" => {
+                let x = hex_digits(v()?);
+                check_naa(&x).map_err(|m| syntax(a.line, format!("naa_id: {m}")))?;
+                d.naa = Some(format!("0x{x}"));
+            }
+            "eui64_id" => {
+                let x = hex_digits(v()?);
+                check_eui64(&x).map_err(|m| syntax(a.line, format!("eui64_id: {m}")))?;
+                d.eui64 = Some(format!("0x{x}"));
+            }
+            "t10_vendor_id" => d.t10_vendor = Some(v()?.to_string()),
             "o_direct" if h == Handler::VdiskFileio => warn.push(format!(
                 "line {}: o_direct ignored; use vdisk_blockio for O_DIRECT",
                 a.line
@@ -365,6 +474,18 @@ fn import_device(
             s.line, d.name
         ));
     }
+    if d.t10_revision.is_none() {
+        d.t10_revision = Some(SCST_DEFAULT_REV.into());
+        warn.push(format!(
+            "line {}: device {} sets no prod_rev_lvl: SCST 3.11's {SCST_DEFAULT_REV} is used \
+             (earlier SCST releases report 3100, 390 or 350; set prod_rev_lvl to the one \
+             initiators saw)",
+            s.line, d.name
+        ));
+    }
+    scst_identity(&mut d, &t10_dev_id, setup_id);
+    d.validate(&format!("DEVICE {}", d.name))
+        .map_err(|e| syntax(s.line, e.to_string()))?;
     Ok(d)
 }
 
@@ -421,7 +542,21 @@ fn import_target(
     for a in s.block.iter().flatten() {
         match a.words[0].as_str() {
             "enabled" => t.enabled = bool_attr(a)?,
-            "rel_tgt_id" => {}
+            "rel_tgt_id" => {
+                let r = arg(a, 1, "a number")?;
+                // SCST: 0 (the default) is assigned when the target is
+                // enabled; so is an absent rel_tgt_id here.
+                match r.parse::<u16>() {
+                    Ok(0) => {}
+                    Ok(n) => t.rel_tgt_id = Some(n),
+                    Err(_) => {
+                        return Err(syntax(
+                            a.line,
+                            format!("rel_tgt_id {r:?}: valid is 0 to 65535"),
+                        ));
+                    }
+                }
+            }
             "allowed_portal" => {
                 for p in &a.words[1..] {
                     if let Ok(sa) = p.parse::<SocketAddr>() {
@@ -537,7 +672,7 @@ HANDLER vdisk_fileio {
 		blocksize 4096
 		write_through 1
 		thin_provisioned 1
-		naa_id 0x6001405d0bc3e7a4
+		naa_id 0x6001405d0bc3e7a4fe0123456789abcd
 		o_direct 1
 	}
 }
@@ -609,7 +744,24 @@ TARGET_DRIVER ib_srpt {
             (d2.blocksize, d2.write_through, d2.thin_provisioned),
             (4096, true, true)
         );
-        assert_eq!(d2.naa, None, "NAA 6 ids are not carried over");
+        assert_eq!(
+            d2.naa.as_deref(),
+            Some("0x6001405d0bc3e7a4fe0123456789abcd")
+        );
+        // SCST's derivations where the file sets nothing: disk02 has only
+        // its NAA, so no EUI-64 is reported.
+        assert_eq!(d2.vpd83.as_deref(), Some("t10,rel_port,naa,no_piv"));
+        assert_eq!(d2.t10_vendor.as_deref(), Some("SCST_FIO"));
+        assert_eq!(d2.t10_product.as_deref(), Some("disk02"));
+        assert_eq!(d2.t10_revision.as_deref(), Some(SCST_DEFAULT_REV));
+        let der = scst_derived("disk02", Handler::VdiskFileio, 0);
+        assert_eq!(d2.serial.as_deref(), Some(der.usn.as_str()));
+        assert_eq!(d2.t10_id.as_deref(), Some(der.t10_dev_id.as_str()));
+        // disk01 sets usn, no NAA: the compat EUI-64 of its t10_dev_id.
+        assert_eq!(d1.vpd83.as_deref(), Some("t10,rel_port,eui64,no_piv"));
+        let t10 = scst_derived("disk01", Handler::VdiskBlockio, 0).t10_dev_id;
+        assert_eq!(d1.eui64.as_deref(), Some("0x3237636464633731"));
+        assert_eq!(t10, "27cddc71-disk01");
         assert_eq!(c.device("null1").unwrap().size, Some(64 << 20));
         assert_eq!(c.device("null0").unwrap().size, Some(1 << 30));
         let t = c.iscsi_target("iqn.2006-10.net.vlnb:tgt").unwrap();
@@ -646,10 +798,9 @@ TARGET_DRIVER ib_srpt {
         assert!(!c.iscsi.immediate_data);
         let w = imp.warnings.join("\n");
         for want in [
-            "setup_id ignored",
+            "sets no prod_rev_lvl",
             "vcdrom is not supported",
             "o_direct",
-            "naa_id",
             "HeaderDigest ignored",
             "ib_srpt",
             "LUN 2 of unknown or skipped device cd0",
@@ -706,6 +857,72 @@ TARGET_DRIVER ib_srpt {
             "HANDLER vdisk_fileio {\n DEVICE d {\n blocksize 1000\n filename /x\n }\n}\n",
         )
         .unwrap_err();
-        assert!(e.to_string().contains("devices[0].blocksize"), "{e}");
+        assert!(e.to_string().contains("line 2: DEVICE d.blocksize"), "{e}");
+    }
+
+    /// Values computed with SCST's own code path (scst_vdisk.c
+    /// `vdisk_gen_dev_id_num`, `vdev_create_node`), the first one the
+    /// example of SCST's README (`sg_vpd -p di`: vendor specific
+    /// 27cddc71-disk01, EUI-64 0x3237636464633731).
+    #[test]
+    fn scst_derivations() {
+        assert_eq!(scst_dev_id_num("disk01", 0), 0x27cd_dc71);
+        assert_eq!(scst_dev_id_num("disk1", 0), 0xb8fd_bd32);
+        assert_eq!(scst_dev_id_num("disk2", 0), 0x8c1a_15ab);
+        let d = scst_derived("disk1", Handler::VdiskFileio, 0x12);
+        assert_eq!(d.t10_dev_id, "12b8fdbd32-disk1");
+        assert_eq!(d.usn, "12b8fdbd32");
+        let d = scst_derived("a-very-long-device-name", Handler::VdiskBlockio, 0);
+        assert_eq!(d.t10_dev_id.len(), 25);
+        assert_eq!(d.product, "a-very-long-devi");
+        assert_eq!(d.vendor, "SCST_BIO");
+        // setup_id comes before the devices, wherever the file sets it.
+        let text = "HANDLER vdisk_nullio {\n DEVICE disk1 {\n size_mb 1\n }\n}\nsetup_id 0x12\n";
+        let imp = import_scst(text).unwrap();
+        let c = &imp.config.devices[0];
+        assert_eq!(c.serial.as_deref(), Some("12b8fdbd32"));
+        assert_eq!(c.t10_id.as_deref(), Some("12b8fdbd32-disk1"));
+        // The compat EUI-64 is the first 8 bytes of t10_dev_id, also a
+        // configured one; vend_specific_id keeps the derived one.
+        let text = "HANDLER vdisk_nullio {\n DEVICE disk1 {\n size_mb 1\n t10_dev_id ab\n }\n}\n";
+        let c = import_scst(text).unwrap().config.devices.remove(0);
+        assert_eq!(c.eui64.as_deref(), Some("0x6162000000000000"));
+        assert_eq!(c.t10_id.as_deref(), Some("b8fdbd32-disk1"));
+        // Every identity attribute is carried.
+        let text = "HANDLER vdisk_nullio {\n DEVICE d {\n size_mb 1\n t10_vend_id V\n \
+                    prod_id P\n prod_rev_lvl R\n usn U\n vend_specific_id VS\n \
+                    inq_vend_specific IQ\n naa_id 0x5000000000000001\n \
+                    eui64_id 0x0011223344556677aabbccdd\n }\n}\n";
+        let c = import_scst(text).unwrap().config.devices.remove(0);
+        let id = c.identity();
+        assert_eq!(
+            (&*id.vendor, &*id.product, &*id.revision, &*id.serial),
+            ("V", "P", "R", "U")
+        );
+        assert_eq!((&*id.t10_id, &*id.vendor_specific), ("VS", "IQ"));
+        assert_eq!(id.naa, 0x5000_0000_0000_0001u64.to_be_bytes());
+        assert_eq!(id.eui64.len(), 12);
+        assert_eq!(c.vpd83.as_deref(), Some("t10,rel_port,eui64,naa,no_piv"));
+    }
+
+    #[test]
+    fn bad_designators_name_their_line() {
+        for (attr, want) in [
+            ("naa_id 0x6001405d0bc3e7a4", "NAA 6 with 8 bytes"),
+            ("naa_id 12", "32 hex digits of NAA 6"),
+            ("eui64_id 0x00112233", "16, 24 or 32"),
+            ("t10_dev_id 0123456789abcdef0123456789", "at most 25"),
+            ("t10_vend_id TOOLONGVENDOR", "t10_vendor"),
+        ] {
+            let text =
+                format!("HANDLER vdisk_nullio {{\n DEVICE d {{\n size_mb 1\n {attr}\n }}\n}}\n");
+            match import_scst(&text) {
+                Err(ImportError::Syntax { line, msg }) => {
+                    assert!(line == 4 || line == 2, "{attr}: line {line}");
+                    assert!(msg.contains(want), "{attr}: {msg}");
+                }
+                other => panic!("{attr}: {other:?}"),
+            }
+        }
     }
 }

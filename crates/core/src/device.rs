@@ -51,8 +51,10 @@ fn is_gone(w: &Watch) -> bool {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DeviceId(pub u32);
 
-/// SCSI identity of a device (INQUIRY, VPD 80h and 83h).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// SCSI identity of a device (INQUIRY, VPD 80h and 83h): every field is
+/// configuration, so a device moved from another target keeps the bytes
+/// its initiators know it by.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Identity {
     /// T10 vendor identification, at most 8 ASCII characters.
     pub vendor: String,
@@ -60,12 +62,102 @@ pub struct Identity {
     pub product: String,
     /// Product revision level, at most 4 ASCII characters.
     pub revision: String,
+    /// Vendor specific bytes 36..56 of the standard INQUIRY data, at most
+    /// 20 ASCII characters; empty leaves them zero.
+    pub vendor_specific: String,
     /// Unit serial number (VPD 80h).
     pub serial: String,
-    /// NAA IEEE Registered (type 5) identifier, 8 bytes (VPD 83h).
-    pub naa: u64,
-    /// EUI-64 identifier (VPD 83h).
-    pub eui64: u64,
+    /// Vendor specific identifier of the T10 vendor ID based designator,
+    /// after the vendor; empty uses the serial (or the device name).
+    pub t10_id: String,
+    /// NAA designator: 8 bytes (NAA 2, 3 or 5) or 16 (NAA 6); empty for
+    /// none.
+    pub naa: Vec<u8>,
+    /// EUI-64 based designator: 8, 12 or 16 bytes; empty for none.
+    pub eui64: Vec<u8>,
+    /// SCSI name string of the logical unit; empty for none.
+    pub lu_name: String,
+    /// The designators of VPD 83h in order; empty is [`Vpd83::DEFAULT`].
+    pub layout: Vec<Vpd83>,
+}
+
+/// One entry of a device's VPD 83h layout. A designator whose value is
+/// not set (no NAA, no EUI-64, no name) is left out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Vpd83 {
+    Naa,
+    T10,
+    /// The T10 vendor ID based designator ending in a NUL that its length
+    /// counts (as LIO reports it).
+    T10Nul,
+    Eui64,
+    LuName,
+    /// Relative target port of the port the command came through.
+    RelPort,
+    /// A target port group designator with this group.
+    PortGroup(u16),
+    /// A logical unit group designator with this group.
+    LuGroup(u16),
+    /// SCSI name string of the target port.
+    PortName,
+    /// SCSI name string of the target device.
+    TargetName,
+    /// Not a designator: the port and target designators carry no
+    /// protocol identifier (PIV 0), as SCST reports them.
+    NoPiv,
+}
+
+impl Vpd83 {
+    /// The layout of a device that configures none.
+    pub const DEFAULT: [Vpd83; 5] = [
+        Vpd83::Naa,
+        Vpd83::T10,
+        Vpd83::Eui64,
+        Vpd83::RelPort,
+        Vpd83::TargetName,
+    ];
+
+    /// The configuration word of this entry (`naa`, `port_group=1`, ...).
+    pub fn word(self) -> String {
+        match self {
+            Vpd83::Naa => "naa".into(),
+            Vpd83::T10 => "t10".into(),
+            Vpd83::T10Nul => "t10_nul".into(),
+            Vpd83::Eui64 => "eui64".into(),
+            Vpd83::LuName => "lu_name".into(),
+            Vpd83::RelPort => "rel_port".into(),
+            Vpd83::PortGroup(g) => format!("port_group={g}"),
+            Vpd83::LuGroup(g) => format!("lu_group={g}"),
+            Vpd83::PortName => "port_name".into(),
+            Vpd83::TargetName => "target_name".into(),
+            Vpd83::NoPiv => "no_piv".into(),
+        }
+    }
+
+    /// Parses one configuration word; `None` names nothing known.
+    pub fn parse(w: &str) -> Option<Vpd83> {
+        let group = |v: &str| v.parse::<u16>().ok();
+        Some(match w {
+            "naa" => Vpd83::Naa,
+            "t10" => Vpd83::T10,
+            "t10_nul" => Vpd83::T10Nul,
+            "no_piv" => Vpd83::NoPiv,
+            "eui64" => Vpd83::Eui64,
+            "lu_name" => Vpd83::LuName,
+            "rel_port" => Vpd83::RelPort,
+            "port_name" => Vpd83::PortName,
+            "target_name" => Vpd83::TargetName,
+            _ => {
+                if let Some(v) = w.strip_prefix("port_group=") {
+                    Vpd83::PortGroup(group(v)?)
+                } else if let Some(v) = w.strip_prefix("lu_group=") {
+                    Vpd83::LuGroup(group(v)?)
+                } else {
+                    return None;
+                }
+            }
+        })
+    }
 }
 
 /// Per-device settings an operator may change.

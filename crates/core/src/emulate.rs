@@ -1106,15 +1106,26 @@ pub fn unmap_ranges(
     Ok(())
 }
 
+/// What VPD 83h says of the port a command came through.
+#[derive(Clone, Copy, Debug)]
+pub struct PortIds<'a> {
+    /// Relative target port identifier.
+    pub rel_port: u16,
+    /// Target name (the target device's SCSI name string).
+    pub target: &'a str,
+    /// Target port name (the port's SCSI name string); empty for none.
+    pub target_port: &'a str,
+    /// SCSI transport protocol identifier (`ferrite_scsi::inquiry::protocol`).
+    pub protocol: Option<u8>,
+}
+
 /// What [`data_in`] needs besides the CDB.
 #[derive(Clone, Copy, Debug)]
 pub struct DataCtx<'a> {
     pub entry: Option<&'a LunEntry>,
     pub luns: &'a LunMap,
-    /// Relative target port identifier of the session's port.
-    pub rel_port: u16,
-    /// Target name (VPD 83h SCSI name string).
-    pub target: &'a str,
+    /// The port the command came through.
+    pub port: PortIds<'a>,
     /// For REQUEST SENSE: the pending condition to report (a unit attention
     /// the caller has dequeued).
     pub pending: Option<Sense>,
@@ -1299,6 +1310,55 @@ fn capacity(e: &LunEntry) -> Capacity {
     }
 }
 
+/// The VPD 83h designators of `e` seen through `port`, in the device's
+/// layout; a designator whose value is not set is left out.
+fn designators<'a>(e: &'a LunEntry, port: &PortIds<'a>) -> Vec<inquiry::Designator<'a>> {
+    use crate::device::Vpd83;
+    use inquiry::Designator as D;
+    let id = &e.device.identity;
+    let layout: &[Vpd83] = if id.layout.is_empty() {
+        &Vpd83::DEFAULT
+    } else {
+        &id.layout
+    };
+    let t10 = if !id.t10_id.is_empty() {
+        &id.t10_id
+    } else if !id.serial.is_empty() {
+        &id.serial
+    } else {
+        &e.device.name
+    };
+    layout
+        .iter()
+        .filter_map(|l| match *l {
+            // SPC-4 §7.8.6.6.1: 8 bytes are NAA 2, 3 or 5, 16 bytes NAA 6;
+            // anything else configured is not reported as NAA.
+            Vpd83::Naa => match (id.naa.len(), id.naa.first().map(|b| b >> 4)) {
+                (8, Some(2 | 3 | 5)) | (16, Some(6)) => Some(D::Naa(&id.naa)),
+                _ => None,
+            },
+            Vpd83::T10 => Some(D::T10 {
+                vendor: &id.vendor,
+                id: t10,
+            }),
+            Vpd83::T10Nul => Some(D::T10Nul {
+                vendor: &id.vendor,
+                id: t10,
+            }),
+            Vpd83::NoPiv => None,
+            Vpd83::Eui64 => matches!(id.eui64.len(), 8 | 12 | 16).then(|| D::Eui64(&id.eui64)),
+            Vpd83::LuName => (!id.lu_name.is_empty()).then(|| D::LuName(&id.lu_name)),
+            Vpd83::RelPort => (port.rel_port != 0).then_some(D::RelPort(port.rel_port)),
+            Vpd83::PortGroup(g) => Some(D::PortGroup(g)),
+            Vpd83::LuGroup(g) => Some(D::LuGroup(g)),
+            Vpd83::PortName => {
+                (!port.target_port.is_empty()).then_some(D::PortName(port.target_port))
+            }
+            Vpd83::TargetName => (!port.target.is_empty()).then_some(D::TargetName(port.target)),
+        })
+        .collect()
+}
+
 fn inquiry_data(c: &InquiryCdb, ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<(), Sense> {
     let Some(e) = ctx.entry else {
         if c.evpd {
@@ -1313,6 +1373,7 @@ fn inquiry_data(c: &InquiryCdb, ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<
                 vendor: "",
                 product: "",
                 revision: "",
+                vendor_specific: "",
                 tpgs: 0,
                 three_pc: false,
                 rmb: false,
@@ -1331,6 +1392,7 @@ fn inquiry_data(c: &InquiryCdb, ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<
                 vendor: &id.vendor,
                 product: &id.product,
                 revision: &id.revision,
+                vendor_specific: &id.vendor_specific,
                 tpgs: 0,
                 // SPC-4 §6.6.2: the copy manager of [`crate::xcopy`].
                 three_pc: true,
@@ -1345,29 +1407,16 @@ fn inquiry_data(c: &InquiryCdb, ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<
     match c.page {
         vpd::SUPPORTED_PAGES => inquiry::supported_pages(pq, &VPD_PAGES, out),
         vpd::UNIT_SERIAL_NUMBER => inquiry::unit_serial(pq, &id.serial, out),
-        vpd::DEVICE_IDENTIFICATION => inquiry::device_identification(
-            pq,
-            &inquiry::DeviceIds {
-                // SPC-4 §7.8.6.6.1: an 8-byte NAA designator is NAA 2, 3 or
-                // 5; anything else configured is not reported as NAA.
-                naa: if matches!(id.naa >> 60, 2 | 3 | 5) {
-                    id.naa
-                } else {
-                    0
-                },
-                eui64: id.eui64,
-                vendor: &id.vendor,
-                vendor_specific: if id.serial.is_empty() {
-                    &e.device.name
-                } else {
-                    &id.serial
-                },
-                rel_port: ctx.rel_port,
-                tpg: None,
-                target_name: ctx.target,
-            },
-            out,
-        ),
+        vpd::DEVICE_IDENTIFICATION => {
+            let ids = designators(e, &ctx.port);
+            let no_piv = e
+                .device
+                .identity
+                .layout
+                .contains(&crate::device::Vpd83::NoPiv);
+            let protocol = ctx.port.protocol.filter(|_| !no_piv);
+            inquiry::device_identification(pq, protocol, &ids, out)
+        }
         vpd::THIRD_PARTY_COPY => ferrite_scsi::xcopy::vpd_page(pq, out),
         vpd::BLOCK_LIMITS => {
             let max = (MAX_TRANSFER_BYTES / bs) as u32;
@@ -1486,6 +1535,97 @@ mod tests {
         }
     }
 
+    /// VPD 83h of `identity` seen through `port`.
+    fn vpd83(identity: crate::device::Identity, port: PortIds<'_>) -> Vec<u8> {
+        use crate::backend::Caps;
+        let flags = crate::device::DeviceFlags::default();
+        let mut d = crate::testing::device(1, Caps::default(), flags);
+        d.identity = identity;
+        let e = LunEntry {
+            device: std::sync::Arc::new(d),
+            read_only: false,
+        };
+        let luns = LunMap::default();
+        let ctx = DataCtx {
+            entry: Some(&e),
+            luns: &luns,
+            port,
+            pending: None,
+        };
+        let mut out = Vec::new();
+        data_in(&[0x12, 0x01, 0x83, 0, 255, 0], &ctx, &mut out).unwrap();
+        out
+    }
+
+    fn hex(s: &str) -> Vec<u8> {
+        let d: String = s.split_whitespace().collect();
+        (0..d.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&d[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn vpd83_layouts_of_scst_and_lio() {
+        use crate::device::{Identity, Vpd83};
+        // SCST vdisk `disk1` with its derived ids (scst_vdisk.c
+        // vdisk_dev_id_vpd): T10, relative port 1, the compat EUI-64; no
+        // protocol identifiers.
+        let scst = Identity {
+            vendor: "SCST_FIO".into(),
+            serial: "b8fdbd32".into(),
+            t10_id: "b8fdbd32-disk1".into(),
+            eui64: b"b8fdbd32".to_vec(),
+            layout: vec![
+                Vpd83::T10,
+                Vpd83::RelPort,
+                Vpd83::Eui64,
+                Vpd83::Naa,
+                Vpd83::NoPiv,
+            ],
+            ..Identity::default()
+        };
+        let port = PortIds {
+            rel_port: 1,
+            target: "iqn.t",
+            target_port: "iqn.t,t,0x0001",
+            protocol: Some(ferrite_scsi::inquiry::protocol::ISCSI),
+        };
+        let mut want = hex("00 83 00 2e 02 01 00 16");
+        want.extend(b"SCST_FIOb8fdbd32-disk1");
+        want.extend(hex("01 14 00 04 00 00 00 01 01 02 00 08"));
+        want.extend(b"b8fdbd32");
+        assert_eq!(vpd83(scst, port), want);
+        // LIO fileio (target_core_spc.c spc_emulate_evpd_83): NAA 6, T10
+        // with its NUL, relative port, port group 0, LU group 0, port name,
+        // target name, with iSCSI's protocol identifier.
+        let lio = Identity {
+            vendor: "LIO-ORG".into(),
+            t10_id: "FILEIO:1b5c6b8e".into(),
+            naa: hex("60014051b5c6b8e00000000000000000"),
+            layout: vec![
+                Vpd83::Naa,
+                Vpd83::T10Nul,
+                Vpd83::RelPort,
+                Vpd83::PortGroup(0),
+                Vpd83::LuGroup(0),
+                Vpd83::PortName,
+                Vpd83::TargetName,
+            ],
+            ..Identity::default()
+        };
+        let mut want = hex("00 83 00 68 01 03 00 10 60014051b5c6b8e00000000000000000 02 01 00 18");
+        want.extend(b"LIO-ORG FILEIO:1b5c6b8e\0");
+        want.extend(hex(
+            "51 94 00 04 00 00 00 01 51 95 00 04 00 00 00 00 01 06 00 04 00 00 00 00",
+        ));
+        want.extend(hex("53 98 00 10"));
+        want.extend(b"iqn.t,t,0x0001\0\0");
+        want.extend(hex("53 a8 00 08"));
+        want.extend(b"iqn.t\0\0\0");
+        assert_eq!(vpd83(lio, port), want);
+    }
+
     #[test]
     fn mode_sense_reports_dpofua_where_the_backend_honours_fua() {
         use crate::backend::Caps;
@@ -1506,8 +1646,12 @@ mod tests {
             let ctx = DataCtx {
                 entry: Some(&e),
                 luns: &luns,
-                rel_port: 1,
-                target: "t",
+                port: PortIds {
+                    rel_port: 1,
+                    target: "t",
+                    target_port: "t,t,0x1",
+                    protocol: None,
+                },
                 pending: None,
             };
             // MODE SENSE (6), DBD, Caching page; MODE SENSE (10) likewise.

@@ -722,8 +722,9 @@ mod tests {
                         product: "TEST".into(),
                         revision: "1".into(),
                         serial: "s".into(),
-                        naa: 0x5000_0000_0000_0001,
-                        eui64: 1,
+                        naa: u64::to_be_bytes(0x5000_0000_0000_0001).to_vec(),
+                        eui64: u64::to_be_bytes(1).to_vec(),
+                        ..Identity::default()
                     },
                     DeviceFlags {
                         thin_provisioned: true,
@@ -746,6 +747,8 @@ mod tests {
                     initiator_port: format!("iqn.test:i{n},i,0x{n:012x}"),
                     target: "iqn.test:t".into(),
                     rel_port_id: 1,
+                    target_port: String::new(),
+                    protocol: None,
                 };
                 let a = shard.open_session(now, nexus(1), map.clone(), false);
                 let b = shard.open_session(now, nexus(2), map, false);

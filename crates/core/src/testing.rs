@@ -51,8 +51,9 @@ pub(crate) fn device(id: u32, caps: Caps, flags: DeviceFlags) -> Device {
             product: "disk".into(),
             revision: "0.1".into(),
             serial: format!("s{id}"),
-            naa: 0x6001_4050_0000_0000 | u64::from(id),
-            eui64: 0,
+            naa: u64::to_be_bytes(0x6001_4050_0000_0000 | u64::from(id)).to_vec(),
+            eui64: Vec::new(),
+            ..Identity::default()
         },
         flags,
     )

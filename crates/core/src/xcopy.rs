@@ -113,8 +113,7 @@ pub(crate) fn plan_receive_copy_results(cdb: &[u8]) -> Plan {
 /// name it.
 pub(crate) struct Requester<'a> {
     pub luns: &'a LunMap,
-    pub rel_port: u16,
-    pub target: &'a str,
+    pub port: crate::emulate::PortIds<'a>,
     /// The SPC-2 reservation holder key of the nexus.
     pub spc2: &'a str,
     pub pr: &'a PrNexus,
@@ -143,8 +142,7 @@ fn lu_designators(e: &LunEntry, r: &Requester<'_>) -> Vec<(u8, u8, Vec<u8>)> {
     let ctx = DataCtx {
         entry: Some(e),
         luns: r.luns,
-        rel_port: r.rel_port,
-        target: r.target,
+        port: r.port,
         pending: None,
     };
     let mut page = Vec::new();
@@ -688,8 +686,9 @@ mod tests {
                 product: "disk".into(),
                 revision: "0.1".into(),
                 serial: format!("s{id}"),
-                naa,
-                eui64: 0,
+                naa: naa.to_be_bytes().to_vec(),
+                eui64: Vec::new(),
+                ..Identity::default()
             },
             DeviceFlags::default(),
         ))
@@ -749,8 +748,12 @@ mod tests {
     fn requester<'a>(luns: &'a LunMap, pr: &'a PrNexus) -> Requester<'a> {
         Requester {
             luns,
-            rel_port: 1,
-            target: "iqn.t",
+            port: crate::emulate::PortIds {
+                rel_port: 1,
+                target: "iqn.t",
+                target_port: "",
+                protocol: None,
+            },
             spc2: "i|t",
             pr,
         }
@@ -857,8 +860,9 @@ mod tests {
                 product: "disk".into(),
                 revision: "0.1".into(),
                 serial: "s3".into(),
-                naa: A,
-                eui64: 0,
+                naa: A.to_be_bytes().to_vec(),
+                eui64: Vec::new(),
+                ..Identity::default()
             },
             DeviceFlags {
                 removable: true,
@@ -1144,8 +1148,9 @@ mod tests {
                     product: "mem".into(),
                     revision: "0.1".into(),
                     serial: format!("m{id}"),
-                    naa,
-                    eui64: 0,
+                    naa: naa.to_be_bytes().to_vec(),
+                    eui64: Vec::new(),
+                    ..Identity::default()
                 },
                 DeviceFlags::default(),
             ))
@@ -1179,6 +1184,8 @@ mod tests {
                 initiator_port: "iqn.i,i,0x1".into(),
                 target: "iqn.t".into(),
                 rel_port_id: 1,
+                target_port: String::new(),
+                protocol: None,
             };
             let sid = shard.open_session(now, nexus, Arc::new(m), false);
             let mut h = H {

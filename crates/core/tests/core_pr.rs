@@ -84,8 +84,9 @@ fn device(hold: &Arc<Mutex<bool>>) -> Arc<Device> {
             product: "pr".into(),
             revision: "0.1".into(),
             serial: "PR0".into(),
-            naa: 0x5001_4050_0000_0007,
-            eui64: 0,
+            naa: u64::to_be_bytes(0x5001_4050_0000_0007).to_vec(),
+            eui64: Vec::new(),
+            ..Identity::default()
         },
         DeviceFlags::default(),
     ))
@@ -109,6 +110,8 @@ fn nexus(i: u8) -> Nexus {
         initiator_port: format!("iqn.2026-01.test:i{i},i,0x00023d00000{i}"),
         target: "iqn.2026-01.test:t".into(),
         rel_port_id: 1,
+        target_port: String::new(),
+        protocol: None,
     }
 }
 

@@ -200,8 +200,9 @@ fn device(ctl: &Arc<Mutex<Ctl>>, flags: DeviceFlags) -> Arc<Device> {
             product: "mem disk".into(),
             revision: "0.1".into(),
             serial: "SN0001".into(),
-            naa: 0x5001_4050_0000_0001,
-            eui64: 0,
+            naa: u64::to_be_bytes(0x5001_4050_0000_0001).to_vec(),
+            eui64: Vec::new(),
+            ..Identity::default()
         },
         flags,
     ))
@@ -213,6 +214,8 @@ fn nexus(isid: u32) -> Nexus {
         initiator_port: format!("iqn.2026-01.test:init,i,0x{isid:012x}"),
         target: "iqn.2026-01.test:target".into(),
         rel_port_id: 1,
+        target_port: String::new(),
+        protocol: None,
     }
 }
 
@@ -467,6 +470,47 @@ fn lun_map_change_raises_unit_attention_and_aen() {
     // LUN 1 is a read-only mapping.
     let r = h.run_lun(1, &rw10(0x2a, 0, 1, 0), DataDir::Write, BS, &[0; 512]);
     assert_eq!(sense_of(&r), (0x07, 0x27, 0x00));
+}
+
+#[test]
+fn replaced_lun_and_new_identity_raise_inquiry_data_has_changed() {
+    let mut h = H::ready();
+    // The same device with a new serial on LUN 0, a new LUN 1: LUN 0
+    // reports both changes, LUN 1 only the map's.
+    let mut identity = h.dev.identity.clone();
+    identity.serial = "other".into();
+    let new = Arc::new(h.dev.reconfigured(identity, h.dev.flags));
+    let mut m = (*h.map).clone();
+    m.luns.insert(
+        Lun(0),
+        LunEntry {
+            device: new.clone(),
+            read_only: false,
+        },
+    );
+    m.luns.insert(
+        Lun(1),
+        LunEntry {
+            device: h.dev.clone(),
+            read_only: false,
+        },
+    );
+    h.shard.set_luns(h.sid, Arc::new(m.clone()));
+    assert_eq!(h.actions().len(), 1, "one AEN");
+    let r = h.run(&[0; 6], DataDir::None, 0, &[]);
+    assert_eq!(sense_of(&r), (0x06, 0x3f, 0x0e));
+    let r = h.run(&[0; 6], DataDir::None, 0, &[]);
+    assert_eq!(sense_of(&r), (0x06, 0x3f, 0x03));
+    good(&h.run(&[0; 6], DataDir::None, 0, &[]));
+    let r = h.run_lun(1, &[0; 6], DataDir::None, 0, &[]);
+    assert_eq!(sense_of(&r), (0x06, 0x3f, 0x0e));
+    good(&h.run_lun(1, &[0; 6], DataDir::None, 0, &[]));
+    // The same map again: nothing about INQUIRY data.
+    h.shard.set_luns(h.sid, Arc::new(m));
+    assert_eq!(h.actions().len(), 1, "one AEN");
+    let r = h.run(&[0; 6], DataDir::None, 0, &[]);
+    assert_eq!(sense_of(&r), (0x06, 0x3f, 0x0e));
+    good(&h.run(&[0; 6], DataDir::None, 0, &[]));
 }
 
 // ----- reads and writes -----

@@ -156,19 +156,17 @@ impl DaemonRuntime {
     /// Builds the snapshot from the state and sends it to every core.
     fn publish(&self, st: &State) {
         let mut iscsi_targets = BTreeMap::new();
-        let mut rel = 1u16;
         for (name, t) in &st.targets {
             iscsi_targets.insert(
                 name.clone(),
                 Arc::new(Target {
                     name: name.clone(),
-                    rel_port_id: t.cfg.tpgt.max(rel),
+                    rel_port_id: t.cfg.rel_port_id(),
                     enabled: t.cfg.enabled,
                     luns: t.luns.clone(),
                     groups: t.groups.clone(),
                 }),
             );
-            rel = rel.saturating_add(1);
         }
         let cfgs: Vec<IscsiTargetConfig> = st.targets.values().map(|t| t.cfg.clone()).collect();
         let iscsi = Arc::new(iscsi_config_from(&st.params, &cfgs, &iscsi_targets));
@@ -273,10 +271,16 @@ impl DaemonRuntime {
         }
         // Relative port ids go on after every other port's (VPD 83h tells
         // ports apart by them); a port keeps its own.
-        let rel_port_id = match old {
-            Some(o) => o.target.rel_port_id,
-            None => {
-                let iscsi = st.targets.values().map(|t| t.cfg.tpgt).max().unwrap_or(0);
+        let rel_port_id = match (cfg.rel_tgt_id, old) {
+            (Some(r), _) => r,
+            (None, Some(o)) => o.target.rel_port_id,
+            (None, None) => {
+                let iscsi = st
+                    .targets
+                    .values()
+                    .map(|t| t.cfg.rel_port_id())
+                    .max()
+                    .unwrap_or(0);
                 let srp = st
                     .srp_targets
                     .values()

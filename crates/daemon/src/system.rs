@@ -296,7 +296,7 @@ impl System {
             }
             let target = Target {
                 name: t.name.clone(),
-                rel_port_id: t.tpgt.max(1),
+                rel_port_id: t.rel_port_id(),
                 enabled: t.enabled,
                 luns: lun_map(&t.luns, &devices, &at)?,
                 groups,
@@ -309,7 +309,8 @@ impl System {
             targets.insert(t.name.clone(), Arc::new(target));
         }
         let iscsi = Arc::new(iscsi_config(cfg, &targets));
-        let srp_targets = srp_targets(cfg, &devices, targets.len())?;
+        let first_rel = targets.values().map(|t| usize::from(t.rel_port_id)).max();
+        let srp_targets = srp_targets(cfg, &devices, first_rel.unwrap_or(0))?;
         Ok(System {
             state_dir: state_dir.to_path_buf(),
             devices,
@@ -323,9 +324,9 @@ impl System {
     }
 }
 
-/// The SRP target ports of a configuration; their relative port ids follow
-/// the iSCSI targets' (`first_rel` of them) so that VPD page 83h tells
-/// ports apart.
+/// The SRP target ports of a configuration; a port without `rel_tgt_id`
+/// takes a relative port id after the iSCSI targets' (the largest of which
+/// is `first_rel`) so that VPD page 83h tells ports apart.
 pub fn srp_targets(
     cfg: &Config,
     devices: &BTreeMap<String, Arc<Device>>,
@@ -344,7 +345,9 @@ pub fn srp_targets(
         }
         let target = Arc::new(Target {
             name: t.name.clone(),
-            rel_port_id: u16::try_from(first_rel + i + 1).unwrap_or(u16::MAX),
+            rel_port_id: t
+                .rel_tgt_id
+                .unwrap_or_else(|| u16::try_from(first_rel + i + 1).unwrap_or(u16::MAX)),
             enabled: t.enabled,
             luns: lun_map(&t.luns, devices, &at)?,
             groups,

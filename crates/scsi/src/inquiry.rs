@@ -39,6 +39,9 @@ pub struct StandardInquiry<'a> {
     pub vendor: &'a str,
     pub product: &'a str,
     pub revision: &'a str,
+    /// Vendor specific bytes 36..56, at most 20 ASCII characters (padded
+    /// with spaces; all zeros when empty).
+    pub vendor_specific: &'a str,
     /// TPGS field (0: no ALUA; 1: implicit).
     pub tpgs: u8,
     /// 3PC: the logical unit contains a copy manager (EXTENDED COPY).
@@ -76,7 +79,11 @@ pub fn standard_inquiry(p: &StandardInquiry<'_>, out: &mut Vec<u8>) {
     put_ascii(out, p.vendor, 8);
     put_ascii(out, p.product, 16);
     put_ascii(out, p.revision, 4);
-    out.extend([0u8; 20]); // vendor specific (36..56)
+    if p.vendor_specific.is_empty() {
+        out.extend([0u8; 20]); // vendor specific (36..56)
+    } else {
+        put_ascii(out, p.vendor_specific, 20);
+    }
     out.extend([0u8; 2]); // 56: clocking etc., 57 reserved
     for v in [version::SAM_5, version::SPC_4, version::SBC_3] {
         out.extend(v.to_be_bytes());
@@ -117,83 +124,113 @@ pub fn unit_serial(pq_type: u8, serial: &str, out: &mut Vec<u8>) {
     vpd_finish(out, at);
 }
 
-/// What the device identification page reports.
-#[derive(Clone, Copy, Debug)]
-pub struct DeviceIds<'a> {
-    /// NAA designator (8 bytes, NAA 5 or 6 in the top nibble); 0 for none.
-    pub naa: u64,
-    /// EUI-64 designator; 0 for none.
-    pub eui64: u64,
-    /// T10 vendor identification for the T10 vendor ID based designator.
-    pub vendor: &'a str,
-    /// Vendor specific identifier following the vendor (the serial).
-    pub vendor_specific: &'a str,
-    /// Relative target port identifier (1-based); 0 for none.
-    pub rel_port: u16,
-    /// Target port group, if the target reports ALUA.
-    pub tpg: Option<u16>,
-    /// SCSI name string of the target device (iSCSI name); empty for none.
-    pub target_name: &'a str,
+/// SCSI transport protocol identifiers (SPC-4 §7.6.1 table 477), carried
+/// with PIV = 1 in the designators of a target port or target device.
+pub mod protocol {
+    /// SCSI RDMA Protocol.
+    pub const SRP: u8 = 0x4;
+    /// iSCSI (over TCP or iSER).
+    pub const ISCSI: u8 = 0x5;
+}
+
+/// One designator of the device identification page (SPC-4 §7.8.6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Designator<'a> {
+    /// NAA (type 3) of the logical unit: 8 bytes (NAA 2, 3, 5) or 16
+    /// bytes (NAA 6).
+    Naa(&'a [u8]),
+    /// T10 vendor ID based (type 1) of the logical unit: the vendor padded
+    /// to 8 characters, then the vendor specific identifier.
+    T10 { vendor: &'a str, id: &'a str },
+    /// The same, ending in a NUL its length counts.
+    T10Nul { vendor: &'a str, id: &'a str },
+    /// EUI-64 based (type 2) of the logical unit: 8, 12 or 16 bytes.
+    Eui64(&'a [u8]),
+    /// SCSI name string (type 8) of the logical unit.
+    LuName(&'a str),
+    /// Relative target port (type 4) of the port the command came through.
+    RelPort(u16),
+    /// Target port group (type 5) of that port.
+    PortGroup(u16),
+    /// Logical unit group (type 6).
+    LuGroup(u16),
+    /// SCSI name string (type 8) of the target port (`iqn...,t,0x0001`).
+    PortName(&'a str),
+    /// SCSI name string (type 8) of the target device (its iSCSI name).
+    TargetName(&'a str),
 }
 
 // SPC-4 §7.8.6.1 table 459: association and designator type.
 const ASSOC_LU: u8 = 0x00;
 const ASSOC_PORT: u8 = 0x10;
 const ASSOC_TARGET: u8 = 0x20;
+const PIV: u8 = 0x80;
 const CODE_BINARY: u8 = 1;
 const CODE_ASCII: u8 = 2;
 const CODE_UTF8: u8 = 3;
 
-fn designator(out: &mut Vec<u8>, code_set: u8, assoc_type: u8, body: &[u8]) {
-    out.extend([code_set, assoc_type, 0, body.len() as u8]);
+/// A designator's header and body; a port or target device designator
+/// names its protocol (PIV = 1) when `protocol` is known.
+fn designator(out: &mut Vec<u8>, protocol: Option<u8>, code_set: u8, assoc_type: u8, body: &[u8]) {
+    let (proto, piv) = match protocol {
+        Some(p) if assoc_type & 0x30 != ASSOC_LU => (p << 4, PIV),
+        _ => (0, 0),
+    };
+    out.extend([proto | code_set, piv | assoc_type, 0, body.len() as u8]);
     out.extend_from_slice(body);
 }
 
-/// Device identification (SPC-4 §7.8.6): NAA, T10 vendor ID, EUI-64 (for the
-/// logical unit), relative target port and target port group (for the port),
-/// SCSI name string (for the target device).
-pub fn device_identification(pq_type: u8, ids: &DeviceIds<'_>, out: &mut Vec<u8>) {
-    let at = vpd_header(out, pq_type, vpd::DEVICE_IDENTIFICATION);
-    if ids.naa != 0 {
-        // §7.8.6.6 NAA designator (type 3).
-        designator(out, CODE_BINARY, ASSOC_LU | 3, &ids.naa.to_be_bytes());
-    }
-    // §7.8.6.4 T10 vendor ID based designator (type 1).
-    let mut t10 = Vec::with_capacity(8 + ids.vendor_specific.len());
-    put_ascii(&mut t10, ids.vendor, 8);
-    t10.extend(
-        ids.vendor_specific
-            .bytes()
-            .filter(|c| (0x20..=0x7e).contains(c))
-            .take(200),
-    );
-    designator(out, CODE_ASCII, ASSOC_LU | 1, &t10);
-    if ids.eui64 != 0 {
-        // §7.8.6.5 EUI-64 designator (type 2).
-        designator(out, CODE_BINARY, ASSOC_LU | 2, &ids.eui64.to_be_bytes());
-    }
-    if ids.rel_port != 0 {
-        // §7.8.6.7 relative target port designator (type 4).
-        let mut b = [0u8; 4];
-        b[2..].copy_from_slice(&ids.rel_port.to_be_bytes());
-        designator(out, CODE_BINARY, ASSOC_PORT | 4, &b);
-    }
-    if let Some(tpg) = ids.tpg {
-        // §7.8.6.8 target port group designator (type 5).
-        let mut b = [0u8; 4];
-        b[2..].copy_from_slice(&tpg.to_be_bytes());
-        designator(out, CODE_BINARY, ASSOC_PORT | 5, &b);
-    }
-    if !ids.target_name.is_empty() {
-        // §7.8.6.11 SCSI name string (type 8): UTF-8, null terminated, padded
-        // to a multiple of four bytes.
-        let name = &ids.target_name.as_bytes()[..ids.target_name.len().min(223)];
-        let mut b = name.to_vec();
+/// A SCSI name string body (§7.8.6.11): UTF-8, null terminated, padded to
+/// a multiple of four bytes, at most 256 bytes.
+fn name_string(name: &str) -> Vec<u8> {
+    let mut b = name.as_bytes()[..name.len().min(251)].to_vec();
+    b.push(0);
+    while !b.len().is_multiple_of(4) {
         b.push(0);
-        while !b.len().is_multiple_of(4) {
-            b.push(0);
+    }
+    b
+}
+
+fn id16(v: u16) -> [u8; 4] {
+    let mut b = [0u8; 4];
+    b[2..].copy_from_slice(&v.to_be_bytes());
+    b
+}
+
+/// Device identification (SPC-4 §7.8.6): the designators of `ids`, in that
+/// order. `protocol` is the port's transport protocol (see [`protocol`]).
+pub fn device_identification(
+    pq_type: u8,
+    protocol: Option<u8>,
+    ids: &[Designator<'_>],
+    out: &mut Vec<u8>,
+) {
+    let at = vpd_header(out, pq_type, vpd::DEVICE_IDENTIFICATION);
+    for d in ids {
+        let p = protocol;
+        match *d {
+            Designator::Naa(b) => designator(out, p, CODE_BINARY, ASSOC_LU | 3, b),
+            Designator::T10 { vendor, id } | Designator::T10Nul { vendor, id } => {
+                let mut t10 = Vec::with_capacity(9 + id.len());
+                put_ascii(&mut t10, vendor, 8);
+                t10.extend(id.bytes().filter(|c| (0x20..=0x7e).contains(c)).take(246));
+                if matches!(d, Designator::T10Nul { .. }) {
+                    t10.push(0);
+                }
+                designator(out, p, CODE_ASCII, ASSOC_LU | 1, &t10);
+            }
+            Designator::Eui64(b) => designator(out, p, CODE_BINARY, ASSOC_LU | 2, b),
+            Designator::LuName(n) => designator(out, p, CODE_UTF8, ASSOC_LU | 8, &name_string(n)),
+            Designator::RelPort(r) => designator(out, p, CODE_BINARY, ASSOC_PORT | 4, &id16(r)),
+            Designator::PortGroup(g) => designator(out, p, CODE_BINARY, ASSOC_PORT | 5, &id16(g)),
+            Designator::LuGroup(g) => designator(out, p, CODE_BINARY, ASSOC_LU | 6, &id16(g)),
+            Designator::PortName(n) => {
+                designator(out, p, CODE_UTF8, ASSOC_PORT | 8, &name_string(n))
+            }
+            Designator::TargetName(n) => {
+                designator(out, p, CODE_UTF8, ASSOC_TARGET | 8, &name_string(n))
+            }
         }
-        designator(out, CODE_UTF8, ASSOC_TARGET | 8, &b);
     }
     vpd_finish(out, at);
 }
@@ -309,6 +346,7 @@ mod tests {
                 vendor: "FERRITE",
                 product: "disk\u{7f}é1",
                 revision: "0.1",
+                vendor_specific: "",
                 tpgs: 0,
                 three_pc: false,
                 rmb: false,
@@ -330,6 +368,7 @@ mod tests {
                 vendor: "",
                 product: "",
                 revision: "",
+                vendor_specific: "V",
                 tpgs: 1,
                 three_pc: true,
                 rmb: true,
@@ -337,6 +376,7 @@ mod tests {
             &mut v,
         );
         assert_eq!((v[0], v[1], v[5]), (0x7f, 0x80, 0x18));
+        assert_eq!(&v[36..40], b"V   ");
     }
 
     #[test]
@@ -379,32 +419,46 @@ mod tests {
     #[test]
     fn device_identification_designators() {
         let mut v = Vec::new();
+        let naa = 0x6001_4050_0000_0001u64.to_be_bytes();
         device_identification(
             0,
-            &DeviceIds {
-                naa: 0x6001_4050_0000_0001,
-                eui64: 0,
-                vendor: "FERRITE",
-                vendor_specific: "SN1",
-                rel_port: 2,
-                tpg: None,
-                target_name: "iqn.x",
-            },
+            Some(protocol::ISCSI),
+            &[
+                Designator::Naa(&naa),
+                Designator::T10 {
+                    vendor: "FERRITE",
+                    id: "SN1",
+                },
+                Designator::RelPort(2),
+                Designator::TargetName("iqn.x"),
+                Designator::PortGroup(0),
+            ],
             &mut v,
         );
         assert_eq!(v[1], 0x83);
         let total = u16::from_be_bytes([v[2], v[3]]) as usize;
         assert_eq!(total + 4, v.len());
-        // NAA first.
+        // NAA first: no protocol on a logical unit designator.
         assert_eq!(&v[4..8], &[1, 0x03, 0, 8]);
-        assert_eq!(&v[8..16], &0x6001_4050_0000_0001u64.to_be_bytes());
+        assert_eq!(&v[8..16], &naa);
         // T10 vendor ID.
         assert_eq!(&v[16..20], &[2, 0x01, 0, 11]);
         assert_eq!(&v[20..31], b"FERRITE SN1");
-        // Relative target port.
-        assert_eq!(&v[31..39], &[1, 0x14, 0, 4, 0, 0, 0, 2]);
+        // Relative target port, iSCSI with PIV.
+        assert_eq!(&v[31..39], &[0x51, 0x94, 0, 4, 0, 0, 0, 2]);
         // SCSI name string, padded to 8.
-        assert_eq!(&v[39..43], &[3, 0x28, 0, 8]);
+        assert_eq!(&v[39..43], &[0x53, 0xa8, 0, 8]);
         assert_eq!(&v[43..51], b"iqn.x\0\0\0");
+        assert_eq!(&v[51..59], &[0x51, 0x95, 0, 4, 0, 0, 0, 0]);
+        // Without a protocol, and a 16-byte NAA.
+        let mut v = Vec::new();
+        device_identification(
+            0,
+            None,
+            &[Designator::Naa(&[0x60; 16]), Designator::RelPort(1)],
+            &mut v,
+        );
+        assert_eq!(&v[4..8], &[1, 0x03, 0, 16]);
+        assert_eq!(&v[24..28], &[1, 0x14, 0, 4]);
     }
 }

@@ -242,6 +242,7 @@ impl Portal for CorePortal<'_> {
                 tsih,
                 luns: None,
                 rel_port_id: 0,
+                tpgt: 0,
             });
         }
         let Some(name) = req.target else {
@@ -292,6 +293,7 @@ impl Portal for CorePortal<'_> {
             tsih,
             luns: Some(luns),
             rel_port_id: target.rel_port_id,
+            tpgt: self.tpgt(name),
         })
     }
 
@@ -335,6 +337,12 @@ impl CorePortal<'_> {
     /// (service unavailable), as LIO answers a portal outside the target's
     /// portal group: RFC 7143 §11.13.5 makes it a target error the
     /// initiator may retry, so a path comes back when the portal does.
+    /// The target portal group tag of the target `name`.
+    fn tpgt(&self, name: &str) -> u16 {
+        let t = self.iscsi.targets.iter().find(|t| t.name == name);
+        t.map_or(1, |t| t.tpgt)
+    }
+
     fn check_portal(&self, name: &str, req: &SessionRequest<'_>) -> Result<(), Refusal> {
         let reachable = self
             .iscsi
@@ -381,6 +389,7 @@ impl CorePortal<'_> {
             tsih: req.tsih,
             luns: None,
             rel_port_id: target.rel_port_id,
+            tpgt: self.tpgt(name),
         })
     }
 }

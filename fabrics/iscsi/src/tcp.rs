@@ -74,6 +74,8 @@ pub struct Grant {
     pub luns: Option<Arc<LunMap>>,
     /// Relative target port identifier of the target.
     pub rel_port_id: u16,
+    /// Target portal group tag of the target (its port name).
+    pub tpgt: u16,
 }
 
 /// The connections of one session on this core (MC/S), shared by their
@@ -889,7 +891,7 @@ impl TcpConn {
                         &initiator,
                         isid,
                         &target,
-                        grant.rel_port_id,
+                        (grant.rel_port_id, grant.tpgt),
                         &luns,
                     );
                     // Large reads from file LUNs in memory travel as their
@@ -1139,14 +1141,16 @@ pub fn session_event(
 /// Opens the core session of a normal session that logged in: the I_T
 /// nexus names the initiator port `initiator,i,0x<ISID>` (RFC 7143
 /// §4.4.1's SCSI initiator port name) and the session reports events
-/// (Async Messages), whichever transport carries it.
+/// (Async Messages), whichever transport carries it. `port` is the
+/// relative target port identifier and the portal group tag, which names
+/// the target port `target,t,0x<TPGT>`.
 pub fn open_nexus(
     now: Instant,
     shard: &mut Shard,
     initiator: &str,
     isid: [u8; 6],
     target: &str,
-    rel_port_id: u16,
+    port: (u16, u16),
     luns: &Arc<LunMap>,
 ) -> SessionId {
     let isid_hex: String = isid.iter().map(|b| format!("{b:02x}")).collect();
@@ -1154,7 +1158,9 @@ pub fn open_nexus(
         initiator_port: format!("{initiator},i,0x{isid_hex}"),
         initiator: initiator.to_string(),
         target: target.to_string(),
-        rel_port_id,
+        rel_port_id: port.0,
+        target_port: format!("{target},t,0x{:04x}", port.1),
+        protocol: Some(ferrite_scsi::inquiry::protocol::ISCSI),
     };
     shard.open_session(now, nexus, luns.clone(), true)
 }

@@ -637,7 +637,7 @@ fn on_event(now: Instant, l: &mut Link, ev: ConnEvent, shard: &mut Shard, portal
                     &initiator,
                     isid,
                     &target,
-                    grant.rel_port_id,
+                    (grant.rel_port_id, grant.tpgt),
                     &luns,
                 );
                 l.session = Some(sid);

@@ -752,6 +752,8 @@ impl SrpCore {
                     initiator_port: initiator.clone(),
                     target: t.target.name.clone(),
                     rel_port_id: t.target.rel_port_id,
+                    target_port: String::new(),
+                    protocol: Some(ferrite_scsi::inquiry::protocol::SRP),
                 };
                 // The SRP target can report events (SRP_AER_REQ): aen = true.
                 (shard.open_session(now, nexus, luns.clone(), true), luns)

@@ -9,8 +9,19 @@
 //! importer ([`crate::scst`]) all look attributes up here.
 
 use super::*;
+use crate::config::hex_id;
 use crate::runtime::DeviceAttr;
-use ferrite_core::device::Identity;
+use ferrite_core::device::{Identity, Vpd83};
+
+/// The words of a VPD 83h layout (the default one when it is empty).
+fn vpd83_words(layout: &[Vpd83]) -> String {
+    let l: &[Vpd83] = if layout.is_empty() {
+        &Vpd83::DEFAULT
+    } else {
+        layout
+    };
+    l.iter().map(|d| d.word()).collect::<Vec<_>>().join(",")
+}
 
 /// How a device attribute is read.
 pub(crate) enum Read {
@@ -288,7 +299,7 @@ pub(crate) static DEVICE_ATTRS: &[DeviceAttrDef] = &[
     ),
     ident!(
         t10_vendor,
-        "t10_vendor_id",
+        "t10_vend_id",
         "INQUIRY vendor, at most 8 characters",
         |id: Identity| id.vendor,
         |d: &DeviceConfig| DeviceAttr::T10Vendor(d.identity().vendor)
@@ -310,16 +321,44 @@ pub(crate) static DEVICE_ATTRS: &[DeviceAttrDef] = &[
     ident!(
         naa,
         "naa_id",
-        "NAA IEEE Registered id, 16 hex digits starting with 5",
-        |id: Identity| format!("0x{:016x}", id.naa),
-        |d: &DeviceConfig| DeviceAttr::Naa(d.identity().naa)
+        "NAA designator: 16 hex digits of NAA 2, 3 or 5, or 32 of NAA 6",
+        |id: Identity| hex_id(&id.naa),
+        |d: &DeviceConfig| DeviceAttr::Naa(hex_id(&d.identity().naa))
     ),
     ident!(
         eui64,
         "eui64_id",
-        "EUI-64 id, 16 hex digits",
-        |id: Identity| format!("0x{:016x}", id.eui64),
-        |d: &DeviceConfig| DeviceAttr::Eui64(d.identity().eui64)
+        "EUI-64 designator: 16, 24 or 32 hex digits",
+        |id: Identity| hex_id(&id.eui64),
+        |d: &DeviceConfig| DeviceAttr::Eui64(hex_id(&d.identity().eui64))
+    ),
+    ident!(
+        t10_id,
+        "vend_specific_id",
+        "T10 vendor ID designator after the vendor; empty uses the serial",
+        |id: Identity| id.t10_id,
+        |d: &DeviceConfig| DeviceAttr::T10Id(d.identity().t10_id)
+    ),
+    ident!(
+        vendor_specific,
+        "inq_vend_specific",
+        "INQUIRY vendor specific bytes 36..55, at most 20 characters",
+        |id: Identity| id.vendor_specific,
+        |d: &DeviceConfig| DeviceAttr::VendorSpecific(d.identity().vendor_specific)
+    ),
+    ident!(
+        lu_name,
+        "lu_name",
+        "SCSI name string designator of the logical unit",
+        |id: Identity| id.lu_name,
+        |d: &DeviceConfig| DeviceAttr::LuName(d.identity().lu_name)
+    ),
+    ident!(
+        vpd83,
+        "vpd83",
+        "VPD 83h designators in order: naa,t10,eui64,lu_name,rel_port,port_group=N,lu_group=N,port_name,target_name",
+        |id: Identity| vpd83_words(&id.layout),
+        |d: &DeviceConfig| DeviceAttr::Vpd83(d.vpd83.clone().unwrap_or_default())
     ),
     DeviceAttrDef {
         name: "resync_size",

@@ -25,8 +25,7 @@ impl Shard {
         let pr = pr_nexus(&s.nexus);
         let req = crate::xcopy::Requester {
             luns: &s.luns,
-            rel_port: s.nexus.rel_port_id,
-            target: &s.nexus.target,
+            port: s.nexus.port_ids(),
             spc2: &spc2,
             pr: &pr,
         };

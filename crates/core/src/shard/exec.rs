@@ -190,8 +190,7 @@ impl Shard {
         let ctx = DataCtx {
             entry: c.entry.as_ref(),
             luns: &s.luns,
-            rel_port: s.nexus.rel_port_id,
-            target: &s.nexus.target,
+            port: s.nexus.port_ids(),
             pending,
         };
         let mut out = std::mem::take(&mut self.scratch);

@@ -95,6 +95,22 @@ pub struct Nexus {
     pub target: String,
     /// Relative target port identifier (VPD 83h).
     pub rel_port_id: u16,
+    /// Target port name (`iqn...,t,0x<tpgt>`); empty for none.
+    pub target_port: String,
+    /// SCSI transport protocol identifier (`ferrite_scsi::inquiry::protocol`).
+    pub protocol: Option<u8>,
+}
+
+impl Nexus {
+    /// What VPD 83h reports of this nexus's port.
+    pub fn port_ids(&self) -> crate::emulate::PortIds<'_> {
+        crate::emulate::PortIds {
+            rel_port: self.rel_port_id,
+            target: &self.target,
+            target_port: &self.target_port,
+            protocol: self.protocol,
+        }
+    }
 }
 
 /// Where a command is in its life; each state says what it waits for.
@@ -810,6 +826,15 @@ impl Shard {
                 st.reset_gen = Some(e.device.shared.reset_gen.load(Ordering::Acquire));
             }
             st.raise(Sense::REPORTED_LUNS_DATA_HAS_CHANGED);
+            // SPC-4 §6.6.1 (as SCST does on `replace`): a LUN now served
+            // by another device, or by the same one with a new identity,
+            // reports that its INQUIRY data changed.
+            let changed = s.luns.luns.get(lun).is_some_and(|old| {
+                old.device.id != e.device.id || old.device.identity != e.device.identity
+            });
+            if changed {
+                st.raise(Sense::INQUIRY_DATA_HAS_CHANGED);
+            }
         }
         let first = luns.luns.keys().next().copied().unwrap_or_default();
         s.luns = luns;

@@ -29,6 +29,8 @@ fn nexus(n: u32) -> Nexus {
         initiator_port: format!("iqn.2026-11.test:i{n},i,0x{n:012x}"),
         target: "iqn.2026-11.test:t".into(),
         rel_port_id: 1,
+        target_port: String::new(),
+        protocol: None,
     }
 }
 
@@ -123,8 +125,9 @@ fn removable_map(flags: DeviceFlags) -> (Arc<Device>, Arc<LunMap>) {
             product: "t".into(),
             revision: "1".into(),
             serial: "r".into(),
-            naa: 0x5001_4050_0000_0910,
-            eui64: 0,
+            naa: u64::to_be_bytes(0x5001_4050_0000_0910).to_vec(),
+            eui64: Vec::new(),
+            ..Identity::default()
         },
         flags,
     ));
@@ -374,8 +377,9 @@ fn resize_queues_an_aen_where_the_fabric_reports_events_and_a_ua_everywhere() {
             product: "t".into(),
             revision: "1".into(),
             serial: "s".into(),
-            naa: 0x5001_4050_0000_0900,
-            eui64: 0,
+            naa: u64::to_be_bytes(0x5001_4050_0000_0900).to_vec(),
+            eui64: Vec::new(),
+            ..Identity::default()
         },
         DeviceFlags::default(),
     ));
@@ -388,8 +392,9 @@ fn resize_queues_an_aen_where_the_fabric_reports_events_and_a_ua_everywhere() {
             product: "t".into(),
             revision: "1".into(),
             serial: "s2".into(),
-            naa: 0x5001_4050_0000_0901,
-            eui64: 0,
+            naa: u64::to_be_bytes(0x5001_4050_0000_0901).to_vec(),
+            eui64: Vec::new(),
+            ..Identity::default()
         },
         DeviceFlags::default(),
     ));
