@@ -150,8 +150,12 @@ fuzz_target!(|data: &[u8]| {
             let ctx = DataCtx {
                 entry: mapped,
                 luns: &luns,
-                rel_port: 1,
-                target: "iqn.2026-01.dev.ferrite:fuzz",
+                port: ferrite_core::emulate::PortIds {
+                    rel_port: 1,
+                    target: "iqn.2026-01.dev.ferrite:fuzz",
+                    target_port: "iqn.2026-01.dev.ferrite:fuzz,t,0x0001",
+                    protocol: Some(ferrite_scsi::inquiry::protocol::ISCSI),
+                },
                 pending: None,
             };
             let mut out = Vec::new();

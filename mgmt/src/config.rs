@@ -539,7 +539,7 @@ impl DeviceConfig {
         // SPC-4 §6.6.1 INQUIRY data: vendor 8, product 16, revision 4 ASCII
         // characters; VPD 80h serial: printable ASCII.
         for (field, value, max) in [
-            ("serial", &self.serial, 32),
+            ("serial", &self.serial, 254),
             ("t10_vendor", &self.t10_vendor, 8),
             ("t10_product", &self.t10_product, 16),
             ("t10_revision", &self.t10_revision, 4),

@@ -22,6 +22,7 @@
 
 pub mod change;
 pub mod config;
+pub mod lio;
 pub mod manpage;
 pub mod metrics;
 pub mod runtime;
@@ -35,6 +36,7 @@ pub use config::{
     ChapUser, Config, ConfigError, DeviceConfig, Digest, GroupConfig, Handler, IscsiParamsConfig,
     IscsiTargetConfig, LunConfig, ReactorConfig, TargetsConfig,
 };
+pub use lio::import_lio;
 pub use metrics::MetricsServer;
 pub use runtime::{
     DeviceAttr, FakeRuntime, IoDir, IoStats, LatencyHistogram, Runtime, RuntimeError, SessionInfo,

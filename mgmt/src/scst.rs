@@ -22,6 +22,10 @@ use crate::tree::{device_attr_by_scst_name, parse_bool, parse_size_mb};
 pub enum ImportError {
     #[error("line {line}: {msg}")]
     Syntax { line: usize, msg: String },
+    /// Where a JSON file (or a line of a reservation file) stops being
+    /// what it should be: a JSON path such as `$.targets[0].tpgs[0]`.
+    #[error("{at}: {msg}")]
+    Json { at: String, msg: String },
     #[error("the imported configuration is invalid: {0}")]
     Invalid(#[from] crate::config::ConfigError),
 }

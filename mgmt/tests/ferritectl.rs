@@ -170,6 +170,76 @@ fn offline_commands() {
 }
 
 #[test]
+fn import_lio_carries_config_and_reservations() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("unused.sock");
+    let save = dir.path().join("saveconfig.json");
+    std::fs::write(
+        &save,
+        r#"{"fabric_modules": [], "storage_objects": [{"dev": "/srv/d1.img", "name": "d1",
+            "plugin": "fileio", "size": 16777216, "write_back": false,
+            "wwn": "abcdef01-2345-6789-abcd-ef0123456789"}],
+          "targets": [{"fabric": "iscsi", "wwn": "iqn.2003-01.org.linux-iscsi.x:sn.1",
+            "tpgs": [{"tag": 1, "enable": true,
+              "attributes": {"generate_node_acls": 1, "demo_mode_write_protect": 0},
+              "luns": [{"index": 0, "storage_object": "/backstores/fileio/d1"}],
+              "portals": [{"ip_address": "127.0.0.1", "port": 3260}]}]}]}"#,
+    )
+    .unwrap();
+    let pr = dir.path().join("pr");
+    std::fs::create_dir(&pr).unwrap();
+    std::fs::write(
+        pr.join("aptpl_abcdef01-2345-6789-abcd-ef0123456789"),
+        "PR_REG_START: 0\ninitiator_fabric=iSCSI\ninitiator_node=iqn.i\n\
+         initiator_sid=00023d000001\nsa_res_key=17\nres_holder=1\nres_type=01\n\
+         res_scope=00\nres_all_tg_pt=0\nmapped_lun=0\ntarget_fabric=iSCSI\n\
+         target_node=iqn.2003-01.org.linux-iscsi.x:sn.1\ntpgt=1\nport_rtpi=1\n\
+         target_lun=0\nPR_REG_END: 0\n",
+    )
+    .unwrap();
+    let state = dir.path().join("state");
+    let args = [
+        "import-lio",
+        save.to_str().unwrap(),
+        "--pr-dir",
+        pr.to_str().unwrap(),
+    ];
+    // Without a state directory the reservations are named, not written.
+    let (ok, out, err) = ctl(&sock, &args);
+    assert!(ok, "{err}");
+    assert!(err.contains("has saved reservations"), "{err}");
+    let c = Config::from_json(&out, "out").unwrap();
+    assert_eq!(c.devices[0].t10_vendor.as_deref(), Some("LIO-ORG"));
+    assert_eq!(
+        c.devices[0].naa.as_deref(),
+        Some("0x6001405abcdef0123456789abcdef012")
+    );
+    assert_eq!(c.targets.iscsi[0].luns[0].device, "d1");
+    let mut with_state = args.to_vec();
+    with_state.extend(["--state-dir", state.to_str().unwrap()]);
+    let (ok, _, err) = ctl(&sock, &with_state);
+    assert!(ok, "{err}");
+    let saved = std::fs::read_to_string(state.join("devices/d1/pr_state")).unwrap();
+    assert!(
+        saved.contains("reg 0000000000000011 0 1 iqn.i,i,0x00023d000001"),
+        "{saved}"
+    );
+    // A truncated file: named with its line, nothing written.
+    let text = std::fs::read_to_string(&save).unwrap();
+    std::fs::write(&save, &text[..text.len() / 2]).unwrap();
+    let out_json = dir.path().join("out.json");
+    let mut to_file = with_state.clone();
+    to_file.extend(["-o", out_json.to_str().unwrap()]);
+    let (ok, _, err) = ctl(&sock, &to_file);
+    assert!(!ok);
+    assert!(
+        err.contains("saveconfig.json") && err.contains("line ") && err.contains("not JSON"),
+        "{err}"
+    );
+    assert!(!out_json.exists());
+}
+
+#[test]
 fn non_root_peer_is_refused() {
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;

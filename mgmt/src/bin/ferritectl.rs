@@ -90,6 +90,23 @@ enum Cmd {
         #[arg(short, long)]
         output: Option<PathBuf>,
     },
+    /// Convert LIO's targetcli saveconfig.json (and its APTPL reservation
+    /// files) to a ferrite configuration (JSON).
+    ImportLio {
+        file: PathBuf,
+        /// Write here (atomically) instead of standard output.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// Where LIO keeps its APTPL files (`aptpl_<unit serial>`); by
+        /// default /etc/target/pr, then /var/target/pr.
+        #[arg(long)]
+        pr_dir: Option<PathBuf>,
+        /// ferrited's state directory: saved reservations go to
+        /// DIR/devices/NAME/pr_state. Without it, a device with saved
+        /// reservations is named and nothing is written.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+    },
     /// Print a shell completion script.
     Completions { shell: clap_complete::Shell },
     /// Print this manual page (roff), for packaging.
@@ -302,6 +319,70 @@ fn run(cli: Cli) -> Result<()> {
                 .with_context(|| format!("{}", file.display()))?;
             for w in &imp.warnings {
                 eprintln!("warning: {}: {w}", file.display());
+            }
+            match output {
+                Some(o) => {
+                    imp.config.save_atomic(o)?;
+                    eprintln!("wrote {}", o.display());
+                }
+                None => println!("{}", imp.config.to_json()),
+            }
+            return Ok(());
+        }
+        Cmd::ImportLio {
+            file,
+            output,
+            pr_dir,
+            state_dir,
+        } => {
+            let text =
+                std::fs::read_to_string(file).with_context(|| format!("{}", file.display()))?;
+            let imp = ferrite_mgmt::lio::import_lio(&text)
+                .with_context(|| format!("{}", file.display()))?;
+            let dirs: Vec<PathBuf> = match pr_dir {
+                Some(d) => vec![d.clone()],
+                None => vec!["/etc/target/pr".into(), "/var/target/pr".into()],
+            };
+            // Every file is read and checked before anything is written.
+            let mut saved = Vec::new();
+            for d in &imp.config.devices {
+                let Some(serial) = &d.serial else { continue };
+                let Some(f) = dirs
+                    .iter()
+                    .map(|dir| dir.join(format!("aptpl_{serial}")))
+                    .find(|f| f.exists())
+                else {
+                    continue;
+                };
+                let text =
+                    std::fs::read_to_string(&f).with_context(|| format!("{}", f.display()))?;
+                let bytes = ferrite_mgmt::lio::import_lio_aptpl(&text, &f)?;
+                if !bytes.is_empty() {
+                    saved.push((d.name.clone(), f, bytes));
+                }
+            }
+            for w in &imp.warnings {
+                eprintln!("warning: {}: {w}", file.display());
+            }
+            for (name, f, bytes) in &saved {
+                match state_dir {
+                    Some(s) => {
+                        let store = ferrite_core::pr::DirStore {
+                            dir: s.join("devices").join(name),
+                        };
+                        ferrite_core::pr::PrStore::save(&store, bytes)
+                            .with_context(|| format!("{}", store.path().display()))?;
+                        eprintln!(
+                            "reservations of {name} from {} written to {}",
+                            f.display(),
+                            store.path().display()
+                        );
+                    }
+                    None => eprintln!(
+                        "warning: {}: device {name} has saved reservations; pass --state-dir to carry them",
+                        f.display()
+                    ),
+                }
             }
             match output {
                 Some(o) => {
