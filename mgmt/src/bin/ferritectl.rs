@@ -98,7 +98,8 @@ enum Cmd {
         #[arg(short, long)]
         output: Option<PathBuf>,
         /// Where LIO keeps its APTPL files (`aptpl_<unit serial>`); by
-        /// default /etc/target/pr, then /var/target/pr.
+        /// default /etc/rtslib-fb-target/pr (Debian), /etc/target/pr, then
+        /// /var/target/pr.
         #[arg(long)]
         pr_dir: Option<PathBuf>,
         /// ferrited's state directory: saved reservations go to
@@ -341,7 +342,11 @@ fn run(cli: Cli) -> Result<()> {
                 .with_context(|| format!("{}", file.display()))?;
             let dirs: Vec<PathBuf> = match pr_dir {
                 Some(d) => vec![d.clone()],
-                None => vec!["/etc/target/pr".into(), "/var/target/pr".into()],
+                None => vec![
+                    "/etc/rtslib-fb-target/pr".into(),
+                    "/etc/target/pr".into(),
+                    "/var/target/pr".into(),
+                ],
             };
             // Every file is read and checked before anything is written.
             let mut saved = Vec::new();
