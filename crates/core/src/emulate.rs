@@ -312,8 +312,8 @@ pub(crate) fn plan_service_action_in_16(r: &Req<'_>) -> Plan {
     }
 }
 
-/// MAINTENANCE IN: REPORT SUPPORTED OPERATION CODES, REPORT SUPPORTED
-/// TASK MANAGEMENT FUNCTIONS.
+/// MAINTENANCE IN: REPORT TARGET PORT GROUPS, REPORT SUPPORTED OPERATION
+/// CODES, REPORT SUPPORTED TASK MANAGEMENT FUNCTIONS.
 pub(crate) fn plan_maintenance_in(r: &Req<'_>) -> Plan {
     let Req { cdb, len, .. } = *r;
     match cdb[1] & 0x1f {
@@ -323,6 +323,14 @@ pub(crate) fn plan_maintenance_in(r: &Req<'_>) -> Plan {
             Ok(_) => Plan::DataIn,
             Err(s) => fail(s),
         },
+        // SPC-4 §6.27 REPORT TARGET PORT GROUPS: PARAMETER DATA FORMAT
+        // 000b (length only) or 001b (extended header).
+        maintenance_in::REPORT_TARGET_PORT_GROUPS => {
+            if cdb[1] >> 5 > 1 {
+                return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(7)));
+            }
+            Plan::DataIn
+        }
         // SPC-4 §6.40 REPORT SUPPORTED TASK MANAGEMENT FUNCTIONS.
         maintenance_in::REPORT_SUPPORTED_TMFS => {
             if len != 12 {
@@ -1224,6 +1232,11 @@ pub fn data_in(cdb: &[u8], ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<u32, 
             }
             Ok(c.alloc_len)
         }
+        Opcode::MAINTENANCE_IN if cdb[1] & 0x1f == maintenance_in::REPORT_TARGET_PORT_GROUPS => {
+            let e = ctx.entry.ok_or(Sense::LOGICAL_UNIT_NOT_SUPPORTED)?;
+            target_port_groups(e, &ctx.port, cdb[1] >> 5 == 1, out);
+            Ok(u32::from_be_bytes([cdb[6], cdb[7], cdb[8], cdb[9]]))
+        }
         Opcode::MAINTENANCE_IN if cdb[1] & 0x1f == maintenance_in::REPORT_SUPPORTED_TMFS => {
             // ABORT TASK, ABORT TASK SET, CLEAR TASK SET, LOGICAL UNIT
             // RESET, QUERY TASK, TARGET RESET; QUERY ASYNCHRONOUS EVENT,
@@ -1260,6 +1273,36 @@ pub fn data_in(cdb: &[u8], ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<u32, 
         }
         _ => Err(Sense::INVALID_COMMAND_OPERATION_CODE),
     }
+}
+
+/// The target port group a device reports (its VPD 83h layout's
+/// `port_group`), if any: the device then reports implicit ALUA (TPGS 01b)
+/// with that one group active/optimized.
+pub(crate) fn port_group(e: &LunEntry) -> Option<u16> {
+    e.device.identity.layout.iter().find_map(|l| match l {
+        crate::device::Vpd83::PortGroup(g) => Some(*g),
+        _ => None,
+    })
+}
+
+/// REPORT TARGET PORT GROUPS parameter data (SPC-4 §6.27.2): the device's
+/// one group, active/optimized (the only state it supports), holding the
+/// port the command came through.
+fn target_port_groups(e: &LunEntry, port: &PortIds<'_>, extended: bool, out: &mut Vec<u8>) {
+    let group = port_group(e).unwrap_or(0);
+    out.extend([0u8; 4]);
+    if extended {
+        // FORMAT TYPE 001b, IMPLICIT TRANSITION TIME 0.
+        out.extend([0x10, 0, 0, 0]);
+    }
+    // PREF 0, ASYMMETRIC ACCESS STATE 0h (active/optimized); AO_SUP.
+    out.extend([0x00, 0x01]);
+    out.extend(group.to_be_bytes());
+    out.extend([0, 0, 0, 1]);
+    out.extend([0, 0]);
+    out.extend(port.rel_port.to_be_bytes());
+    let len = (out.len() - 4) as u32;
+    out[..4].copy_from_slice(&len.to_be_bytes());
 }
 
 /// Whether this device reports logical block provisioning management
@@ -1393,7 +1436,9 @@ fn inquiry_data(c: &InquiryCdb, ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<
                 product: &id.product,
                 revision: &id.revision,
                 vendor_specific: &id.vendor_specific,
-                tpgs: 0,
+                // SPC-4 §6.6.2: implicit ALUA when the device names its
+                // target port group (see `target_port_groups`).
+                tpgs: u8::from(port_group(e).is_some()),
                 // SPC-4 §6.6.2: the copy manager of [`crate::xcopy`].
                 three_pc: true,
                 rmb: e.device.flags.removable,
@@ -1563,6 +1608,59 @@ mod tests {
             .step_by(2)
             .map(|i| u8::from_str_radix(&d[i..i + 2], 16).unwrap())
             .collect()
+    }
+
+    #[test]
+    fn report_target_port_groups_and_tpgs() {
+        use crate::backend::Caps;
+        use crate::device::{Identity, Vpd83};
+        let entry = |layout: Vec<Vpd83>| {
+            let flags = crate::device::DeviceFlags::default();
+            let mut d = crate::testing::device(1, Caps::default(), flags);
+            d.identity = Identity {
+                layout,
+                ..d.identity.clone()
+            };
+            LunEntry {
+                device: std::sync::Arc::new(d),
+                read_only: false,
+            }
+        };
+        let luns = LunMap::default();
+        let port = PortIds {
+            rel_port: 3,
+            target: "iqn.t",
+            target_port: "",
+            protocol: None,
+        };
+        let run = |e: &LunEntry, cdb: &[u8]| {
+            let ctx = DataCtx {
+                entry: Some(e),
+                luns: &luns,
+                port,
+                pending: None,
+            };
+            let mut out = Vec::new();
+            data_in(cdb, &ctx, &mut out).map(|_| out)
+        };
+        let grouped = entry(vec![Vpd83::Naa, Vpd83::RelPort, Vpd83::PortGroup(7)]);
+        let inq = run(&grouped, &[0x12, 0, 0, 0, 96, 0]).unwrap();
+        assert_eq!(inq[5] & 0x30, 0x10, "implicit ALUA");
+        let plain = entry(Vec::new());
+        assert_eq!(run(&plain, &[0x12, 0, 0, 0, 96, 0]).unwrap()[5] & 0x30, 0);
+        // Length-only format: one group 7, active/optimized, port 3.
+        let r = run(&grouped, &[0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0]).unwrap();
+        assert_eq!(r, [0, 0, 0, 12, 0, 0x01, 0, 7, 0, 0, 0, 1, 0, 0, 0, 3]);
+        // Extended header.
+        let r = run(&grouped, &[0xa3, 0x2a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0]).unwrap();
+        assert_eq!(&r[..8], &[0, 0, 0, 16, 0x10, 0, 0, 0]);
+        assert_eq!(&r[8..12], &[0, 0x01, 0, 7]);
+        assert_eq!(r.len(), 20);
+        // Another PARAMETER DATA FORMAT is refused in planning.
+        assert!(planned(
+            &[0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0],
+            &grouped
+        ));
     }
 
     #[test]

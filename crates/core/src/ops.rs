@@ -701,6 +701,15 @@ pub(crate) const OPS: &[Op] = &[
     },
     Op {
         opcode: 0xa3,
+        sa: Some(maintenance_in::REPORT_TARGET_PORT_GROUPS),
+        name: "REPORT TARGET PORT GROUPS",
+        plan: Planner::Lu(emulate::plan_maintenance_in),
+        flags: RESERVED | NO_MEDIUM | SANITIZING,
+        pr: Pr::Always,
+        usage: &[0xa3, 0xea, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x04],
+    },
+    Op {
+        opcode: 0xa3,
         sa: Some(maintenance_in::REPORT_SUPPORTED_OPERATION_CODES),
         name: "REPORT SUPPORTED OPERATION CODES",
         plan: Planner::Lu(emulate::plan_maintenance_in),

@@ -1766,7 +1766,7 @@ fn report_supported_operation_codes() {
     );
     // Other MAINTENANCE IN service actions are not supported.
     let r = h.run(
-        &[0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0],
+        &[0xa3, 0x05, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0],
         DataDir::Read,
         4096,
         &[],
