@@ -651,6 +651,167 @@ fn set_iscsi_param(
     Ok(())
 }
 
+/// SCST's saved reservation file signature and version (scst_pres.c).
+const SCST_PR_SIGNATURE: u64 = 0xBBEE_EEAA_EEBB_DD77;
+const SCST_PR_VERSION: u64 = 1;
+
+/// The initiator port an SCST TransportID names, as ferrite names ports:
+/// iSCSI `name,i,0x<ISID>` (iscsi-scst prints the ISID as the native
+/// 64-bit value of its six bytes and a zero TSIH: on x86 byte-reversed,
+/// 00023d000001 as 0x100003d0200), or a bare iSCSI name; SRP `0x<port id>`.
+fn scst_tid_port(tid: &[u8]) -> Option<String> {
+    match tid.first()? & 0x0f {
+        5 => {
+            let len = usize::from(u16::from_be_bytes([*tid.get(2)?, *tid.get(3)?]));
+            let body = tid.get(4..4 + len)?;
+            let text = std::str::from_utf8(body).ok()?.trim_end_matches('\0');
+            match text.split_once(",i,0x") {
+                Some((name, hex)) => {
+                    let v = u64::from_str_radix(hex, 16).ok()?;
+                    let isid: String = v.to_le_bytes()[..6]
+                        .iter()
+                        .map(|b| format!("{b:02x}"))
+                        .collect();
+                    Some(format!("{name},i,0x{isid}"))
+                }
+                None => Some(text.to_string()),
+            }
+        }
+        4 => {
+            let id = tid.get(8..24)?;
+            Some(format!(
+                "0x{}",
+                id.iter().map(|b| format!("{b:02x}")).collect::<String>()
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// The reservations of SCST's saved PR file `b` (`/var/lib/scst/pr/<device>`,
+/// scst_pres.c `scst_pr_sync_device_file`) as ferrite's saved state
+/// ([`ferrite_core::pr::PrState::encode`]); `target_of` names the target of
+/// a relative target port id (the imported targets' `rel_tgt_id`). `file`
+/// names the file in errors.
+pub fn import_scst_pr(
+    b: &[u8],
+    file: &std::path::Path,
+    target_of: impl Fn(u16) -> Option<String>,
+) -> Result<Vec<u8>, ImportError> {
+    use ferrite_core::pr::{PrNexus, PrState, Registration, Reservation};
+    let bad = |off: usize, msg: String| ImportError::Json {
+        at: format!("{}: byte {off}", file.display()),
+        msg,
+    };
+    let u64_at = |off: usize| -> Option<u64> {
+        Some(u64::from_le_bytes(b.get(off..off + 8)?.try_into().ok()?))
+    };
+    match (u64_at(0), u64_at(8)) {
+        (Some(SCST_PR_SIGNATURE), Some(SCST_PR_VERSION)) => {}
+        (Some(0), _) => {
+            return Err(bad(
+                0,
+                "signature 0: SCST did not finish writing this file; try its .1 copy".into(),
+            ));
+        }
+        (Some(SCST_PR_SIGNATURE), Some(v)) => {
+            return Err(bad(8, format!("version {v}; this reads version 1")));
+        }
+        _ => {
+            return Err(bad(
+                0,
+                "not an SCST persistent reservation file (signature)".into(),
+            ));
+        }
+    }
+    let hdr = b
+        .get(16..20)
+        .ok_or_else(|| bad(16, "truncated header".into()))?;
+    let (aptpl, is_set, kind) = (hdr[0] != 0, hdr[1] != 0, hdr[2]);
+    let mut st = PrState {
+        aptpl,
+        ..PrState::default()
+    };
+    let mut holder: Option<PrNexus> = None;
+    let mut off = 20;
+    while off < b.len() {
+        let start = off;
+        let is_holder = b[off] != 0;
+        off += 1;
+        let first = *b
+            .get(off)
+            .ok_or_else(|| bad(start, "truncated registrant".into()))?;
+        let tlen = if first & 0x0f == 5 {
+            let l = b
+                .get(off + 2..off + 4)
+                .ok_or_else(|| bad(off, "truncated TransportID".into()))?;
+            usize::from(u16::from_be_bytes([l[0], l[1]])) + 4
+        } else {
+            24
+        };
+        let tid = b
+            .get(off..off + tlen)
+            .ok_or_else(|| bad(off, "truncated TransportID".into()))?;
+        let port = scst_tid_port(tid).ok_or_else(|| {
+            bad(
+                off,
+                format!(
+                    "TransportID of protocol {:#x} is not iSCSI or SRP",
+                    first & 0x0f
+                ),
+            )
+        })?;
+        off += tlen;
+        let key = b
+            .get(off..off + 8)
+            .and_then(|k| k.try_into().ok())
+            .map(u64::from_be_bytes)
+            .ok_or_else(|| bad(off, "truncated key".into()))?;
+        off += 8;
+        let rel = b
+            .get(off..off + 2)
+            .map(|r| u16::from_le_bytes([r[0], r[1]]))
+            .ok_or_else(|| bad(off, "truncated rel_tgt_id".into()))?;
+        off += 2;
+        let target = target_of(rel).ok_or_else(|| {
+            bad(
+                start,
+                format!("registrant through rel_tgt_id {rel}, which no imported target has"),
+            )
+        })?;
+        let nexus = PrNexus {
+            initiator_port: port,
+            target,
+            rel_port: rel,
+        };
+        if is_holder {
+            holder = Some(nexus.clone());
+        }
+        st.regs.push(Registration {
+            nexus,
+            all_tg_pt: false,
+            key,
+        });
+    }
+    if is_set {
+        if !matches!(kind, 1 | 3 | 5 | 6 | 7 | 8) {
+            return Err(bad(18, format!("reservation type {kind} is not a PR type")));
+        }
+        let all = matches!(kind, 7 | 8);
+        if !all && holder.is_none() {
+            return Err(bad(17, "a reservation without a holder".into()));
+        }
+        st.res = Some(Reservation {
+            holder: if all { None } else { holder },
+            kind,
+        });
+    }
+    if !aptpl || st.regs.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(st.encode())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -926,6 +1087,62 @@ TARGET_DRIVER ib_srpt {
                     assert!(msg.contains(want), "{attr}: {msg}");
                 }
                 other => panic!("{attr}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn scst_pr_file_becomes_saved_reservations() {
+        // SCST's file for one iSCSI registrant holding WRITE EXCLUSIVE -
+        // REGISTRANTS ONLY, ISID 00023d000001, key 0x1122334455667788,
+        // rel_tgt_id 1 (as scst_pr_sync_device_file writes it on x86).
+        let mut f = Vec::new();
+        f.extend(SCST_PR_SIGNATURE.to_le_bytes());
+        f.extend(1u64.to_le_bytes());
+        f.extend([1, 1, 5, 0, 1]);
+        let name = b"iqn.1994-05.com.redhat:abc,i,0x100003d0200\0";
+        let mut tid = vec![0x45, 0, 0, 0];
+        tid.extend(name);
+        while tid.len() % 4 != 0 {
+            tid.push(0);
+        }
+        let l = (tid.len() - 4) as u16;
+        tid[2..4].copy_from_slice(&l.to_be_bytes());
+        f.extend(&tid);
+        f.extend(0x1122_3344_5566_7788u64.to_be_bytes());
+        f.extend(1u16.to_le_bytes());
+        assert_eq!(f.len(), 79, "the size of SCST's own file for this state");
+        let path = std::path::Path::new("/var/lib/scst/pr/disk1");
+        let target = |r: u16| (r == 1).then(|| "iqn.t".to_string());
+        let b = import_scst_pr(&f, path, target).unwrap();
+        let st = ferrite_core::pr::PrState::decode(&b).unwrap();
+        assert_eq!(st.regs[0].key, 0x1122_3344_5566_7788);
+        assert_eq!(
+            st.regs[0].nexus.initiator_port,
+            "iqn.1994-05.com.redhat:abc,i,0x00023d000001"
+        );
+        let res = st.res.unwrap();
+        assert_eq!(
+            (res.kind, res.holder.unwrap().target.as_str()),
+            (5, "iqn.t")
+        );
+        // Truncated, unfinished, through an unknown port: named.
+        for (bytes, want) in [
+            (&f[..70], "truncated"),
+            (&[0u8; 24][..], "did not finish"),
+            (&f[..], "rel_tgt_id 1"),
+        ] {
+            let r = if want == "rel_tgt_id 1" {
+                import_scst_pr(bytes, path, |_| None)
+            } else {
+                import_scst_pr(bytes, path, target)
+            };
+            match r {
+                Err(ImportError::Json { at, msg }) => {
+                    assert!(at.starts_with("/var/lib/scst/pr/disk1: byte"), "{at}");
+                    assert!(msg.contains(want), "{msg}");
+                }
+                other => panic!("{want}: {other:?}"),
             }
         }
     }

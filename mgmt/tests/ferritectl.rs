@@ -240,6 +240,50 @@ fn import_lio_carries_config_and_reservations() {
 }
 
 #[test]
+fn import_scst_carries_saved_reservations() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("unused.sock");
+    let conf = dir.path().join("scst.conf");
+    std::fs::write(
+        &conf,
+        "HANDLER vdisk_nullio {\n DEVICE disk1 {\n size_mb 16\n }\n}\nTARGET_DRIVER iscsi {\n TARGET iqn.2026-01.org.x:t {\n enabled 1\n rel_tgt_id 4\n LUN 0 disk1\n }\n}\n",
+    )
+    .unwrap();
+    // SCST's saved state: one registrant (key 9) through rel_tgt_id 4.
+    let pr = dir.path().join("pr");
+    std::fs::create_dir(&pr).unwrap();
+    let mut f = Vec::new();
+    f.extend(0xBBEE_EEAA_EEBB_DD77u64.to_le_bytes());
+    f.extend(1u64.to_le_bytes());
+    f.extend([1, 0, 0xff, 0, 0]);
+    let mut tid = vec![0x45, 0, 0, 16];
+    tid.extend(b"iqn.i,i,0x10000\0\0");
+    tid.truncate(20);
+    f.extend(&tid);
+    f.extend(9u64.to_be_bytes());
+    f.extend(4u16.to_le_bytes());
+    std::fs::write(pr.join("disk1"), &f).unwrap();
+    let state = dir.path().join("state");
+    let (ok, _, err) = ctl(
+        &sock,
+        &[
+            "import-scst",
+            conf.to_str().unwrap(),
+            "--pr-dir",
+            pr.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{err}");
+    let saved = std::fs::read_to_string(state.join("devices/disk1/pr_state")).unwrap();
+    assert!(
+        saved.contains("reg 0000000000000009 0 4 iqn.i,i,0x000001000000 iqn.2026-01.org.x:t"),
+        "{saved}"
+    );
+}
+
+#[test]
 fn non_root_peer_is_refused() {
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;

@@ -89,6 +89,15 @@ enum Cmd {
         /// Write here (atomically) instead of standard output.
         #[arg(short, long)]
         output: Option<PathBuf>,
+        /// Where SCST keeps its saved reservations (a file per device
+        /// name); by default /var/lib/scst/pr.
+        #[arg(long)]
+        pr_dir: Option<PathBuf>,
+        /// ferrited's state directory: saved reservations go to
+        /// DIR/devices/NAME/pr_state. Without it, a device with saved
+        /// reservations is named and nothing is written.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
     },
     /// Convert LIO's targetcli saveconfig.json (and its APTPL reservation
     /// files) to a ferrite configuration (JSON).
@@ -313,14 +322,40 @@ fn run(cli: Cli) -> Result<()> {
             println!("{}: valid", file.display());
             return Ok(());
         }
-        Cmd::ImportScst { file, output } => {
+        Cmd::ImportScst {
+            file,
+            output,
+            pr_dir,
+            state_dir,
+        } => {
             let text =
                 std::fs::read_to_string(file).with_context(|| format!("{}", file.display()))?;
             let imp = ferrite_mgmt::scst::import_scst(&text)
                 .with_context(|| format!("{}", file.display()))?;
+            let dir = pr_dir.clone().unwrap_or_else(|| "/var/lib/scst/pr".into());
+            let target_of = |rel: u16| {
+                let t = imp.config.targets.iscsi.iter();
+                t.clone()
+                    .find(|t| t.rel_port_id() == rel)
+                    .map(|t| t.name.clone())
+            };
+            // Every file is read and checked before anything is written.
+            let mut saved = Vec::new();
+            for d in &imp.config.devices {
+                let f = dir.join(&d.name);
+                if !f.exists() {
+                    continue;
+                }
+                let bytes = std::fs::read(&f).with_context(|| format!("{}", f.display()))?;
+                let pr = ferrite_mgmt::scst::import_scst_pr(&bytes, &f, target_of)?;
+                if !pr.is_empty() {
+                    saved.push((d.name.clone(), f, pr));
+                }
+            }
             for w in &imp.warnings {
                 eprintln!("warning: {}: {w}", file.display());
             }
+            carry_reservations(&saved, state_dir.as_deref())?;
             match output {
                 Some(o) => {
                     imp.config.save_atomic(o)?;
@@ -369,26 +404,7 @@ fn run(cli: Cli) -> Result<()> {
             for w in &imp.warnings {
                 eprintln!("warning: {}: {w}", file.display());
             }
-            for (name, f, bytes) in &saved {
-                match state_dir {
-                    Some(s) => {
-                        let store = ferrite_core::pr::DirStore {
-                            dir: s.join("devices").join(name),
-                        };
-                        ferrite_core::pr::PrStore::save(&store, bytes)
-                            .with_context(|| format!("{}", store.path().display()))?;
-                        eprintln!(
-                            "reservations of {name} from {} written to {}",
-                            f.display(),
-                            store.path().display()
-                        );
-                    }
-                    None => eprintln!(
-                        "warning: {}: device {name} has saved reservations; pass --state-dir to carry them",
-                        f.display()
-                    ),
-                }
-            }
+            carry_reservations(&saved, state_dir.as_deref())?;
             match output {
                 Some(o) => {
                     imp.config.save_atomic(o)?;
@@ -473,4 +489,34 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Writes imported reservations (device name, the file they came from,
+/// ferrite's saved state) into ferrited's state directory, or names them
+/// when there is none.
+fn carry_reservations(
+    saved: &[(String, PathBuf, Vec<u8>)],
+    state_dir: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    for (name, f, bytes) in saved {
+        match state_dir {
+            Some(s) => {
+                let store = ferrite_core::pr::DirStore {
+                    dir: s.join("devices").join(name),
+                };
+                ferrite_core::pr::PrStore::save(&store, bytes)
+                    .with_context(|| format!("{}", store.path().display()))?;
+                eprintln!(
+                    "reservations of {name} from {} written to {}",
+                    f.display(),
+                    store.path().display()
+                );
+            }
+            None => eprintln!(
+                "warning: {}: device {name} has saved reservations; pass --state-dir to carry them",
+                f.display()
+            ),
+        }
+    }
+    Ok(())
 }
