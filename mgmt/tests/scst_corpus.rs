@@ -21,16 +21,18 @@ fn attrs(text: &str) -> (u32, BTreeMap<String, BTreeMap<String, String>>) {
             continue;
         }
         if let Some(v) = l.strip_prefix("setup_id ") {
-            setup = u32::from_str_radix(v.trim_start_matches("0x"), 16).unwrap();
+            setup = u32::from_str_radix(v.trim_start_matches("0x"), 16)
+                .unwrap_or_else(|_| panic!("setup_id {v:?}"));
         } else if let Some(rest) = l.strip_prefix("DEVICE ") {
             let name = rest.trim_end_matches('{').trim().to_string();
             out.entry(name.clone()).or_default();
             dev = Some(name);
         } else if l == "}" {
             dev = None;
-        } else if let (Some(d), Some((k, v))) = (&dev, l.split_once(char::is_whitespace)) {
-            let v = v.trim().trim_matches('"').to_string();
-            out.get_mut(d).unwrap().insert(k.to_string(), v);
+        } else if let (Some(d), Some((k, v))) = (&dev, l.split_once(char::is_whitespace))
+            && let Some(m) = out.get_mut(d)
+        {
+            m.insert(k.to_string(), v.trim().trim_matches('"').to_string());
         }
     }
     (setup, out)
