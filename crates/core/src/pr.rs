@@ -736,24 +736,28 @@ impl PrState {
     }
 
     /// The state as bytes for a [`PrStore`] (a small line format: generation,
-    /// then one line per registration, then the reservation).
+    /// then one line per registration, then the reservation). Names are
+    /// written with [`escape_name`], so whatever an initiator called itself
+    /// reads back as it was.
     pub fn encode(&self) -> Vec<u8> {
-        let mut s = format!("ferrite-pr 1\ngeneration {}\n", self.generation);
+        let mut s = format!("ferrite-pr 2\ngeneration {}\n", self.generation);
         for r in &self.regs {
             s.push_str(&format!(
                 "reg {:016x} {} {} {} {}\n",
                 r.key,
                 u8::from(r.all_tg_pt),
                 r.nexus.rel_port,
-                r.nexus.initiator_port,
-                r.nexus.target
+                escape_name(&r.nexus.initiator_port),
+                escape_name(&r.nexus.target)
             ));
         }
         if let Some(r) = &self.res {
             match &r.holder {
                 Some(h) => s.push_str(&format!(
                     "res {} {} {}\n",
-                    r.kind, h.initiator_port, h.target
+                    r.kind,
+                    escape_name(&h.initiator_port),
+                    escape_name(&h.target)
                 )),
                 None => s.push_str(&format!("res {} * *\n", r.kind)),
             }
@@ -762,12 +766,15 @@ impl PrState {
     }
 
     /// Parses [`PrState::encode`]'s bytes; `None` if they are not that.
+    /// Version 1 files (names written as they were) read too.
     pub fn decode(b: &[u8]) -> Option<PrState> {
         let text = std::str::from_utf8(b).ok()?;
         let mut lines = text.lines();
-        if lines.next()? != "ferrite-pr 1" {
-            return None;
-        }
+        let name: fn(&str) -> Option<String> = match lines.next()? {
+            "ferrite-pr 1" => |n| Some(n.to_string()),
+            "ferrite-pr 2" => unescape_name,
+            _ => return None,
+        };
         let mut st = PrState {
             aptpl: true,
             ..PrState::default()
@@ -780,21 +787,23 @@ impl PrState {
                     key: u64::from_str_radix(key, 16).ok()?,
                     all_tg_pt: *atp == "1",
                     nexus: PrNexus {
-                        initiator_port: ip.to_string(),
-                        target: tgt.to_string(),
+                        initiator_port: name(ip)?,
+                        target: name(tgt)?,
                         rel_port: port.parse().ok()?,
                     },
                 }),
                 ["res", k, ip, tgt] => {
                     let kind: u8 = k.parse().ok()?;
-                    st.res = Some(Reservation {
-                        holder: (*ip != "*").then(|| PrNexus {
-                            initiator_port: ip.to_string(),
-                            target: tgt.to_string(),
+                    let holder = if *ip == "*" {
+                        None
+                    } else {
+                        Some(PrNexus {
+                            initiator_port: name(ip)?,
+                            target: name(tgt)?,
                             rel_port: 0,
-                        }),
-                        kind,
-                    });
+                        })
+                    };
+                    st.res = Some(Reservation { holder, kind });
                 }
                 [""] | [] => {}
                 _ => return None,
@@ -802,6 +811,42 @@ impl PrState {
         }
         Some(st)
     }
+}
+
+/// A name as one word of the saved state: bytes other than printable ASCII,
+/// `%` and `*` as `%XX`, an empty name as `%`. Names come from initiators,
+/// and nothing stops one from putting a space or a newline in its own.
+fn escape_name(n: &str) -> String {
+    if n.is_empty() {
+        return "%".into();
+    }
+    let mut out = String::with_capacity(n.len());
+    for &b in n.as_bytes() {
+        if b.is_ascii_graphic() && b != b'%' && b != b'*' {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The inverse of [`escape_name`]; `None` for a word it cannot have written.
+fn unescape_name(w: &str) -> Option<String> {
+    if w == "%" {
+        return Some(String::new());
+    }
+    let mut out = Vec::with_capacity(w.len());
+    let mut b = w.bytes();
+    while let Some(c) = b.next() {
+        if c == b'%' {
+            let hex = [b.next()?, b.next()?];
+            out.push(u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?);
+        } else {
+            out.push(c);
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 fn check_scope_type(scope: u8, rtype: u8) -> Result<(), PrError> {
@@ -996,6 +1041,41 @@ mod tests {
         assert_eq!(back.res.as_ref().unwrap().kind, 3);
         assert!(back.is_holder(&a));
         assert!(PrState::decode(b"nonsense").is_none());
+    }
+
+    #[test]
+    fn saved_state_keeps_any_name_an_initiator_gives() {
+        let odd = PrNexus {
+            initiator_port: "iqn. spaced { \"x\"\n%41*,i,0x00023d000001".into(),
+            target: String::new(),
+            rel_port: 7,
+        };
+        let st = PrState {
+            aptpl: true,
+            generation: 9,
+            regs: vec![Registration {
+                nexus: odd.clone(),
+                all_tg_pt: false,
+                key: 5,
+            }],
+            res: Some(Reservation {
+                holder: Some(PrNexus {
+                    rel_port: 0,
+                    ..odd.clone()
+                }),
+                kind: 1,
+            }),
+        };
+        let back = PrState::decode(&st.encode()).unwrap();
+        assert_eq!(back.regs, st.regs);
+        assert_eq!(back.res, st.res);
+        // Version 1 (names as they were) still reads.
+        let v1 =
+            b"ferrite-pr 1\ngeneration 2\nreg 0000000000000005 0 1 iqn.a,i,0x00023d000001 iqn.t\n";
+        let old = PrState::decode(v1).unwrap();
+        assert_eq!(old.regs[0].nexus.initiator_port, "iqn.a,i,0x00023d000001");
+        // A word version 2 cannot have written is refused.
+        assert!(PrState::decode(b"ferrite-pr 2\nreg 0000000000000005 0 1 a%4 iqn.t\n").is_none());
     }
 
     /// An iSCSI TransportID, format 01b with an ISID or 00b without.
