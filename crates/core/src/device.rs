@@ -194,6 +194,8 @@ pub struct Device {
     /// State that outlives a change of settings (reservations, range locks,
     /// mode parameters): shared by every `Device` value of this LU.
     pub(crate) shared: Arc<DeviceShared>,
+    /// The ALUA device group this device belongs to, if any.
+    alua: Option<Arc<crate::alua::DeviceGroup>>,
 }
 
 /// The per-device state that commands on every core must agree on. Both
@@ -530,7 +532,22 @@ impl Device {
             block_size: g.block_size,
             phys_exp: g.phys_exp,
             shared: Arc::default(),
+            alua: None,
         }
+    }
+
+    /// The same device as a member of the ALUA device group `group` (or of
+    /// none): it reports target port groups (INQUIRY TPGS, VPD 83h, REPORT
+    /// TARGET PORT GROUPS), takes SET TARGET PORT GROUPS, and serves each
+    /// port as its group's state allows.
+    pub fn with_alua(mut self, group: Option<Arc<crate::alua::DeviceGroup>>) -> Device {
+        self.alua = group;
+        self
+    }
+
+    /// The ALUA device group this device belongs to.
+    pub fn alua(&self) -> Option<&Arc<crate::alua::DeviceGroup>> {
+        self.alua.as_ref()
     }
 
     /// The same logical unit with new identity and settings (an operator
@@ -548,6 +565,7 @@ impl Device {
             block_size: self.block_size,
             phys_exp: self.phys_exp,
             shared: self.shared.clone(),
+            alua: self.alua.clone(),
         }
     }
 

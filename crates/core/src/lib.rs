@@ -17,7 +17,8 @@
 //! shard runs copies inside the target with; [`pr`] holds persistent
 //! reservations (registrations by TransportID, REGISTER AND MOVE, APTPL
 //! state); [`sanitize`] is SANITIZE and the per-device sanitize operation
-//! the shard carries out.
+//! the shard carries out; [`alua`] holds the device groups and target port
+//! groups of asymmetric logical unit access.
 //!
 //! Does not own: transports (fabrics call [`Session`] and carry out the
 //! [`Action`]s it returns) or storage (backends implement
@@ -25,6 +26,7 @@
 //! [`backend::BackendQueue`]s).
 #![forbid(unsafe_code)]
 
+pub mod alua;
 pub mod backend;
 pub mod budget;
 pub mod cmd;
