@@ -102,6 +102,9 @@ pub enum Plan {
     /// PERSISTENT RESERVE OUT: fetch the `param_len`-byte parameter list,
     /// then run the service action.
     PrOut { param_len: u32, residual: Residual },
+    /// SET TARGET PORT GROUPS: fetch the `param_len`-byte parameter list,
+    /// then change the states of the device's device group.
+    SetPortGroups { param_len: u32, residual: Residual },
     /// SPC-2 RELEASE (6)/(10).
     Release,
     /// EXTENDED COPY (LID1): fetch the `param_len`-byte parameter list,
@@ -341,6 +344,42 @@ pub(crate) fn plan_maintenance_in(r: &Req<'_>) -> Plan {
         _ => fail(Sense::INVALID_COMMAND_OPERATION_CODE),
     }
 }
+
+/// MAINTENANCE OUT: SPC-4 §6.36 SET TARGET PORT GROUPS, on a device in an
+/// ALUA device group (explicit ALUA); anywhere else it is not implemented.
+pub(crate) fn plan_maintenance_out(r: &Req<'_>) -> Plan {
+    let Req {
+        cdb,
+        e,
+        expected_len,
+        dir,
+        ..
+    } = *r;
+    if cdb[1] & 0x1f != ferrite_scsi::opcode::maintenance_out::SET_TARGET_PORT_GROUPS {
+        return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(4)));
+    }
+    if e.device.alua().is_none() {
+        return fail(Sense::INVALID_COMMAND_OPERATION_CODE);
+    }
+    let param_len = u32::from_be_bytes([cdb[6], cdb[7], cdb[8], cdb[9]]);
+    // Four bytes of header and four per target port group: anything longer
+    // than every group of the device is refused before it is fetched.
+    if param_len > MAX_SET_PORT_GROUPS_PARAMS {
+        return fail(Sense::PARAMETER_LIST_LENGTH_ERROR);
+    }
+    match data_out_residual(param_len as u64, data_out_len(expected_len, dir)) {
+        Ok(residual) if param_len == 0 => Plan::Good(residual),
+        Ok(residual) => Plan::SetPortGroups {
+            param_len,
+            residual,
+        },
+        Err(p) => p,
+    }
+}
+
+/// The longest SET TARGET PORT GROUPS parameter list taken: a descriptor for
+/// each of 1024 target port groups.
+const MAX_SET_PORT_GROUPS_PARAMS: u32 = 4 + 4 * 1024;
 
 /// START STOP UNIT.
 pub(crate) fn plan_start_stop_unit(r: &Req<'_>) -> Plan {
@@ -1266,6 +1305,7 @@ pub fn data_in(cdb: &[u8], ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<u32, 
                 .iter()
                 .filter(|r| thin || !r.has(crate::ops::THIN))
                 .filter(|r| block_erase || !r.has(crate::ops::BLOCK_ERASE))
+                .filter(|r| e.device.alua().is_some() || !r.has(crate::ops::ALUA_GROUP))
                 .map(crate::ops::Op::supported)
                 .collect();
             opcodes::report_supported_opcodes(&c, &table, out)?;
@@ -1285,10 +1325,20 @@ pub(crate) fn port_group(e: &LunEntry) -> Option<u16> {
     })
 }
 
-/// REPORT TARGET PORT GROUPS parameter data (SPC-4 §6.27.2): the device's
-/// one group, active/optimized (the only state it supports), holding the
-/// port the command came through.
+/// The IMPLICIT TRANSITION TIME reported: state changes are atomic here,
+/// but a cluster takes over within seconds.
+const IMPLICIT_TRANSITION_SECS: u8 = 10;
+
+/// REPORT TARGET PORT GROUPS parameter data (SPC-4 §6.27.2). A device in no
+/// device group reports its one group, active/optimized (the only state it
+/// supports), holding the port the command came through.
 fn target_port_groups(e: &LunEntry, port: &PortIds<'_>, extended: bool, out: &mut Vec<u8>) {
+    // SPC-4 §6.27: a device in a device group reports every target port
+    // group of it, with their states.
+    if let Some(dg) = e.device.alua() {
+        dg.report(extended, IMPLICIT_TRANSITION_SECS, out);
+        return;
+    }
     let group = port_group(e).unwrap_or(0);
     out.extend([0u8; 4]);
     if extended {
@@ -1364,6 +1414,27 @@ fn designators<'a>(e: &'a LunEntry, port: &PortIds<'a>) -> Vec<inquiry::Designat
     } else {
         &id.layout
     };
+    // SPC-4 §7.8.6.1: with ALUA the page names the target port group of the
+    // port the command came through; a layout that names none gets it after
+    // the relative target port.
+    let alua_group = e
+        .device
+        .alua()
+        .and_then(|dg| dg.group_of_port(port.rel_port))
+        .map(|g| g.id);
+    let mut extended;
+    let layout = match alua_group {
+        Some(_) if !layout.iter().any(|l| matches!(l, Vpd83::PortGroup(_))) => {
+            extended = layout.to_vec();
+            let at = extended
+                .iter()
+                .position(|l| *l == Vpd83::RelPort)
+                .map_or(extended.len(), |i| i + 1);
+            extended.insert(at, Vpd83::PortGroup(0));
+            &extended[..]
+        }
+        _ => layout,
+    };
     let t10 = if !id.t10_id.is_empty() {
         &id.t10_id
     } else if !id.serial.is_empty() {
@@ -1392,7 +1463,7 @@ fn designators<'a>(e: &'a LunEntry, port: &PortIds<'a>) -> Vec<inquiry::Designat
             Vpd83::Eui64 => matches!(id.eui64.len(), 8 | 12 | 16).then(|| D::Eui64(&id.eui64)),
             Vpd83::LuName => (!id.lu_name.is_empty()).then(|| D::LuName(&id.lu_name)),
             Vpd83::RelPort => (port.rel_port != 0).then_some(D::RelPort(port.rel_port)),
-            Vpd83::PortGroup(g) => Some(D::PortGroup(g)),
+            Vpd83::PortGroup(g) => Some(D::PortGroup(alua_group.unwrap_or(g))),
             Vpd83::LuGroup(g) => Some(D::LuGroup(g)),
             Vpd83::PortName => {
                 (!port.target_port.is_empty()).then_some(D::PortName(port.target_port))
@@ -1436,9 +1507,14 @@ fn inquiry_data(c: &InquiryCdb, ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<
                 product: &id.product,
                 revision: &id.revision,
                 vendor_specific: &id.vendor_specific,
-                // SPC-4 §6.6.2: implicit ALUA when the device names its
-                // target port group (see `target_port_groups`).
-                tpgs: u8::from(port_group(e).is_some()),
+                // SPC-4 §6.6.2: implicit and explicit ALUA for a device in
+                // a device group; implicit only when the device just names
+                // its target port group (see `target_port_groups`).
+                tpgs: if e.device.alua().is_some() {
+                    3
+                } else {
+                    u8::from(port_group(e).is_some())
+                },
                 // SPC-4 §6.6.2: the copy manager of [`crate::xcopy`].
                 three_pc: true,
                 rmb: e.device.flags.removable,
@@ -1776,9 +1852,30 @@ mod tests {
         )
     }
 
+    /// [`thin_entry`] in an ALUA device group: every command is offered.
+    fn alua_entry() -> LunEntry {
+        use crate::alua::{AccessState, DeviceGroup, PortGroup};
+        let e = thin_entry();
+        let dg = DeviceGroup::new(
+            "dg",
+            vec![
+                PortGroup::new("a", 1, vec![1], AccessState::ActiveOptimized, true),
+                PortGroup::new("b", 2, vec![2], AccessState::Standby, false),
+            ],
+        );
+        let d = e
+            .device
+            .reconfigured(e.device.identity.clone(), e.device.flags)
+            .with_alua(Some(std::sync::Arc::new(dg)));
+        LunEntry {
+            device: std::sync::Arc::new(d),
+            read_only: false,
+        }
+    }
+
     #[test]
     fn every_listed_command_is_planned_and_every_planned_one_listed() {
-        let e = thin_entry();
+        let e = alua_entry();
         for op in 0..=255u8 {
             let Some(len) = Opcode(op).cdb_len() else {
                 continue;

@@ -36,6 +36,19 @@ pub(crate) const BLOCKS: u16 = 1 << 4;
 pub(crate) const THIN: u16 = 1 << 5;
 /// Listed only where the backend offers a block erase.
 pub(crate) const BLOCK_ERASE: u16 = 1 << 6;
+/// Served through a target port in the standby asymmetric access state
+/// (SPC-4 §5.15.2.4.4); the rest get NOT READY, LOGICAL UNIT NOT
+/// ACCESSIBLE, TARGET PORT IN STANDBY STATE.
+pub(crate) const ALUA_STANDBY: u16 = 1 << 7;
+/// Served through a target port in the unavailable state (§5.15.2.4.5).
+pub(crate) const ALUA_UNAVAILABLE: u16 = 1 << 8;
+/// Served through a target port that is offline or transitioning
+/// (§5.15.2.4.6, §5.15.2.4.7): what tells an initiator which port to use.
+pub(crate) const ALUA_OFFLINE: u16 = 1 << 9;
+/// Listed only on a device in an ALUA device group (explicit ALUA).
+pub(crate) const ALUA_GROUP: u16 = 1 << 10;
+/// Served in every asymmetric access state.
+const ALUA_ANY: u16 = ALUA_STANDBY | ALUA_UNAVAILABLE | ALUA_OFFLINE;
 
 /// How a command stands against a persistent reservation (SPC-4 table 66).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,6 +125,16 @@ pub(crate) fn lists(op: u8, sa: u8) -> bool {
     OPS.iter().any(|r| r.opcode == op && r.sa == Some(sa))
 }
 
+/// In which restricted asymmetric access states opcode `op` is served.
+pub(crate) fn served_by_alua(op: u8) -> crate::alua::Served {
+    let r = of(op);
+    crate::alua::Served {
+        standby: r.has(ALUA_STANDBY),
+        unavailable: r.has(ALUA_UNAVAILABLE),
+        offline: r.has(ALUA_OFFLINE),
+    }
+}
+
 /// The gates' questions, by opcode.
 pub(crate) fn passes_unit_attention(op: u8) -> bool {
     of(op).has(UA)
@@ -147,7 +170,7 @@ pub(crate) const OPS: &[Op] = &[
         sa: None,
         name: "REQUEST SENSE",
         plan: Planner::Nexus(emulate::plan_request_sense),
-        flags: UA | RESERVED | NO_MEDIUM | SANITIZING,
+        flags: UA | RESERVED | NO_MEDIUM | SANITIZING | ALUA_ANY,
         pr: Pr::Always,
         usage: &[0x03, 0x01, 0, 0, 0xff, 0x04],
     },
@@ -174,7 +197,7 @@ pub(crate) const OPS: &[Op] = &[
         sa: None,
         name: "INQUIRY",
         plan: Planner::Nexus(emulate::plan_inquiry),
-        flags: UA | RESERVED | NO_MEDIUM | SANITIZING,
+        flags: UA | RESERVED | NO_MEDIUM | SANITIZING | ALUA_ANY,
         pr: Pr::Always,
         usage: &[0x12, 0x03, 0xff, 0xff, 0xff, 0x04],
     },
@@ -183,7 +206,7 @@ pub(crate) const OPS: &[Op] = &[
         sa: None,
         name: "MODE SELECT (6)",
         plan: Planner::Lu(emulate::plan_mode_select),
-        flags: NO_MEDIUM,
+        flags: NO_MEDIUM | ALUA_STANDBY,
         pr: Pr::Write,
         usage: &[0x15, 0x11, 0, 0, 0xff, 0x04],
     },
@@ -210,7 +233,7 @@ pub(crate) const OPS: &[Op] = &[
         sa: None,
         name: "MODE SENSE (6)",
         plan: Planner::Lu(emulate::plan_mode_sense),
-        flags: NO_MEDIUM,
+        flags: NO_MEDIUM | ALUA_STANDBY,
         pr: Pr::Read,
         usage: &[0x1a, 0x08, 0xff, 0xff, 0xff, 0x04],
     },
@@ -354,7 +377,7 @@ pub(crate) const OPS: &[Op] = &[
         sa: None,
         name: "MODE SELECT (10)",
         plan: Planner::Lu(emulate::plan_mode_select),
-        flags: NO_MEDIUM,
+        flags: NO_MEDIUM | ALUA_STANDBY,
         pr: Pr::Write,
         usage: &[0x55, 0x11, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04],
     },
@@ -381,7 +404,7 @@ pub(crate) const OPS: &[Op] = &[
         sa: None,
         name: "MODE SENSE (10)",
         plan: Planner::Lu(emulate::plan_mode_sense),
-        flags: NO_MEDIUM,
+        flags: NO_MEDIUM | ALUA_STANDBY,
         pr: Pr::Read,
         usage: &[0x5a, 0x18, 0xff, 0xff, 0, 0, 0, 0xff, 0xff, 0x04],
     },
@@ -390,7 +413,7 @@ pub(crate) const OPS: &[Op] = &[
         sa: Some(0),
         name: "PERSISTENT RESERVE IN READ KEYS",
         plan: Planner::Lu(emulate::plan_persistent_reserve_in),
-        flags: RESERVED | NO_MEDIUM,
+        flags: RESERVED | NO_MEDIUM | ALUA_STANDBY,
         pr: Pr::Always,
         usage: &[0x5e, 0x00, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04],
     },
@@ -399,7 +422,7 @@ pub(crate) const OPS: &[Op] = &[
         sa: Some(1),
         name: "PERSISTENT RESERVE IN READ RESERVATION",
         plan: Planner::Lu(emulate::plan_persistent_reserve_in),
-        flags: RESERVED | NO_MEDIUM,
+        flags: RESERVED | NO_MEDIUM | ALUA_STANDBY,
         pr: Pr::Always,
         usage: &[0x5e, 0x01, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04],
     },
@@ -408,7 +431,7 @@ pub(crate) const OPS: &[Op] = &[
         sa: Some(2),
         name: "PERSISTENT RESERVE IN REPORT CAPABILITIES",
         plan: Planner::Lu(emulate::plan_persistent_reserve_in),
-        flags: RESERVED | NO_MEDIUM,
+        flags: RESERVED | NO_MEDIUM | ALUA_STANDBY,
         pr: Pr::Always,
         usage: &[0x5e, 0x02, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04],
     },
@@ -417,7 +440,7 @@ pub(crate) const OPS: &[Op] = &[
         sa: Some(3),
         name: "PERSISTENT RESERVE IN READ FULL STATUS",
         plan: Planner::Lu(emulate::plan_persistent_reserve_in),
-        flags: RESERVED | NO_MEDIUM,
+        flags: RESERVED | NO_MEDIUM | ALUA_STANDBY,
         pr: Pr::Always,
         usage: &[0x5e, 0x03, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04],
     },
@@ -426,7 +449,7 @@ pub(crate) const OPS: &[Op] = &[
         sa: Some(0),
         name: "PERSISTENT RESERVE OUT REGISTER",
         plan: Planner::Lu(emulate::plan_persistent_reserve_out),
-        flags: RESERVED | NO_MEDIUM,
+        flags: RESERVED | NO_MEDIUM | ALUA_STANDBY,
         pr: Pr::Always,
         usage: &[0x5f, 0x00, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
     },
@@ -435,7 +458,7 @@ pub(crate) const OPS: &[Op] = &[
         sa: Some(1),
         name: "PERSISTENT RESERVE OUT RESERVE",
         plan: Planner::Lu(emulate::plan_persistent_reserve_out),
-        flags: RESERVED | NO_MEDIUM,
+        flags: RESERVED | NO_MEDIUM | ALUA_STANDBY,
         pr: Pr::Always,
         usage: &[0x5f, 0x01, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
     },
@@ -444,7 +467,7 @@ pub(crate) const OPS: &[Op] = &[
         sa: Some(2),
         name: "PERSISTENT RESERVE OUT RELEASE",
         plan: Planner::Lu(emulate::plan_persistent_reserve_out),
-        flags: RESERVED | NO_MEDIUM,
+        flags: RESERVED | NO_MEDIUM | ALUA_STANDBY,
         pr: Pr::Always,
         usage: &[0x5f, 0x02, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
     },
@@ -453,7 +476,7 @@ pub(crate) const OPS: &[Op] = &[
         sa: Some(3),
         name: "PERSISTENT RESERVE OUT CLEAR",
         plan: Planner::Lu(emulate::plan_persistent_reserve_out),
-        flags: RESERVED | NO_MEDIUM,
+        flags: RESERVED | NO_MEDIUM | ALUA_STANDBY,
         pr: Pr::Always,
         usage: &[0x5f, 0x03, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
     },
@@ -462,7 +485,7 @@ pub(crate) const OPS: &[Op] = &[
         sa: Some(4),
         name: "PERSISTENT RESERVE OUT PREEMPT",
         plan: Planner::Lu(emulate::plan_persistent_reserve_out),
-        flags: RESERVED | NO_MEDIUM,
+        flags: RESERVED | NO_MEDIUM | ALUA_STANDBY,
         pr: Pr::Always,
         usage: &[0x5f, 0x04, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
     },
@@ -471,7 +494,7 @@ pub(crate) const OPS: &[Op] = &[
         sa: Some(5),
         name: "PERSISTENT RESERVE OUT PREEMPT AND ABORT",
         plan: Planner::Lu(emulate::plan_persistent_reserve_out),
-        flags: RESERVED | NO_MEDIUM,
+        flags: RESERVED | NO_MEDIUM | ALUA_STANDBY,
         pr: Pr::Always,
         usage: &[0x5f, 0x05, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
     },
@@ -480,7 +503,7 @@ pub(crate) const OPS: &[Op] = &[
         sa: Some(6),
         name: "PERSISTENT RESERVE OUT REGISTER AND IGNORE EXISTING KEY",
         plan: Planner::Lu(emulate::plan_persistent_reserve_out),
-        flags: RESERVED | NO_MEDIUM,
+        flags: RESERVED | NO_MEDIUM | ALUA_STANDBY,
         pr: Pr::Always,
         usage: &[0x5f, 0x06, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
     },
@@ -489,7 +512,7 @@ pub(crate) const OPS: &[Op] = &[
         sa: Some(7),
         name: "PERSISTENT RESERVE OUT REGISTER AND MOVE",
         plan: Planner::Lu(emulate::plan_persistent_reserve_out),
-        flags: RESERVED | NO_MEDIUM,
+        flags: RESERVED | NO_MEDIUM | ALUA_STANDBY,
         pr: Pr::Always,
         usage: &[0x5f, 0x07, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x04],
     },
@@ -695,7 +718,7 @@ pub(crate) const OPS: &[Op] = &[
         sa: None,
         name: "REPORT LUNS",
         plan: Planner::Nexus(emulate::plan_report_luns),
-        flags: UA | RESERVED | NO_MEDIUM | SANITIZING,
+        flags: UA | RESERVED | NO_MEDIUM | SANITIZING | ALUA_ANY,
         pr: Pr::Always,
         usage: &[0xa0, 0, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x04],
     },
@@ -704,7 +727,7 @@ pub(crate) const OPS: &[Op] = &[
         sa: Some(maintenance_in::REPORT_TARGET_PORT_GROUPS),
         name: "REPORT TARGET PORT GROUPS",
         plan: Planner::Lu(emulate::plan_maintenance_in),
-        flags: RESERVED | NO_MEDIUM | SANITIZING,
+        flags: RESERVED | NO_MEDIUM | SANITIZING | ALUA_ANY,
         pr: Pr::Always,
         usage: &[0xa3, 0xea, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x04],
     },
@@ -713,7 +736,7 @@ pub(crate) const OPS: &[Op] = &[
         sa: Some(maintenance_in::REPORT_SUPPORTED_OPERATION_CODES),
         name: "REPORT SUPPORTED OPERATION CODES",
         plan: Planner::Lu(emulate::plan_maintenance_in),
-        flags: RESERVED | NO_MEDIUM | SANITIZING,
+        flags: RESERVED | NO_MEDIUM | SANITIZING | ALUA_ANY,
         pr: Pr::Always,
         usage: &[
             0xa3, 0x0c, 0x87, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0x04,
@@ -724,9 +747,18 @@ pub(crate) const OPS: &[Op] = &[
         sa: Some(maintenance_in::REPORT_SUPPORTED_TMFS),
         name: "REPORT SUPPORTED TASK MANAGEMENT FUNCTIONS",
         plan: Planner::Lu(emulate::plan_maintenance_in),
-        flags: RESERVED | NO_MEDIUM | SANITIZING,
+        flags: RESERVED | NO_MEDIUM | SANITIZING | ALUA_ANY,
         pr: Pr::Always,
         usage: &[0xa3, 0x0d, 0x80, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x04],
+    },
+    Op {
+        opcode: 0xa4,
+        sa: Some(ferrite_scsi::opcode::maintenance_out::SET_TARGET_PORT_GROUPS),
+        name: "SET TARGET PORT GROUPS",
+        plan: Planner::Lu(emulate::plan_maintenance_out),
+        flags: NO_MEDIUM | ALUA_STANDBY | ALUA_UNAVAILABLE | ALUA_GROUP,
+        pr: Pr::Write,
+        usage: &[0xa4, 0x0a, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x04],
     },
     Op {
         opcode: 0xa8,
@@ -811,7 +843,7 @@ mod tests {
         for w in OPS.windows(2) {
             if w[0].opcode == w[1].opcode {
                 let (a, b) = (&w[0], &w[1]);
-                let mask = !(THIN | BLOCK_ERASE);
+                let mask = !(THIN | BLOCK_ERASE | ALUA_GROUP);
                 assert_eq!(a.flags & mask, b.flags & mask, "{a:?} / {b:?}");
                 assert_eq!(a.pr, b.pr, "{a:?} / {b:?}");
                 assert!(a.sa.is_some() && b.sa.is_some(), "{a:?} / {b:?}");

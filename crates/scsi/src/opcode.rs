@@ -50,6 +50,8 @@ impl Opcode {
     pub const REPORT_LUNS: Opcode = Opcode(0xa0);
     /// MAINTENANCE IN: REPORT TARGET PORT GROUPS, REPORT SUPPORTED OPCODES.
     pub const MAINTENANCE_IN: Opcode = Opcode(0xa3);
+    /// MAINTENANCE OUT: SET TARGET PORT GROUPS.
+    pub const MAINTENANCE_OUT: Opcode = Opcode(0xa4);
     pub const READ_12: Opcode = Opcode(0xa8);
     pub const WRITE_12: Opcode = Opcode(0xaa);
     pub const WRITE_AND_VERIFY_12: Opcode = Opcode(0xae);
@@ -80,6 +82,11 @@ pub mod maintenance_in {
     pub const REPORT_TARGET_PORT_GROUPS: u8 = 0x0a;
     pub const REPORT_SUPPORTED_OPERATION_CODES: u8 = 0x0c;
     pub const REPORT_SUPPORTED_TMFS: u8 = 0x0d;
+}
+
+/// Service actions of MAINTENANCE OUT (SPC-4 table 60).
+pub mod maintenance_out {
+    pub const SET_TARGET_PORT_GROUPS: u8 = 0x0a;
 }
 
 #[cfg(test)]

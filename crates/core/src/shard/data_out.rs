@@ -19,6 +19,7 @@ impl Cmd {
             Plan::PrOut { param_len: 0, .. } | Plan::Sanitize { param_len: 0, .. } => None,
             Plan::Unmap { param_len, .. }
             | Plan::PrOut { param_len, .. }
+            | Plan::SetPortGroups { param_len, .. }
             | Plan::ModeSelect { param_len, .. }
             | Plan::ExtendedCopy { param_len, .. }
             | Plan::Sanitize { param_len, .. } => Some(param_len),
@@ -177,6 +178,10 @@ impl Shard {
                     Plan::ModeSelect { .. } => {
                         let params = buf.to_vec();
                         self.mode_select(key, &params);
+                    }
+                    Plan::SetPortGroups { .. } => {
+                        let params = buf.to_vec();
+                        self.set_port_groups(key, &params);
                     }
                     Plan::ReadModifyWrite { offset, len, .. } => {
                         // Hold the range from the read to the write (SBC-4

@@ -104,6 +104,7 @@ impl Shard {
             | Plan::ReadModifyWrite { .. }
             | Plan::ModeSelect { .. }
             | Plan::PrOut { .. }
+            | Plan::SetPortGroups { .. }
             | Plan::ExtendedCopy { .. }
             | Plan::Sanitize { .. } => self.fetch(key, None),
             Plan::CopyResults => self.copy_results(key),
@@ -462,6 +463,40 @@ impl Shard {
                 }
                 self.respond(key, good(residual));
             }
+        }
+    }
+
+    /// Applies SET TARGET PORT GROUPS parameter data (SPC-4 §6.36) to the
+    /// device's device group: all descriptors or none, saved before they
+    /// take effect; the other nexuses of the group's devices get
+    /// ASYMMETRIC ACCESS STATE CHANGED (through the group's generation).
+    pub(super) fn set_port_groups(&mut self, key: usize, params: &[u8]) {
+        let c = &self.cmds[key];
+        let (Some(e), Plan::SetPortGroups { residual, .. }) = (c.entry.clone(), c.plan) else {
+            return;
+        };
+        let Some(dg) = e.device.alua().cloned() else {
+            self.respond(key, check(Sense::INVALID_COMMAND_OPERATION_CODE, residual));
+            return;
+        };
+        let changes = match crate::alua::parse_set(params, &dg) {
+            Ok(ch) => ch,
+            Err(s) => {
+                self.respond(key, check(s, residual));
+                return;
+            }
+        };
+        match dg.set(&changes, crate::alua::Cause::Explicit) {
+            Ok(moved) => {
+                if moved && let Some(st) = self.lu_mut(key) {
+                    st.alua_gen = Some(dg.generation());
+                }
+                self.respond(key, good(residual));
+            }
+            Err(_) => self.respond(
+                key,
+                check(Sense::SET_TARGET_PORT_GROUPS_COMMAND_FAILED, residual),
+            ),
         }
     }
 

@@ -35,6 +35,14 @@ impl SessionState {
         if changed(&mut st.reset_gen, shared.reset_gen.load(Ordering::Acquire)) {
             st.raise(Sense::BUS_DEVICE_RESET);
         }
+        // SPC-4 §5.15.2.3: ASYMMETRIC ACCESS STATE CHANGED for the nexuses
+        // that did not change it.
+        let alua = e.device.alua();
+        if let Some(dg) = alua
+            && changed(&mut st.alua_gen, dg.generation())
+        {
+            st.raise(Sense::ASYMMETRIC_ACCESS_STATE_CHANGED);
+        }
         // SBC-4 §4.15: a removable medium loaded by another nexus:
         // NOT READY TO READY CHANGE, MEDIUM MAY HAVE CHANGED.
         if e.device.flags.removable
@@ -66,6 +74,15 @@ impl SessionState {
             && let Some(ua) = st.ua.pop_front()
         {
             return Some(Response::check(ua));
+        }
+        // SPC-4 §5.15.2.4: the asymmetric access state of the target port
+        // group this nexus's port is in, for this device's group.
+        if let Some(dg) = alua
+            && let Some(sense) = dg
+                .state_of_port(self.nexus.rel_port_id)
+                .refuses(crate::ops::served_by_alua(op))
+        {
+            return Some(Response::check(sense));
         }
         // SPC-4 §5.13.1 table 66: a persistent reservation another nexus
         // holds.

@@ -275,6 +275,9 @@ struct LuState {
     /// A removable device's load generation last seen (NOT READY TO READY
     /// CHANGE).
     medium_gen: Option<u32>,
+    /// The device group's ALUA generation last seen (ASYMMETRIC ACCESS
+    /// STATE CHANGED).
+    alua_gen: Option<u32>,
     /// Active tasks in arrival order (slab keys).
     tasks: VecDeque<usize>,
     /// ORDERED tasks among `tasks`.
@@ -378,6 +381,8 @@ pub struct Shard {
     next_sanitize: u32,
     /// The [`capacity_epoch`](crate::device::capacity_epoch) last scanned.
     cap_epoch: u64,
+    /// The [`crate::alua::epoch`] last seen: a device group changed state.
+    alua_epoch: u64,
     /// Pipes for reads handed over as page-cache pages: made on first use;
     /// `Some(None)` once the kernel refused them.
     pipes: Option<Option<PipePool>>,
@@ -534,6 +539,7 @@ impl Shard {
             sanitizing: Slab::new(),
             next_sanitize: 1,
             cap_epoch: crate::device::capacity_epoch(),
+            alua_epoch: crate::alua::epoch(),
             pipes: None,
             budget: Arc::new(DataBudget::unlimited()),
             buf_wait: VecDeque::new(),
@@ -704,44 +710,64 @@ impl Shard {
         let epoch = crate::device::capacity_epoch();
         if epoch != self.cap_epoch {
             self.cap_epoch = epoch;
-            progress |= self.capacity_changed();
+            progress |= self.device_changed(
+                Sense::CAPACITY_DATA_HAS_CHANGED,
+                |e| Some(e.device.generation()),
+                |st| &mut st.generation,
+            );
+        }
+        let epoch = crate::alua::epoch();
+        if epoch != self.alua_epoch {
+            self.alua_epoch = epoch;
+            progress |= self.device_changed(
+                Sense::ASYMMETRIC_ACCESS_STATE_CHANGED,
+                |e| e.device.alua().map(|dg| dg.generation()),
+                |st| &mut st.alua_gen,
+            );
         }
         progress
     }
 
-    /// Some device was resized: SBC-4 §4.10 / SPC-4 §5.14, every nexus of
-    /// this core whose LUN map holds it gets CAPACITY DATA HAS CHANGED (2Ah/
-    /// 09h). A session whose fabric reports asynchronous events also gets
-    /// it as an AEN at once (SAM-5 §5.14.4 asynchronous event reporting),
-    /// queued here rather than on the initiator's next command. The unit
-    /// attention stays pending for those sessions as well: iSCSI initiators
-    /// commonly ignore AsyncEvent 0 (libiscsi, open-iscsi), and a resize
-    /// they never learn of is worse than one reported twice. True if any
-    /// nexus was affected.
-    fn capacity_changed(&mut self) -> bool {
+    /// A device counter moved (`counter`: a resize's capacity generation,
+    /// a device group's ALUA generation): every nexus of this core whose
+    /// LUN map holds such a device and saw the counter before (`seen`) gets
+    /// the unit attention `sense` (SBC-4 §4.10 CAPACITY DATA HAS CHANGED,
+    /// SPC-4 §5.15.2.3 ASYMMETRIC ACCESS STATE CHANGED). A session whose
+    /// fabric reports asynchronous events also gets it as an AEN at once
+    /// (SAM-5 §5.14.4 asynchronous event reporting), queued here rather than
+    /// on the initiator's next command. The unit attention stays pending for
+    /// those sessions as well: iSCSI initiators commonly ignore AsyncEvent 0
+    /// (libiscsi, open-iscsi), and a change they never learn of is worse
+    /// than one reported twice. True if any nexus was affected.
+    fn device_changed(
+        &mut self,
+        sense: Sense,
+        counter: impl Fn(&LunEntry) -> Option<u32>,
+        seen: impl Fn(&mut LuState) -> &mut Option<u32>,
+    ) -> bool {
         let mut woke = Vec::new();
         for (id, s) in self.sessions.iter_mut() {
             if s.closing {
                 continue;
             }
             for (lun, e) in &s.luns.luns {
-                let g = e.device.generation();
+                let Some(g) = counter(e) else {
+                    continue;
+                };
                 let st = s.lus.entry(*lun).or_default();
-                match st.generation {
+                let last = seen(st);
+                match *last {
                     Some(old) if old != g => {}
                     Some(_) => continue,
                     None => {
-                        st.generation = Some(g);
+                        *last = Some(g);
                         continue;
                     }
                 }
-                st.generation = Some(g);
-                st.raise(Sense::CAPACITY_DATA_HAS_CHANGED);
+                *last = Some(g);
+                st.raise(sense);
                 if s.aen {
-                    s.actions.push_back(Action::Aen {
-                        lun: *lun,
-                        sense: Sense::CAPACITY_DATA_HAS_CHANGED,
-                    });
+                    s.actions.push_back(Action::Aen { lun: *lun, sense });
                     woke.push(*id);
                 }
             }

@@ -501,3 +501,145 @@ fn the_core_alone_sets_a_writes_fua_and_the_caching_page_follows_the_backend() {
         .write_cache_enabled()
     );
 }
+
+/// Runs `cdb` with `params` as its Data-Out; its response.
+fn run_out(shard: &mut Shard, now: Instant, sid: SessionId, cdb: &[u8], params: &[u8]) -> Response {
+    let req = CmdRequest {
+        lun: Lun(0),
+        lun_raw: Lun(0).encode(),
+        tag: TaskTag(11),
+        cdb: Cdb::from_slice(cdb),
+        attr: TaskAttr::Simple,
+        dir: DataDir::Write,
+        expected_len: params.len() as u32,
+        expected_read_len: 0,
+    };
+    shard.session(sid).unwrap().submit(now, req);
+    let mut s = shard.session(sid).unwrap();
+    while let Some(a) = s.poll_action() {
+        match a {
+            Action::FetchData { id, mut buf, .. } => {
+                buf.copy_in(0, params);
+                s.data_out_done(id, Ok(buf));
+            }
+            Action::Respond { id, rsp, .. } => {
+                s.response_sent(id);
+                return rsp;
+            }
+            _ => {}
+        }
+    }
+    panic!("{cdb:02x?} not answered at once");
+}
+
+#[test]
+fn alua_states_gate_each_port_and_a_set_reaches_the_other_nexuses() {
+    use crate::alua::{AccessState, DeviceGroup, PortGroup};
+    let dg = Arc::new(DeviceGroup::new(
+        "dg",
+        vec![
+            PortGroup::new("a", 1, vec![1], AccessState::ActiveOptimized, true),
+            PortGroup::new("b", 2, vec![2], AccessState::Standby, false),
+        ],
+    ));
+    let dev = Arc::new(
+        Device::new(
+            DeviceId(920),
+            "alua",
+            Arc::new(NoIo),
+            Identity {
+                vendor: "FERRITE".into(),
+                product: "t".into(),
+                revision: "1".into(),
+                serial: "a".into(),
+                naa: u64::to_be_bytes(0x5001_4050_0000_0920).to_vec(),
+                ..Identity::default()
+            },
+            DeviceFlags::default(),
+        )
+        .with_alua(Some(dg.clone())),
+    );
+    let mut map = LunMap::default();
+    map.luns.insert(
+        Lun(0),
+        LunEntry {
+            device: dev,
+            read_only: false,
+        },
+    );
+    let map = Arc::new(map);
+    let mut shard = Shard::new(0, BufPool::new(4096, 8));
+    let now = Instant::now();
+    let mut through_b = nexus(2);
+    through_b.rel_port_id = 2;
+    let a = shard.open_session(now, nexus(1), map.clone(), false);
+    let b = shard.open_session(now, through_b, map, true);
+    tur(&mut shard, now, a, 0);
+    tur(&mut shard, now, b, 0);
+    const STANDBY: Option<(u8, u8, u8)> = Some((2, 0x04, 0x0b));
+    const CHANGED: Option<(u8, u8, u8)> = Some((6, 0x2a, 0x06));
+    assert_eq!(sense(&tur(&mut shard, now, a, 0)), None);
+    assert_eq!(sense(&tur(&mut shard, now, b, 0)), STANDBY);
+    // A standby port still answers INQUIRY (implicit and explicit ALUA,
+    // its own group in VPD 83h), REPORT TARGET PORT GROUPS and MODE SENSE;
+    // a read is refused.
+    let (r, inq) = run(&mut shard, now, b, &[0x12, 0, 0, 0, 96, 0]);
+    assert_eq!((sense(&r), inq[5] & 0x30), (None, 0x30));
+    let (_, vpd) = run(&mut shard, now, b, &[0x12, 1, 0x83, 0, 96, 0]);
+    let mut tpg = None;
+    let mut i = 4;
+    while i + 4 <= vpd.len() {
+        let len = vpd[i + 3] as usize;
+        if vpd[i + 1] & 0x3f == 0x15 {
+            tpg = Some(u16::from_be_bytes([vpd[i + 6], vpd[i + 7]]));
+        }
+        i += 4 + len;
+    }
+    assert_eq!(tpg, Some(2), "{vpd:02x?}");
+    let rtpg = [0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+    let (r, _) = run(&mut shard, now, b, &rtpg);
+    assert_eq!(sense(&r), None);
+    let (r, _) = run(&mut shard, now, b, &[0x1a, 0x08, 0x3f, 0, 96, 0]);
+    assert_eq!(sense(&r), None);
+    let (r, _) = run(&mut shard, now, b, &[0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0]);
+    assert_eq!(sense(&r), STANDBY);
+    // SET TARGET PORT GROUPS through A: B's group active/optimized, A's
+    // standby. A (which asked) gets no unit attention; B gets the AEN at
+    // once and the unit attention on its next command.
+    let stpg = [0xa4, 0x0a, 0, 0, 0, 0, 0, 0, 0, 12, 0, 0];
+    let params = [0, 0, 0, 0, 0x00, 0, 0, 2, 0x02, 0, 0, 1];
+    assert_eq!(sense(&run_out(&mut shard, now, a, &stpg, &params)), None);
+    assert_eq!(dg.state_of_port(2), AccessState::ActiveOptimized);
+    shard.poll(now);
+    let mut aen = None;
+    {
+        let mut s = shard.session(b).unwrap();
+        while let Some(act) = s.poll_action() {
+            if let Action::Aen { sense, .. } = act {
+                aen = Some(sense);
+            }
+        }
+    }
+    assert_eq!(aen, Some(Sense::ASYMMETRIC_ACCESS_STATE_CHANGED));
+    assert_eq!(sense(&tur(&mut shard, now, a, 0)), STANDBY);
+    assert_eq!(sense(&tur(&mut shard, now, b, 0)), CHANGED);
+    assert_eq!(sense(&tur(&mut shard, now, b, 0)), None);
+    // Offline is not a state SET TARGET PORT GROUPS may ask for; nothing
+    // changes.
+    let bad = [0, 0, 0, 0, 0x0e, 0, 0, 2];
+    let mut stpg8 = stpg;
+    stpg8[9] = 8;
+    assert_eq!(
+        sense(&run_out(&mut shard, now, b, &stpg8, &bad)),
+        Some((5, 0x26, 0x00))
+    );
+    assert_eq!(dg.state_of_port(2), AccessState::ActiveOptimized);
+    // REPORT SUPPORTED OPERATION CODES lists it for a device in a group.
+    let (r, _) = run(
+        &mut shard,
+        now,
+        b,
+        &[0xa3, 0x0c, 0x02, 0xa4, 0, 0x0a, 0, 0, 0, 64, 0, 0],
+    );
+    assert_eq!(sense(&r), None, "listed on a device in a group");
+}
