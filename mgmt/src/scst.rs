@@ -363,18 +363,27 @@ pub struct ScstDerived {
 /// SCST's derivations for device `name` of handler `h` (vdev_create_node).
 pub fn scst_derived(name: &str, h: Handler, setup_id: u32) -> ScstDerived {
     let n = scst_dev_id_num(name, setup_id);
-    let mut t10_dev_id = format!("{n:x}-{name}");
-    t10_dev_id.truncate(25);
     ScstDerived {
-        t10_dev_id,
+        t10_dev_id: prefix_bytes(&format!("{n:x}-{name}"), 25).to_string(),
         usn: format!("{n:x}"),
         vendor: if h == Handler::VdiskBlockio {
             "SCST_BIO"
         } else {
             "SCST_FIO"
         },
-        product: name.chars().take(16).collect(),
+        product: prefix_bytes(name, 16).to_string(),
     }
+}
+
+/// The first `n` bytes of `s`, as SCST copies its C strings; a character
+/// that does not fit whole is left out (a name in ASCII, as SCST's are,
+/// keeps exactly `n` bytes).
+fn prefix_bytes(s: &str, n: usize) -> &str {
+    let mut end = n.min(s.len());
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 /// SCST's VPD 83h for a vdisk (scst_vdisk.c `vdisk_dev_id_vpd`): the
@@ -1041,6 +1050,13 @@ TARGET_DRIVER ib_srpt {
         assert_eq!(d.t10_dev_id.len(), 25);
         assert_eq!(d.product, "a-very-long-devi");
         assert_eq!(d.vendor, "SCST_BIO");
+        // A character cut by the byte limits is left out whole.
+        let d = scst_derived(
+            "d\u{489}\u{489}\u{489}\u{489}\u{489}\u{489}\u{489}\u{489}xyz",
+            Handler::VdiskFileio,
+            0,
+        );
+        assert!(d.t10_dev_id.len() <= 25 && d.product.len() <= 16);
         // setup_id comes before the devices, wherever the file sets it.
         let text = "HANDLER vdisk_nullio {\n DEVICE disk1 {\n size_mb 1\n }\n}\nsetup_id 0x12\n";
         let imp = import_scst(text).unwrap();
