@@ -362,12 +362,24 @@ impl DeviceShared {
 
     /// Saves the persistent reservation state if a store is set: the state
     /// while APTPL is set, nothing otherwise (SPC-4 §5.13.4).
-    pub(crate) fn persist_pr(&self, st: &PrState) {
+    /// Saves the state where the device's store keeps it. A failure is
+    /// logged; it is returned only where the store is shared
+    /// ([`PrStore::shared`]), whose changes must not take effect unsaved.
+    pub(crate) fn persist_pr(&self, st: &PrState) -> std::io::Result<()> {
         let store = self.pr_store.lock().ok().and_then(|s| s.clone());
-        if let Some(store) = store {
-            let bytes = if st.aptpl { st.encode() } else { Vec::new() };
-            if let Err(e) = store.save(&bytes) {
+        let Some(store) = store else {
+            return Ok(());
+        };
+        let bytes = if st.aptpl || store.shared() {
+            st.encode()
+        } else {
+            Vec::new()
+        };
+        match store.save(&bytes) {
+            Ok(()) => Ok(()),
+            Err(e) => {
                 tracing::error!(error = %e, "cannot save persistent reservations");
+                if store.shared() { Err(e) } else { Ok(()) }
             }
         }
     }

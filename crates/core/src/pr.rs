@@ -175,6 +175,14 @@ pub struct Reservation {
 pub trait PrStore: Send + Sync + std::fmt::Debug {
     /// Replaces the saved state with `bytes` (empty: nothing persists).
     fn save(&self, bytes: &[u8]) -> std::io::Result<()>;
+
+    /// A store other targets serving the same devices read (a cluster):
+    /// every change is saved, APTPL or not, and one that cannot be saved
+    /// fails its command and is undone, so no node acts on a reservation
+    /// the others do not know of.
+    fn shared(&self) -> bool {
+        false
+    }
 }
 
 /// A [`PrStore`] writing `<dir>/pr_state` atomically: temporary file,
@@ -740,7 +748,11 @@ impl PrState {
     /// written with [`escape_name`], so whatever an initiator called itself
     /// reads back as it was.
     pub fn encode(&self) -> Vec<u8> {
-        let mut s = format!("ferrite-pr 2\ngeneration {}\n", self.generation);
+        let mut s = format!(
+            "ferrite-pr 2\ngeneration {}\naptpl {}\n",
+            self.generation,
+            u8::from(self.aptpl)
+        );
         for r in &self.regs {
             s.push_str(&format!(
                 "reg {:016x} {} {} {} {}\n",
@@ -766,7 +778,8 @@ impl PrState {
     }
 
     /// Parses [`PrState::encode`]'s bytes; `None` if they are not that.
-    /// Version 1 files (names written as they were) read too.
+    /// Version 1 files (names written as they were, saved only with APTPL
+    /// set) read too.
     pub fn decode(b: &[u8]) -> Option<PrState> {
         let text = std::str::from_utf8(b).ok()?;
         let mut lines = text.lines();
@@ -783,6 +796,7 @@ impl PrState {
             let f: Vec<&str> = l.split(' ').collect();
             match f.as_slice() {
                 ["generation", g] => st.generation = g.parse().ok()?,
+                ["aptpl", a] => st.aptpl = *a == "1",
                 ["reg", key, atp, port, ip, tgt] => st.regs.push(Registration {
                     key: u64::from_str_radix(key, 16).ok()?,
                     all_tg_pt: *atp == "1",

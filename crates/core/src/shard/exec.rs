@@ -393,14 +393,19 @@ impl Shard {
         let cdb = c.cdb.clone();
         let result = match dev.shared.pr.lock() {
             Ok(mut pr) => {
+                let before = pr.clone();
                 let r = pr.out(&me, &cdb, params);
-                if r.is_ok() {
+                if r.is_ok() && dev.shared.persist_pr(&pr).is_err() {
+                    // A shared store (a cluster) that cannot take the change:
+                    // it does not happen here either.
+                    *pr = before;
+                    Err(PrError::Check(Sense::LOGICAL_UNIT_COMMUNICATION_FAILURE))
+                } else {
                     dev.shared
                         .pr_reserved
                         .store(pr.res.is_some(), std::sync::atomic::Ordering::Release);
-                    dev.shared.persist_pr(&pr);
+                    r
                 }
-                r
             }
             Err(_) => Err(PrError::Check(Sense::INTERNAL_TARGET_FAILURE)),
         };

@@ -643,3 +643,53 @@ fn alua_states_gate_each_port_and_a_set_reaches_the_other_nexuses() {
     );
     assert_eq!(sense(&r), None, "listed on a device in a group");
 }
+
+#[test]
+fn a_reservation_a_shared_store_cannot_take_fails_and_is_undone() {
+    use crate::pr::PrStore;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    #[derive(Debug, Default)]
+    struct Cluster {
+        down: AtomicBool,
+        saved: std::sync::Mutex<Vec<u8>>,
+    }
+    impl PrStore for Cluster {
+        fn save(&self, b: &[u8]) -> std::io::Result<()> {
+            if self.down.load(Ordering::Acquire) {
+                return Err(std::io::Error::other("etcd unreachable"));
+            }
+            *self.saved.lock().unwrap() = b.to_vec();
+            Ok(())
+        }
+        fn shared(&self) -> bool {
+            true
+        }
+    }
+    let (dev, map) = removable_map(DeviceFlags::default());
+    let store = Arc::new(Cluster::default());
+    dev.set_pr_store(store.clone());
+    let mut shard = Shard::new(0, BufPool::new(4096, 8));
+    let now = Instant::now();
+    let a = shard.open_session(now, nexus(1), map, false);
+    tur(&mut shard, now, a, 0);
+    // REGISTER key 0x11 (no APTPL): saved all the same, APTPL off.
+    let register = [0x5f, 0, 0, 0, 0, 0, 0, 0, 24, 0];
+    let mut p = [0u8; 24];
+    p[8..16].copy_from_slice(&0x11u64.to_be_bytes());
+    assert_eq!(sense(&run_out(&mut shard, now, a, &register, &p)), None);
+    let saved = crate::pr::PrState::decode(&store.saved.lock().unwrap()).unwrap();
+    assert_eq!((saved.regs.len(), saved.aptpl), (1, false));
+    // The store down: RESERVE fails with a sense at once and holds nothing.
+    store.down.store(true, Ordering::Release);
+    let reserve = [0x5f, 1, 0x01, 0, 0, 0, 0, 0, 24, 0];
+    let mut p = [0u8; 24];
+    p[0..8].copy_from_slice(&0x11u64.to_be_bytes());
+    assert_eq!(
+        sense(&run_out(&mut shard, now, a, &reserve, &p)),
+        Some((0xb, 0x08, 0x00))
+    );
+    assert!(dev.reservations().res.is_none());
+    store.down.store(false, Ordering::Release);
+    assert_eq!(sense(&run_out(&mut shard, now, a, &reserve, &p)), None);
+    assert!(dev.reservations().res.is_some());
+}
