@@ -218,7 +218,11 @@ impl Node {
     /// last saw it (read, reported or written); otherwise it is
     /// [`Error::Conflict`] and the other node's state arrives as an
     /// [`Event::Reservations`]. Any error means the state is not known to be
-    /// saved: the command that changed it must fail.
+    /// saved: the command that changed it must fail. The outcome of a write
+    /// that timed out is unknown: a stalled etcd may still apply it when it
+    /// resumes. If it does, this node is told by an
+    /// [`Event::Reservations`] like of any write it did not see succeed, and
+    /// its next `save` before that is a [`Error::Conflict`].
     pub fn save(&self, device: &str, bytes: &[u8]) -> Result<(), Error> {
         let deadline = Instant::now() + self.cfg.request_timeout;
         let key = self.pr_key(device)?;
