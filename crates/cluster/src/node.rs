@@ -346,11 +346,11 @@ impl Worker {
             match self.rx.recv_timeout(wait) {
                 Err(RecvTimeoutError::Timeout) => {}
                 Ok(Stop::Clean) => {
-                    if let Some(l) = self.lease.take() {
-                        if let Err(e) = self.etcd.revoke(l) {
-                            tracing::warn!(node = %self.cfg.node_id, error = %e,
+                    if let Some(l) = self.lease.take()
+                        && let Err(e) = self.etcd.revoke(l)
+                    {
+                        tracing::warn!(node = %self.cfg.node_id, error = %e,
                                 "cannot revoke the lease; the other node takes over when it expires");
-                        }
                     }
                     self.fence_now();
                     return;
