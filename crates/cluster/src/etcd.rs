@@ -193,9 +193,23 @@ impl Etcd {
                         .body
                         .split(|&b| b == b'\n')
                         .find(|l| l.iter().any(|b| !b.is_ascii_whitespace()));
-                    let v: Value = match text {
-                        Some(t) => serde_json::from_slice(t).map_err(Error::Json)?,
-                        None => Value::Null,
+                    let parsed = match text {
+                        Some(t) => serde_json::from_slice(t),
+                        None => Ok(Value::Null),
+                    };
+                    let v = match parsed {
+                        Ok(v) => v,
+                        // Not etcd's gateway (a proxy's error page, another
+                        // server on the port): try the next endpoint.
+                        Err(e) => {
+                            let err = Error::BadAnswer(format!(
+                                "HTTP {} with a body that is not JSON ({e})",
+                                resp.status
+                            ));
+                            tracing::debug!(endpoint = %addr, path, error = %err, "etcd call failed");
+                            last = Some(err);
+                            continue;
+                        }
                     };
                     let v = match v.get("result") {
                         Some(r) => r.clone(),

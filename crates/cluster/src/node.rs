@@ -98,10 +98,19 @@ struct State {
 #[derive(Debug, Default)]
 struct Shared {
     state: Mutex<State>,
-    /// Per device: the mod revision of the reservation key this node last
-    /// wrote, read or reported (0: known absent). `save` holds the lock
-    /// across its write, so the poll never reports the node's own write.
-    pr: Mutex<HashMap<String, Revision>>,
+    /// Per device: what this node knows of its reservation key.
+    pr: Mutex<HashMap<String, PrKnown>>,
+}
+
+/// What a node knows of one device's reservation key.
+#[derive(Debug, Default, Clone, Copy)]
+struct PrKnown {
+    /// The mod revision this node last wrote, read or reported (0: known
+    /// absent).
+    rev: Revision,
+    /// Saves in flight: the poll leaves the device alone meanwhile, so it
+    /// never reports the node's own write back. No lock is held across I/O.
+    saving: u32,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -215,7 +224,8 @@ impl Node {
 
     /// Writes `device`'s reservation state before returning, within the
     /// request timeout. The write succeeds only if the key is as this node
-    /// last saw it (read, reported or written); otherwise it is
+    /// last saw it (read, reported or written; absent if it never saw it);
+    /// otherwise it is
     /// [`Error::Conflict`] and the other node's state arrives as an
     /// [`Event::Reservations`]. Any error means the state is not known to be
     /// saved: the command that changed it must fail. The outcome of a write
@@ -224,33 +234,22 @@ impl Node {
     /// [`Event::Reservations`] like of any write it did not see succeed, and
     /// its next `save` before that is a [`Error::Conflict`].
     pub fn save(&self, device: &str, bytes: &[u8]) -> Result<(), Error> {
-        let deadline = Instant::now() + self.cfg.request_timeout;
         let key = self.pr_key(device)?;
-        let mut pr = lock(&self.shared.pr);
-        let expected = match pr.get(device) {
-            Some(&rev) => rev,
-            None => {
-                let rev = self.etcd.get(&key)?.map_or(0, |kv| kv.mod_revision);
-                pr.insert(device.to_string(), rev);
-                rev
-            }
+        // A device this node has not seen is expected absent: if another
+        // node wrote it, the save is a conflict and the poll reports it.
+        let expected = {
+            let mut pr = lock(&self.shared.pr);
+            let known = pr.entry(device.to_string()).or_default();
+            known.saving += 1;
+            known.rev
         };
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(Error::Unavailable {
-                timeout: self.cfg.request_timeout,
-                last: Box::new(Error::Http(crate::HttpError::Timeout {
-                    addr: self.cfg.endpoints.join(","),
-                })),
-            });
-        }
-        match self
-            .etcd
-            .with_timeout(left)
-            .compare_and_put(&key, expected, bytes, None)?
-        {
+        let result = self.etcd.compare_and_put(&key, expected, bytes, None);
+        let mut pr = lock(&self.shared.pr);
+        let known = pr.entry(device.to_string()).or_default();
+        known.saving = known.saving.saturating_sub(1);
+        match result? {
             Some(rev) => {
-                pr.insert(device.to_string(), rev);
+                known.rev = known.rev.max(rev);
                 Ok(())
             }
             None => Err(Error::Conflict {
@@ -260,13 +259,14 @@ impl Node {
     }
 
     /// Reads `device`'s reservation state, within the request timeout.
+    /// What it returns counts as seen: the poll does not report it again.
     pub fn load(&self, device: &str) -> Result<Option<Vec<u8>>, Error> {
         let key = self.pr_key(device)?;
-        let mut pr = lock(&self.shared.pr);
         let kv = self.etcd.get(&key)?;
         let rev = kv.as_ref().map_or(0, |kv| kv.mod_revision);
-        let known = pr.entry(device.to_string()).or_insert(rev);
-        *known = (*known).max(rev);
+        let mut pr = lock(&self.shared.pr);
+        let known = pr.entry(device.to_string()).or_default();
+        known.rev = known.rev.max(rev);
         Ok(kv.map(|kv| kv.value))
     }
 
@@ -520,8 +520,18 @@ impl Worker {
                     continue;
                 };
                 let known = pr.get(device).copied();
-                if known.is_none_or(|rev| kv.mod_revision > rev) {
-                    pr.insert(device.to_string(), kv.mod_revision);
+                if known.is_some_and(|k| k.saving > 0) {
+                    // A save is in flight; look again next poll.
+                    continue;
+                }
+                if known.is_none_or(|k| kv.mod_revision > k.rev) {
+                    pr.insert(
+                        device.to_string(),
+                        PrKnown {
+                            rev: kv.mod_revision,
+                            saving: 0,
+                        },
+                    );
                     changed.push(Event::Reservations {
                         device: device.to_string(),
                         bytes: kv.value,

@@ -19,9 +19,14 @@ pub struct EtcdProc {
     pub peer: u16,
 }
 
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
+/// Two distinct free ports (both bound at once, then released).
+fn free_ports() -> (u16, u16) {
+    let a = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let b = TcpListener::bind("127.0.0.1:0").expect("bind");
+    (
+        a.local_addr().expect("addr").port(),
+        b.local_addr().expect("addr").port(),
+    )
 }
 
 impl EtcdProc {
@@ -34,14 +39,20 @@ impl EtcdProc {
             );
             return None;
         }
-        let mut e = EtcdProc {
-            child: None,
-            dir: tempfile::tempdir().expect("tempdir"),
-            client: free_port(),
-            peer: free_port(),
-        };
-        e.spawn();
-        Some(e)
+        // A port taken between picking and binding it: pick again.
+        for _ in 0..3 {
+            let (client, peer) = free_ports();
+            let mut e = EtcdProc {
+                child: None,
+                dir: tempfile::tempdir().expect("tempdir"),
+                client,
+                peer,
+            };
+            if e.spawn() {
+                return Some(e);
+            }
+        }
+        panic!("etcd did not start on three pairs of free ports");
     }
 
     pub fn endpoint(&self) -> String {
@@ -52,7 +63,8 @@ impl EtcdProc {
         Etcd::new(&[self.endpoint()], Duration::from_secs(2)).expect("client")
     }
 
-    fn spawn(&mut self) {
+    /// Starts etcd and waits until it answers; false if it exited first.
+    fn spawn(&mut self) -> bool {
         let peer = format!("http://127.0.0.1:{}", self.peer);
         let log = std::fs::File::create(self.dir.path().join("etcd.log")).expect("log");
         let child = Command::new(ETCD)
@@ -72,6 +84,15 @@ impl EtcdProc {
         let c = self.client();
         let deadline = Instant::now() + Duration::from_secs(30);
         while c.get("/ready").is_err() {
+            if let Some(st) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                eprintln!("etcd exited ({st}): {}", self.log());
+                self.child = None;
+                return false;
+            }
             assert!(
                 Instant::now() < deadline,
                 "etcd did not answer within 30 s: {}",
@@ -79,6 +100,7 @@ impl EtcdProc {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+        true
     }
 
     pub fn log(&self) -> String {
@@ -113,7 +135,7 @@ impl EtcdProc {
     /// Starts etcd again on the same data dir and ports.
     pub fn restart(&mut self) {
         self.kill();
-        self.spawn();
+        assert!(self.spawn(), "etcd did not restart: {}", self.log());
     }
 }
 
