@@ -22,6 +22,10 @@ use crate::http;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LeaseId(pub i64);
 
+/// etcd's largest lease TTL (`MaxLeaseTTL`, seconds); a longer one is not
+/// an answer etcd gives.
+const MAX_LEASE_TTL: i64 = 9_000_000_000;
+
 /// A revision of etcd's key-value store.
 pub type Revision = i64;
 
@@ -246,7 +250,7 @@ impl Etcd {
         let v = self.call("/v3/lease/grant", &json!({ "TTL": secs.to_string() }))?;
         let id = int(&v, "ID")?;
         let granted = int(&v, "TTL")?;
-        if id == 0 || granted <= 0 {
+        if id == 0 || granted <= 0 || granted > MAX_LEASE_TTL {
             return Err(Error::BadAnswer(format!("lease grant answered {v}")));
         }
         Ok(Lease {
@@ -262,6 +266,9 @@ impl Etcd {
         let ttl = int(&v, "TTL")?;
         if ttl <= 0 {
             return Err(Error::LeaseNotFound);
+        }
+        if ttl > MAX_LEASE_TTL {
+            return Err(Error::BadAnswer(format!("lease TTL {ttl} s")));
         }
         Ok(Duration::from_secs(ttl.unsigned_abs()))
     }

@@ -367,7 +367,10 @@ impl Worker {
     /// Only moves the deadline forward: a slow answer to an earlier request
     /// never shortens it, and nothing but a successful renewal lengthens it.
     fn renewed(&mut self, t_sent: Instant, lease: Lease) {
-        let until = t_sent + lease.ttl;
+        let Some(until) = t_sent.checked_add(lease.ttl) else {
+            tracing::warn!(node = %self.cfg.node_id, ttl = ?lease.ttl, "lease TTL out of range; not renewed");
+            return;
+        };
         let mut st = lock(&self.shared.state);
         st.live_until = Some(st.live_until.map_or(until, |t| t.max(until)));
         drop(st);
@@ -440,6 +443,11 @@ impl Worker {
     fn campaign(&mut self) {
         let Some(lease) = self.lease else { return };
         for group in self.groups.clone() {
+            if !self.live_until().is_some_and(|t| Instant::now() < t) {
+                // Past the deadline: report Fenced first, not after every
+                // group's requests timed out.
+                break;
+            }
             let key = self.cfg.owner_key(&group);
             let mut seen = None;
             for _ in 0..2 {
