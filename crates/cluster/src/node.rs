@@ -364,6 +364,11 @@ impl Worker {
         lock(&self.shared.state).live_until
     }
 
+    /// Whether the fencing deadline is still ahead.
+    fn live_now(&self) -> bool {
+        self.live_until().is_some_and(|t| Instant::now() < t)
+    }
+
     /// Only moves the deadline forward: a slow answer to an earlier request
     /// never shortens it, and nothing but a successful renewal lengthens it.
     fn renewed(&mut self, t_sent: Instant, lease: Lease) {
@@ -422,7 +427,7 @@ impl Worker {
     /// renewed again.
     fn check_fence(&mut self) {
         let until = self.live_until();
-        let live = until.is_some_and(|t| Instant::now() < t);
+        let live = self.live_now();
         if self.live && !live {
             self.live = false;
             let since = until.unwrap_or_else(Instant::now);
@@ -443,7 +448,7 @@ impl Worker {
     fn campaign(&mut self) {
         let Some(lease) = self.lease else { return };
         for group in self.groups.clone() {
-            if !self.live_until().is_some_and(|t| Instant::now() < t) {
+            if !self.live_now() {
                 // Past the deadline: report Fenced first, not after every
                 // group's requests timed out.
                 break;
@@ -499,7 +504,7 @@ impl Worker {
             }
             let Some((owner, me)) = seen else { continue };
             // `me` means nothing past the fencing deadline.
-            let me = me && self.live_until().is_some_and(|t| Instant::now() < t);
+            let me = me && self.live_now();
             let mut st = lock(&self.shared.state);
             if st.owners.get(&group) == Some(&(owner.clone(), me)) {
                 continue;
