@@ -26,6 +26,7 @@
 #![forbid(unsafe_code)]
 
 mod etcd;
+mod fence;
 mod http;
 mod node;
 

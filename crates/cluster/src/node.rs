@@ -10,7 +10,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::Error;
-use crate::etcd::{Etcd, Lease, LeaseId, Revision};
+use crate::etcd::{Etcd, KeyValue, Lease, LeaseId, Revision};
+use crate::fence::{Change, Fence};
 
 /// How a node finds etcd and the pair's keys.
 #[derive(Debug, Clone)]
@@ -90,7 +91,7 @@ pub enum Event {
 struct State {
     /// The fencing deadline: `t_sent + ttl` of the last keepalive (or grant)
     /// that succeeded.
-    live_until: Option<Instant>,
+    fence: Fence,
     /// Per group: (owner, me) as last reported.
     owners: HashMap<String, (Option<String>, bool)>,
 }
@@ -183,7 +184,6 @@ impl Node {
             rx,
             lease: None,
             next_keepalive: Instant::now(),
-            live: false,
         };
         let thread = std::thread::Builder::new()
             .name(format!("cluster-{}", cfg.node_id))
@@ -205,21 +205,20 @@ impl Node {
 
     /// Whether the fencing deadline is still ahead.
     pub fn is_live(&self) -> bool {
-        self.live_until().is_some_and(|t| Instant::now() < t)
+        lock(&self.shared.state).fence.is_live(Instant::now())
     }
 
     /// The fencing deadline: the node is live until then unless a keepalive
     /// moves it.
     pub fn live_until(&self) -> Option<Instant> {
-        lock(&self.shared.state).live_until
+        lock(&self.shared.state).fence.until()
     }
 
     /// Whether the node owns `group` now: live, and its lease holds the
     /// group's owner key as last read.
     pub fn owns(&self, group: &str) -> bool {
         let st = lock(&self.shared.state);
-        st.live_until.is_some_and(|t| Instant::now() < t)
-            && st.owners.get(group).is_some_and(|(_, me)| *me)
+        st.fence.is_live(Instant::now()) && st.owners.get(group).is_some_and(|(_, me)| *me)
     }
 
     /// Writes `device`'s reservation state before returning, within the
@@ -318,8 +317,6 @@ struct Worker {
     rx: mpsc::Receiver<Stop>,
     lease: Option<LeaseId>,
     next_keepalive: Instant,
-    /// Whether `Live` was the last of `Live` / `Fenced` reported.
-    live: bool,
 }
 
 impl Worker {
@@ -331,7 +328,7 @@ impl Worker {
             let now = Instant::now();
             if now >= next_poll {
                 next_poll = now + self.cfg.poll_interval;
-                if self.live {
+                if self.live_now() {
                     self.campaign();
                     self.check_fence();
                 }
@@ -339,7 +336,7 @@ impl Worker {
                 self.check_fence();
             }
             let mut wake = next_poll.min(self.next_keepalive);
-            if let Some(t) = self.live_until().filter(|_| self.live) {
+            if let Some(t) = self.live_until().filter(|_| self.live_now()) {
                 wake = wake.min(t);
             }
             let wait = wake.saturating_duration_since(Instant::now());
@@ -361,29 +358,24 @@ impl Worker {
     }
 
     fn live_until(&self) -> Option<Instant> {
-        lock(&self.shared.state).live_until
+        lock(&self.shared.state).fence.until()
     }
 
     /// Whether the fencing deadline is still ahead.
     fn live_now(&self) -> bool {
-        self.live_until().is_some_and(|t| Instant::now() < t)
+        lock(&self.shared.state).fence.is_live(Instant::now())
     }
 
-    /// Only moves the deadline forward: a slow answer to an earlier request
-    /// never shortens it, and nothing but a successful renewal lengthens it.
     fn renewed(&mut self, t_sent: Instant, lease: Lease) {
-        let Some(until) = t_sent.checked_add(lease.ttl) else {
+        if !lock(&self.shared.state).fence.renewed(t_sent, lease.ttl) {
             tracing::warn!(node = %self.cfg.node_id, ttl = ?lease.ttl, "lease TTL out of range; not renewed");
             return;
-        };
-        let mut st = lock(&self.shared.state);
-        st.live_until = Some(st.live_until.map_or(until, |t| t.max(until)));
-        drop(st);
+        }
         self.next_keepalive = t_sent + lease.ttl / 3;
     }
 
     fn fence_now(&self) {
-        lock(&self.shared.state).live_until = None;
+        lock(&self.shared.state).fence.lost(Instant::now());
     }
 
     /// Grants a lease when the node has none; renews it when due.
@@ -426,20 +418,26 @@ impl Worker {
     /// Reports `Fenced` when the deadline passed, `Live` when a lease is
     /// renewed again.
     fn check_fence(&mut self) {
-        let until = self.live_until();
-        let live = self.live_now();
-        if self.live && !live {
-            self.live = false;
-            let since = until.unwrap_or_else(Instant::now);
-            tracing::warn!(node = %self.cfg.node_id, "fenced: lease not renewed in time");
-            // Every group's owner is reported afresh once live again.
-            lock(&self.shared.state).owners.clear();
-            (self.events)(Event::Fenced { since });
-        } else if !self.live && live {
-            self.live = true;
-            tracing::info!(node = %self.cfg.node_id, "live");
-            (self.events)(Event::Live);
-            self.campaign();
+        let change = {
+            let mut st = lock(&self.shared.state);
+            let change = st.fence.poll(Instant::now());
+            if matches!(change, Some(Change::Fenced { .. })) {
+                // Every group's owner is reported afresh once live again.
+                st.owners.clear();
+            }
+            change
+        };
+        match change {
+            Some(Change::Fenced { since }) => {
+                tracing::warn!(node = %self.cfg.node_id, "fenced: lease not renewed in time");
+                (self.events)(Event::Fenced { since });
+            }
+            Some(Change::Live) => {
+                tracing::info!(node = %self.cfg.node_id, "live");
+                (self.events)(Event::Live);
+                self.campaign();
+            }
+            None => {}
         }
     }
 
@@ -525,35 +523,99 @@ impl Worker {
                 return;
             }
         };
-        let mut changed = Vec::new();
-        {
-            let mut pr = lock(&self.shared.pr);
-            for kv in kvs {
-                let Some(device) = kv.key.strip_prefix(&prefix) else {
-                    continue;
-                };
-                let known = pr.get(device).copied();
-                if known.is_some_and(|k| k.saving > 0) {
-                    // A save is in flight; look again next poll.
-                    continue;
-                }
-                if known.is_none_or(|k| kv.mod_revision > k.rev) {
-                    pr.insert(
-                        device.to_string(),
-                        PrKnown {
-                            rev: kv.mod_revision,
-                            saving: 0,
-                        },
-                    );
-                    changed.push(Event::Reservations {
-                        device: device.to_string(),
-                        bytes: kv.value,
-                    });
-                }
-            }
-        }
+        let changed = newer(&mut lock(&self.shared.pr), &prefix, kvs);
         for ev in changed {
             (self.events)(ev);
         }
+    }
+}
+
+/// The reservation keys under `prefix` written since this node last saw
+/// them (all of them the first time), as events; records what it reports.
+/// A device with a save in flight is left for the next poll, so the node's
+/// own write is never reported back.
+fn newer(known: &mut HashMap<String, PrKnown>, prefix: &str, kvs: Vec<KeyValue>) -> Vec<Event> {
+    let mut changed = Vec::new();
+    for kv in kvs {
+        let Some(device) = kv.key.strip_prefix(prefix) else {
+            continue;
+        };
+        let k = known.get(device).copied();
+        if k.is_some_and(|k| k.saving > 0) {
+            continue;
+        }
+        if k.is_none_or(|k| kv.mod_revision > k.rev) {
+            known.insert(
+                device.to_string(),
+                PrKnown {
+                    rev: kv.mod_revision,
+                    saving: 0,
+                },
+            );
+            changed.push(Event::Reservations {
+                device: device.to_string(),
+                bytes: kv.value,
+            });
+        }
+    }
+    changed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kv(device: &str, rev: Revision, value: &[u8]) -> KeyValue {
+        KeyValue {
+            key: format!("/p/pr/{device}"),
+            value: value.to_vec(),
+            create_revision: 1,
+            mod_revision: rev,
+            lease: None,
+        }
+    }
+
+    fn reported(events: &[Event]) -> Vec<(&str, &[u8])> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Reservations { device, bytes } => Some((device.as_str(), bytes.as_slice())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn reservations_reported_once_per_revision() {
+        let mut known = HashMap::new();
+        let ev = newer(
+            &mut known,
+            "/p/pr/",
+            vec![kv("a", 5, b"x"), kv("b", 6, b"y")],
+        );
+        assert_eq!(reported(&ev), [("a", &b"x"[..]), ("b", &b"y"[..])]);
+        let ev = newer(
+            &mut known,
+            "/p/pr/",
+            vec![kv("a", 5, b"x"), kv("b", 9, b"z")],
+        );
+        assert_eq!(reported(&ev), [("b", &b"z"[..])]);
+        // An older read (a slow poll) reports nothing.
+        let ev = newer(&mut known, "/p/pr/", vec![kv("b", 6, b"y")]);
+        assert!(ev.is_empty());
+    }
+
+    #[test]
+    fn own_writes_and_loads_are_not_reported() {
+        let mut known = HashMap::new();
+        // A save in flight: its write may already show; leave it.
+        known.insert("a".to_string(), PrKnown { rev: 3, saving: 1 });
+        assert!(newer(&mut known, "/p/pr/", vec![kv("a", 7, b"mine")]).is_empty());
+        // The save finished and recorded its revision.
+        known.insert("a".to_string(), PrKnown { rev: 7, saving: 0 });
+        assert!(newer(&mut known, "/p/pr/", vec![kv("a", 7, b"mine")]).is_empty());
+        // Another node writes after it.
+        let ev = newer(&mut known, "/p/pr/", vec![kv("a", 8, b"theirs")]);
+        assert_eq!(reported(&ev), [("a", &b"theirs"[..])]);
     }
 }
