@@ -337,3 +337,55 @@ fn reservations_saved_on_one_node_reach_the_other() {
     assert_eq!(b.load("lun0").expect("load"), Some(b"merged".to_vec()));
     drop(b);
 }
+
+#[test]
+fn a_node_restarted_under_its_own_name_takes_its_claim_back() {
+    let Some(etcd) = EtcdProc::start("restarted_under_its_own_name") else {
+        return;
+    };
+    let mut rec = Recorder::new();
+    let (a, b) = pair(&etcd, &mut rec);
+    let old_lease = etcd
+        .client()
+        .get("/ferrite/test/dg/dg0/owner")
+        .expect("get")
+        .expect("key")
+        .lease;
+    let deadline = a.crash().expect("a was live");
+    rec.mark();
+    rec.log
+        .push(("a".into(), deadline, Event::Fenced { since: deadline }));
+    // Back before its old lease expires: the key still names it, under the
+    // dead run's lease; it moves the claim to its new lease.
+    let mark = rec.mark();
+    let a = start(&etcd, &rec, "a");
+    rec.wait(mark, SLACK, "a owner again", owner_me("a", DG));
+    let kv = etcd
+        .client()
+        .get("/ferrite/test/dg/dg0/owner")
+        .expect("get")
+        .expect("key");
+    assert_eq!(kv.value, b"a");
+    assert_ne!(kv.lease, old_lease, "the claim is on the new lease");
+    // The old lease expiring later takes nothing away.
+    rec.drain(TTL + 4 * POLL);
+    assert!(a.owns(DG) && !b.owns(DG));
+    rec.assert_never_two_owners(DG, Instant::now());
+}
+
+#[test]
+fn a_node_started_before_etcd_goes_live_when_etcd_comes() {
+    let Some(mut etcd) = EtcdProc::start("started_before_etcd") else {
+        return;
+    };
+    etcd.kill();
+    let mut rec = Recorder::new();
+    let a = start(&etcd, &rec, "a");
+    rec.drain(TTL);
+    assert!(rec.log.is_empty(), "events without etcd: {:?}", rec.log);
+    assert!(!a.is_live() && !a.owns(DG));
+    etcd.restart();
+    rec.wait(0, SLACK, "a live", |n, e| n == "a" && *e == Event::Live);
+    rec.wait(0, SLACK, "a owner", owner_me("a", DG));
+    assert!(a.is_live() && a.owns(DG));
+}
