@@ -7,9 +7,11 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use ferrite_core::alua::{AccessState, Cause, DeviceGroup};
 use ferrite_core::device::{AccessGroup, Device, DeviceId, LunEntry, LunMap, Target};
 use ferrite_mgmt::config::{
-    DeviceConfig, IscsiParamsConfig, IscsiTargetConfig, LunConfig, SrpTargetConfig,
+    DeviceConfig, DeviceGroupConfig, IscsiParamsConfig, IscsiTargetConfig, LunConfig,
+    SrpTargetConfig,
 };
 use ferrite_mgmt::runtime::{DeviceAttr, Runtime, RuntimeError, SessionInfo, Stats, TargetAttr};
 use ferrite_reactor::mailbox::MailboxTx;
@@ -40,6 +42,23 @@ struct State {
     srp_targets: BTreeMap<String, Arc<crate::srp::SrpTarget>>,
     /// Their configurations.
     srp_cfgs: BTreeMap<String, SrpTargetConfig>,
+    /// ALUA device groups by name, with the configuration each was built
+    /// from (its states are the group's own, live).
+    device_groups: BTreeMap<String, (DeviceGroupConfig, Arc<DeviceGroup>)>,
+}
+
+/// Whether two device group configurations differ only in states and
+/// preferred bits (which the built group keeps live).
+fn same_shape(a: &DeviceGroupConfig, b: &DeviceGroupConfig) -> bool {
+    let bare = |g: &DeviceGroupConfig| {
+        let mut g = g.clone();
+        for t in &mut g.target_groups {
+            t.state.clear();
+            t.preferred = false;
+        }
+        g
+    };
+    bare(a) == bare(b)
 }
 
 /// The running system, as the management tree sees it.
@@ -102,6 +121,7 @@ impl DaemonRuntime {
                     .iter()
                     .map(|t| (t.name.clone(), t.clone()))
                     .collect(),
+                device_groups: system.device_groups.clone(),
             }),
             cores,
             registry,
@@ -306,6 +326,80 @@ impl DaemonRuntime {
             },
             None => crate::srp::srp_target(cfg, target),
         })
+    }
+
+    /// The relative target port id of the target or SRP port `name`.
+    fn rel_port_of(st: &State, name: &str) -> Option<u16> {
+        st.targets
+            .get(name)
+            .map(|t| t.cfg.rel_port_id())
+            .or_else(|| st.srp_targets.get(name).map(|t| t.target.rel_port_id))
+    }
+
+    /// Rebuilds the device groups from `cfgs` (`None`: the ones there are,
+    /// after their targets' relative ids may have moved): a group whose
+    /// shape and ports are unchanged stays as it is; a changed one is
+    /// built anew with the old one's runtime states. Devices whose group
+    /// changed are replaced in every map (publish afterwards).
+    fn sync_groups(&self, st: &mut State, cfgs: Option<&[DeviceGroupConfig]>) {
+        let cfgs: Vec<DeviceGroupConfig> = match cfgs {
+            Some(c) => c.to_vec(),
+            None => st.device_groups.values().map(|(c, _)| c.clone()).collect(),
+        };
+        let mut next = BTreeMap::new();
+        for c in &cfgs {
+            let rel = |t: &str| Self::rel_port_of(st, t);
+            let old = st.device_groups.get(&c.name);
+            let ports_same = |g: &DeviceGroup| {
+                c.target_groups.iter().all(|tc| {
+                    g.group_named(&tc.name).is_some_and(|pg| {
+                        pg.ports == tc.targets.iter().filter_map(|x| rel(x)).collect::<Vec<_>>()
+                    })
+                })
+            };
+            let dg = match old {
+                Some((oc, og)) if same_shape(oc, c) && ports_same(og) => og.clone(),
+                _ => {
+                    tracing::info!(group = %c.name, "ALUA device group configured");
+                    crate::alua::build_group(c, &rel, &self.state_dir, old.map(|o| &*o.1))
+                }
+            };
+            next.insert(c.name.clone(), (c.clone(), dg));
+        }
+        for gone in st.device_groups.keys().filter(|n| !next.contains_key(*n)) {
+            // A group created again later starts as configured.
+            let store = crate::alua::AluaStore::for_group(&self.state_dir, gone);
+            if let Err(e) = std::fs::remove_file(&store.path)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(group = %gone, error = %e, "cannot remove saved ALUA states");
+            }
+            tracing::info!(group = %gone, "ALUA device group removed");
+        }
+        st.device_groups = next;
+        let member = crate::alua::membership(&st.device_groups);
+        let names: Vec<String> = st.devices.keys().cloned().collect();
+        for name in names {
+            let Some((cfg, dev)) = st.devices.get(&name).cloned() else {
+                continue;
+            };
+            let want = member.get(&name);
+            let same = match (dev.alua(), want) {
+                (None, None) => true,
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                _ => false,
+            };
+            if !same {
+                // The same LU in another group: reservations, range locks
+                // and mode parameters carry over.
+                let new = Arc::new(
+                    dev.reconfigured(cfg.identity(), cfg.flags())
+                        .with_alua(want.cloned()),
+                );
+                Self::swap_device(st, &dev, &new);
+                st.devices.insert(name, (cfg, new));
+            }
+        }
     }
 
     fn listen(&self, st: &mut State, addrs: &[SocketAddr]) -> Result<(), RuntimeError> {
@@ -524,6 +618,8 @@ impl Runtime for DaemonRuntime {
         if let Some(t) = st.targets.get_mut(name) {
             t.cfg = cfg;
         }
+        // A new portal group tag may move the target's relative port id.
+        self.sync_groups(&mut st, None);
         self.publish(&st);
         Ok(())
     }
@@ -663,8 +759,64 @@ impl Runtime for DaemonRuntime {
         }
         st.srp_targets.insert(name.to_string(), Arc::new(built));
         st.srp_cfgs.insert(name.to_string(), cfg.clone());
+        self.sync_groups(&mut st, None);
         self.publish(&st);
         Ok(())
+    }
+
+    fn set_device_groups(&self, groups: &[DeviceGroupConfig]) -> Result<(), RuntimeError> {
+        let mut st = self.lock()?;
+        for g in groups {
+            for t in g.target_groups.iter().flat_map(|t| t.targets.iter()) {
+                if Self::rel_port_of(&st, t).is_none() {
+                    return Err(RuntimeError::NotFound(format!("target {t}")));
+                }
+            }
+            for d in &g.devices {
+                if !st.devices.contains_key(d) {
+                    return Err(RuntimeError::NotFound(format!("device {d}")));
+                }
+            }
+        }
+        self.sync_groups(&mut st, Some(groups));
+        self.publish(&st);
+        Ok(())
+    }
+
+    fn set_alua_state(
+        &self,
+        group: &str,
+        target_group: &str,
+        state: AccessState,
+        preferred: bool,
+    ) -> Result<(), RuntimeError> {
+        let st = self.lock()?;
+        let (_, dg) = st
+            .device_groups
+            .get(group)
+            .ok_or_else(|| RuntimeError::NotFound(format!("device group {group}")))?;
+        let id = dg
+            .group_named(target_group)
+            .ok_or_else(|| RuntimeError::NotFound(format!("target group {target_group}")))?
+            .id;
+        // SPC-4 §5.15.2.2: an implicit transition; the cores raise
+        // ASYMMETRIC ACCESS STATE CHANGED on the group's nexuses.
+        let change = ferrite_core::alua::Change {
+            group: id,
+            state,
+            preferred: Some(preferred),
+        };
+        if dg.set(&[change], Cause::Implicit).map_err(failed)? {
+            tracing::info!(%group, %target_group, %state, preferred, "ALUA state changed");
+        }
+        Ok(())
+    }
+
+    fn alua_state(&self, group: &str, target_group: &str) -> Option<(AccessState, bool)> {
+        let st = self.state.lock().ok()?;
+        let (_, dg) = st.device_groups.get(group)?;
+        dg.group_named(target_group)
+            .map(|g| (g.state(), g.preferred()))
     }
 
     fn sessions(&self) -> Vec<SessionInfo> {

@@ -609,6 +609,7 @@ fn reads_and_keys() {
             "handlers",
             "devices",
             "targets",
+            "device_groups",
             "data_memory_mb",
             "data_memory"
         ]
@@ -626,7 +627,7 @@ fn reads_and_keys() {
     assert!(!names("/devices/disk0").contains(&"mem".to_string()));
     let e = t.ls("/nope").unwrap_err().to_string();
     assert!(
-        e.contains("valid entries: handlers, devices, targets, data_memory_mb, data_memory"),
+        e.contains("valid entries: handlers, devices, targets, device_groups, data_memory_mb, data_memory"),
         "{e}"
     );
 }
