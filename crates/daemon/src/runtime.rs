@@ -906,3 +906,94 @@ impl Runtime for DaemonRuntime {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferrite_mgmt::config::{Config, Handler, TargetGroupConfig};
+
+    const TA: &str = "iqn.2026-11.org.example:a";
+    const TB: &str = "iqn.2026-11.org.example:b";
+
+    fn config() -> Config {
+        let mut cfg = Config::default();
+        for n in ["d0", "d1"] {
+            let mut d = DeviceConfig::new(n, Handler::VdiskNullio);
+            d.size = Some(1 << 20);
+            cfg.devices.push(d);
+        }
+        cfg.targets.iscsi.push(IscsiTargetConfig::new(TA));
+        let mut tb = IscsiTargetConfig::new(TB);
+        tb.tpgt = 2;
+        cfg.targets.iscsi.push(tb);
+        let mut g = DeviceGroupConfig::new("dg1");
+        g.devices.push("d0".into());
+        let mut a = TargetGroupConfig::new("tg_a", 1);
+        a.targets.push(TA.into());
+        let mut b = TargetGroupConfig::new("tg_b", 2);
+        b.targets.push(TB.into());
+        g.target_groups = vec![a, b];
+        cfg.device_groups.push(g);
+        cfg.validate().expect("valid");
+        cfg
+    }
+
+    fn group_of(rt: &DaemonRuntime, dev: &str) -> Option<Arc<DeviceGroup>> {
+        let st = rt.state.lock().expect("lock");
+        st.devices.get(dev).and_then(|(_, d)| d.alua().cloned())
+    }
+
+    #[test]
+    fn groups_follow_configuration_changes_and_keep_their_states() {
+        let dir = std::env::temp_dir().join(format!("ferrite-rt-alua-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let cfg = config();
+        let sys = crate::system::System::build(&cfg, &dir).expect("system");
+        let rt = DaemonRuntime::new(&sys, &cfg, Vec::new(), Arc::new(Registry::default()));
+        let g0 = group_of(&rt, "d0").expect("d0 is in dg1");
+        assert!(group_of(&rt, "d1").is_none());
+        assert_eq!(g0.state_of_port(2), AccessState::ActiveOptimized);
+
+        rt.set_alua_state("dg1", "tg_b", AccessState::Standby, true)
+            .expect("set");
+        assert_eq!(
+            rt.alua_state("dg1", "tg_b"),
+            Some((AccessState::Standby, true))
+        );
+        assert_eq!(g0.state_of_port(2), AccessState::Standby);
+        assert!(dir.join("alua/dg1").exists());
+        assert!(
+            rt.set_alua_state("dg1", "nope", AccessState::Standby, true)
+                .is_err()
+        );
+
+        // d1 joins: both devices in one new group that kept the state.
+        let mut groups = cfg.device_groups.clone();
+        groups[0].devices.push("d1".into());
+        rt.set_device_groups(&groups).expect("join");
+        let g1 = group_of(&rt, "d0").expect("d0");
+        assert!(Arc::ptr_eq(&g1, &group_of(&rt, "d1").expect("d1")));
+        assert_eq!(g1.state_of_port(2), AccessState::Standby);
+
+        // The same shape again keeps the very group.
+        rt.set_device_groups(&groups).expect("same");
+        assert!(Arc::ptr_eq(&g1, &group_of(&rt, "d0").expect("d0")));
+
+        // The target's relative port id moves with its tpgt; its target
+        // group follows, and keeps its state.
+        rt.set_target_attr(TB, &TargetAttr::Tpgt(7)).expect("tpgt");
+        let g2 = group_of(&rt, "d0").expect("d0");
+        assert_eq!(
+            g2.group_named("tg_b").map(|g| g.ports.clone()),
+            Some(vec![7])
+        );
+        assert_eq!(g2.state_of_port(7), AccessState::Standby);
+
+        // No groups: the devices leave, the saved states go.
+        rt.set_device_groups(&[]).expect("none");
+        assert!(group_of(&rt, "d0").is_none() && group_of(&rt, "d1").is_none());
+        assert!(rt.alua_state("dg1", "tg_b").is_none());
+        assert!(!dir.join("alua/dg1").exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
