@@ -16,8 +16,8 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::config::{
-    Config, DeviceConfig, GroupConfig, Handler, IscsiParamsConfig, IscsiTargetConfig, LunConfig,
-    ReactorConfig, SrpTargetConfig, data_memory_bytes,
+    Config, DeviceConfig, DeviceGroupConfig, GroupConfig, Handler, IscsiParamsConfig,
+    IscsiTargetConfig, LunConfig, ReactorConfig, SrpTargetConfig, data_memory_bytes,
 };
 use crate::runtime::{DeviceAttr, Runtime, RuntimeError, TargetAttr};
 use crate::tree::{DEVICE_ATTRS, Write};
@@ -95,6 +95,22 @@ pub enum Change {
     /// at once.
     SetDataMemory {
         mb: Option<u64>,
+    },
+    /// The ALUA device groups as a whole (`device_groups`): `op` is the
+    /// tree operation that asked for it. Target groups that stay keep
+    /// their state and preferred bit (the running system's); see
+    /// [`Change::SetAluaState`].
+    SetDeviceGroups {
+        op: String,
+        groups: Vec<DeviceGroupConfig>,
+    },
+    /// One target group's access state and preferred bit, changed in the
+    /// running system at once (an implicit ALUA transition).
+    SetAluaState {
+        group: String,
+        target_group: String,
+        state: String,
+        preferred: bool,
     },
     /// The other reactor settings, which take effect at the next start: only
     /// the model changes. `data_memory_mb` is not taken from it (that is
@@ -306,6 +322,17 @@ impl fmt::Display for Change {
             Change::SetDataMemory { mb: None } => {
                 write!(f, "set /data_memory_mb \"\" (the default)")
             }
+            Change::SetDeviceGroups { op, .. } => f.write_str(op),
+            Change::SetAluaState {
+                group,
+                target_group,
+                state,
+                preferred,
+            } => write!(
+                f,
+                "set /device_groups/{group}/target_groups/{target_group}/state {state} (preferred {})",
+                u8::from(*preferred)
+            ),
             Change::SetReactor(r) => write!(
                 f,
                 "reactor (at next start): {}",
@@ -456,6 +483,31 @@ impl Change {
                 }
             }
             Change::SetDataMemory { mb } => cfg.reactor.data_memory_mb = *mb,
+            Change::SetDeviceGroups { groups, .. } => {
+                cfg.device_groups = carry_alua_states(&cfg.device_groups, groups);
+            }
+            Change::SetAluaState {
+                group,
+                target_group,
+                state,
+                preferred,
+            } => {
+                let tg = cfg
+                    .device_groups
+                    .iter_mut()
+                    .find(|g| &g.name == group)
+                    .ok_or_else(|| ModelError(format!("no device group {group:?}")))?
+                    .target_groups
+                    .iter_mut()
+                    .find(|t| &t.name == target_group)
+                    .ok_or_else(|| {
+                        ModelError(format!(
+                            "device group {group:?} has no target group {target_group:?}"
+                        ))
+                    })?;
+                tg.state = state.clone();
+                tg.preferred = *preferred;
+            }
             Change::SetReactor(r) => {
                 cfg.reactor = ReactorConfig {
                     data_memory_mb: cfg.reactor.data_memory_mb,
@@ -504,10 +556,75 @@ impl Change {
             Change::SetIscsiParams(p) => rt.set_iscsi_params(p)?,
             Change::SetSrpTarget { name, new } => rt.set_srp_target(name, new.as_deref())?,
             Change::SetDataMemory { mb } => rt.set_data_memory(data_memory_bytes(*mb))?,
+            Change::SetDeviceGroups { groups, .. } => rt.set_device_groups(groups)?,
+            Change::SetAluaState {
+                group,
+                target_group,
+                state,
+                preferred,
+            } => {
+                let st = ferrite_core::alua::AccessState::parse(state).ok_or_else(|| {
+                    RuntimeError::Failed(format!("{state:?} is not an access state"))
+                })?;
+                rt.set_alua_state(group, target_group, st, *preferred)?
+            }
             Change::SetReactor(_) => {}
         }
         Ok(None)
     }
+}
+
+/// `groups` with the state and preferred bit of every target group that
+/// `old` has too (same device group and name): what the running system
+/// does with them.
+pub fn carry_alua_states(
+    old: &[DeviceGroupConfig],
+    groups: &[DeviceGroupConfig],
+) -> Vec<DeviceGroupConfig> {
+    let mut out = groups.to_vec();
+    for g in &mut out {
+        let Some(og) = old.iter().find(|o| o.name == g.name) else {
+            continue;
+        };
+        for t in &mut g.target_groups {
+            if let Some(ot) = og.target_group(&t.name) {
+                t.state = ot.state.clone();
+                t.preferred = ot.preferred;
+            }
+        }
+    }
+    out
+}
+
+/// `groups` without the devices and targets `keep` rejects, and without
+/// the device groups and target groups absent from `new`: what can stay
+/// while objects go.
+fn prune_device_groups(
+    groups: &[DeviceGroupConfig],
+    new: &[DeviceGroupConfig],
+    keep_device: impl Fn(&str) -> bool,
+    keep_target: impl Fn(&str) -> bool,
+) -> Vec<DeviceGroupConfig> {
+    let mut out = Vec::new();
+    for g in groups {
+        let Some(ng) = new.iter().find(|n| n.name == g.name) else {
+            continue;
+        };
+        let mut g = g.clone();
+        g.devices
+            .retain(|d| keep_device(d) && ng.devices.contains(d));
+        g.target_groups.retain(|t| {
+            ng.target_group(&t.name)
+                .is_some_and(|nt| nt.group_id == t.group_id)
+        });
+        for t in &mut g.target_groups {
+            let nt = ng.target_group(&t.name).map(|n| n.targets.clone());
+            t.targets
+                .retain(|x| keep_target(x) && nt.as_ref().is_some_and(|n| n.contains(x)));
+        }
+        out.push(g);
+    }
+    out
 }
 
 /// Whether going from `old` to `new` needs the device closed and opened
@@ -556,6 +673,43 @@ pub fn plan(old: &Config, new: &Config) -> Result<Vec<Change>, ModelError> {
         out.push(c);
         Ok(())
     };
+
+    // 0. ALUA device groups let go of what goes (devices closed, targets
+    // and SRP ports removed, groups and target groups that go) before it
+    // goes; they get their new shape once everything exists (below).
+    let closing = |d: &str| {
+        old.device(d)
+            .is_some_and(|od| new.device(d).is_none_or(|n| needs_recreate(od, n)))
+    };
+    let srp_removed = |t: &str| {
+        old.targets.srp.iter().any(|o| {
+            o.name == t
+                && (!new.targets.srp.iter().any(|n| n.name == t)
+                    || o.luns
+                        .iter()
+                        .chain(o.ini_groups.iter().flat_map(|g| g.luns.iter()))
+                        .any(|l| closing(&l.device)))
+        })
+    };
+    let target_kept = |t: &str| {
+        (new.iscsi_target(t).is_some() || new.targets.srp.iter().any(|n| n.name == t))
+            && !srp_removed(t)
+    };
+    let pruned = prune_device_groups(
+        &old.device_groups,
+        &new.device_groups,
+        |d| new.device(d).is_some() && !closing(d),
+        target_kept,
+    );
+    if pruned != old.device_groups {
+        step(
+            &mut sim,
+            Change::SetDeviceGroups {
+                op: "device groups: let go of what goes".into(),
+                groups: pruned,
+            },
+        )?;
+    }
 
     // 1. Teardown: targets that go, targets that get disabled.
     for t in &old.targets.iscsi {
@@ -845,6 +999,47 @@ pub fn plan(old: &Config, new: &Config) -> Result<Vec<Change>, ModelError> {
                     new: Some(Box::new(t.clone())),
                 },
             )?;
+        }
+    }
+
+    // ALUA device groups, now that their devices and targets exist; then
+    // the states that differ (target groups that stayed kept theirs).
+    if sim.device_groups != new.device_groups {
+        let groups = carry_alua_states(&sim.device_groups, &new.device_groups);
+        if groups != sim.device_groups {
+            step(
+                &mut sim,
+                Change::SetDeviceGroups {
+                    op: format!(
+                        "device groups: {}",
+                        new.device_groups
+                            .iter()
+                            .map(|g| g.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    ),
+                    groups: new.device_groups.clone(),
+                },
+            )?;
+        }
+        for g in &new.device_groups {
+            for t in &g.target_groups {
+                let cur = sim
+                    .device_group(&g.name)
+                    .and_then(|sg| sg.target_group(&t.name))
+                    .map(|st| (st.access_state(), st.preferred));
+                if cur != Some((t.access_state(), t.preferred)) {
+                    step(
+                        &mut sim,
+                        Change::SetAluaState {
+                            group: g.name.clone(),
+                            target_group: t.name.clone(),
+                            state: t.access_state().name().into(),
+                            preferred: t.preferred,
+                        },
+                    )?;
+                }
+            }
         }
     }
 

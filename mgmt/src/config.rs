@@ -154,6 +154,92 @@ pub struct Config {
     pub targets: TargetsConfig,
     pub iscsi: IscsiParamsConfig,
     pub reactor: ReactorConfig,
+    /// ALUA device groups (SCST's `DEVICE_GROUP`): devices that change
+    /// access state together, seen through target port groups.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub device_groups: Vec<DeviceGroupConfig>,
+}
+
+/// An ALUA device group (SPC-4 §5.15, SCST's `/device_groups/<name>`): its
+/// devices have one asymmetric access state per target port group.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceGroupConfig {
+    /// Object name (`/device_groups/<name>`).
+    pub name: String,
+    /// Device names; a device is in at most one device group.
+    #[serde(default)]
+    pub devices: Vec<String>,
+    #[serde(default)]
+    pub target_groups: Vec<TargetGroupConfig>,
+}
+
+/// A target port group of a device group: target ports (iSCSI targets or
+/// SRP ports, by name) that report one access state for the group's
+/// devices.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetGroupConfig {
+    /// Object name, unique within its device group.
+    pub name: String,
+    /// TARGET PORT GROUP identifier (SPC-4 §7.8.6.8): 1 to 65535, unique
+    /// within its device group.
+    pub group_id: u32,
+    /// The asymmetric access state, by SCST's name: `active`,
+    /// `nonoptimized`, `standby`, `unavailable`, `offline`,
+    /// `transitioning`. A state saved by the running system (SET TARGET
+    /// PORT GROUPS, management) under the state directory wins at start.
+    #[serde(default = "default_alua_state")]
+    pub state: String,
+    /// The PREF bit of REPORT TARGET PORT GROUPS.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub preferred: bool,
+    /// Target names (iSCSI target names or SRP port names); a target is in
+    /// at most one target group of a device group.
+    #[serde(default)]
+    pub targets: Vec<String>,
+}
+
+/// The access state a target group has when none is configured.
+pub const DEFAULT_ALUA_STATE: &str = "active";
+
+fn default_alua_state() -> String {
+    DEFAULT_ALUA_STATE.into()
+}
+
+impl TargetGroupConfig {
+    /// A target group in the default state, not preferred, with no target.
+    pub fn new(name: impl Into<String>, group_id: u32) -> TargetGroupConfig {
+        TargetGroupConfig {
+            name: name.into(),
+            group_id,
+            state: default_alua_state(),
+            preferred: false,
+            targets: Vec::new(),
+        }
+    }
+
+    /// The configured state (validated: see [`Config::validate`]); an
+    /// unknown name reads as active/optimized.
+    pub fn access_state(&self) -> ferrite_core::alua::AccessState {
+        ferrite_core::alua::AccessState::parse(&self.state)
+            .unwrap_or(ferrite_core::alua::AccessState::ActiveOptimized)
+    }
+}
+
+impl DeviceGroupConfig {
+    /// An empty device group.
+    pub fn new(name: impl Into<String>) -> DeviceGroupConfig {
+        DeviceGroupConfig {
+            name: name.into(),
+            devices: Vec::new(),
+            target_groups: Vec::new(),
+        }
+    }
+
+    pub fn target_group(&self, name: &str) -> Option<&TargetGroupConfig> {
+        self.target_groups.iter().find(|g| g.name == name)
+    }
 }
 
 /// One device (logical unit) and its backend.
@@ -1475,6 +1561,137 @@ impl Config {
         Ok(())
     }
 
+    /// The relative target port identifier of every target port by name,
+    /// as ferrited numbers them at start: an iSCSI target's `rel_tgt_id`,
+    /// else its portal group tag; an SRP port's `rel_tgt_id`, else one
+    /// past the largest iSCSI one plus the port's index.
+    pub fn rel_port_ids(&self) -> BTreeMap<&str, u16> {
+        let mut out = BTreeMap::new();
+        for t in &self.targets.iscsi {
+            out.insert(t.name.as_str(), t.rel_port_id());
+        }
+        let first = out.values().copied().max().map_or(0, usize::from);
+        for (i, t) in self.targets.srp.iter().enumerate() {
+            let derived = u16::try_from(first + i + 1).unwrap_or(u16::MAX);
+            out.insert(t.name.as_str(), t.rel_tgt_id.unwrap_or(derived));
+        }
+        out
+    }
+
+    /// The device group named `name`.
+    pub fn device_group(&self, name: &str) -> Option<&DeviceGroupConfig> {
+        self.device_groups.iter().find(|g| g.name == name)
+    }
+
+    /// Checks the ALUA device groups against the devices and targets.
+    fn validate_device_groups(&self) -> Result<(), ConfigError> {
+        let rel = self.rel_port_ids();
+        let mut names = BTreeMap::new();
+        let mut member: BTreeMap<&str, &str> = BTreeMap::new();
+        for (i, dg) in self.device_groups.iter().enumerate() {
+            let at = format!("device_groups[{i}]");
+            validate_object_name(&dg.name)
+                .map_err(|m| ConfigError::invalid(format!("{at}.name"), m))?;
+            if let Some(prev) = names.insert(dg.name.as_str(), i) {
+                return Err(ConfigError::invalid(
+                    format!("{at}.name"),
+                    format!(
+                        "device group {:?} is already defined at device_groups[{prev}]",
+                        dg.name
+                    ),
+                ));
+            }
+            for (j, d) in dg.devices.iter().enumerate() {
+                let here = format!("{at}.devices[{j}]");
+                if self.device(d).is_none() {
+                    return Err(ConfigError::invalid(
+                        here,
+                        format!("no device {d:?} is defined"),
+                    ));
+                }
+                // SPC-4 §5.15.2: a logical unit has one access state per
+                // target port group, so it belongs to one device group.
+                if let Some(other) = member.insert(d.as_str(), dg.name.as_str()) {
+                    return Err(ConfigError::invalid(
+                        here,
+                        format!("device {d:?} is already in device group {other:?}"),
+                    ));
+                }
+            }
+            let mut tg_names = BTreeMap::new();
+            let mut ids = BTreeMap::new();
+            let mut in_tg: BTreeMap<&str, &str> = BTreeMap::new();
+            let mut ports: BTreeMap<u16, &str> = BTreeMap::new();
+            for (j, tg) in dg.target_groups.iter().enumerate() {
+                let gat = format!("{at}.target_groups[{j}]");
+                validate_object_name(&tg.name)
+                    .map_err(|m| ConfigError::invalid(format!("{gat}.name"), m))?;
+                if let Some(prev) = tg_names.insert(tg.name.as_str(), j) {
+                    return Err(ConfigError::invalid(
+                        format!("{gat}.name"),
+                        format!(
+                            "target group {:?} is already defined at {at}.target_groups[{prev}]",
+                            tg.name
+                        ),
+                    ));
+                }
+                // SPC-4 §6.27.2: TARGET PORT GROUP is a 16-bit field.
+                if !(1..=65535).contains(&tg.group_id) {
+                    return Err(ConfigError::invalid(
+                        format!("{gat}.group_id"),
+                        format!("{}; valid: 1 to 65535", tg.group_id),
+                    ));
+                }
+                if let Some(prev) = ids.insert(tg.group_id, tg.name.as_str()) {
+                    return Err(ConfigError::invalid(
+                        format!("{gat}.group_id"),
+                        format!("{} is already the id of target group {prev:?}", tg.group_id),
+                    ));
+                }
+                if ferrite_core::alua::AccessState::parse(&tg.state).is_none() {
+                    return Err(ConfigError::invalid(
+                        format!("{gat}.state"),
+                        format!(
+                            "{:?} is not an access state; valid: {}",
+                            tg.state,
+                            ferrite_core::alua::AccessState::ALL
+                                .map(|s| s.name())
+                                .join(", ")
+                        ),
+                    ));
+                }
+                for (k, t) in tg.targets.iter().enumerate() {
+                    let here = format!("{gat}.targets[{k}]");
+                    let Some(&r) = rel.get(t.as_str()) else {
+                        return Err(ConfigError::invalid(
+                            here,
+                            format!("no iSCSI target or SRP port {t:?} is defined"),
+                        ));
+                    };
+                    if let Some(other) = in_tg.insert(t.as_str(), tg.name.as_str()) {
+                        return Err(ConfigError::invalid(
+                            here,
+                            format!("target {t:?} is already in target group {other:?}"),
+                        ));
+                    }
+                    // REPORT TARGET PORT GROUPS names ports by relative
+                    // target port identifier: two targets with one id
+                    // would be one port.
+                    if let Some(other) = ports.insert(r, t.as_str()) {
+                        return Err(ConfigError::invalid(
+                            here,
+                            format!(
+                                "target {t:?} has relative target port id {r}, as {other:?} has; \
+                                 give one of them another rel_tgt_id"
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         let mut names = BTreeMap::new();
         for (i, d) in self.devices.iter().enumerate() {
@@ -1579,6 +1796,7 @@ impl Config {
             }
         }
         validate_srp_targets(&self.targets.srp, &devices)?;
+        self.validate_device_groups()?;
         self.iscsi.validate()?;
         if self.reactor.cores == Some(0) {
             return Err(ConfigError::invalid(
@@ -1683,6 +1901,7 @@ impl Config {
             },
             iscsi: IscsiParamsConfig::default(),
             reactor: ReactorConfig::default(),
+            device_groups: Vec::new(),
         }
     }
 
@@ -2535,5 +2754,155 @@ mod tests {
         );
         a.port_id = Some("ff".repeat(16));
         assert_eq!(a.port_id_bytes(), [0xff; 16]);
+    }
+
+    const ALUA_JSON: &str = r#"{
+      "devices": [{"name": "disk0", "handler": "vdisk_nullio", "size": 4096},
+                  {"name": "disk1", "handler": "vdisk_nullio", "size": 4096}],
+      "targets": {"iscsi": [
+        {"name": "iqn.2026-11.org.example:a", "tpgt": 1},
+        {"name": "iqn.2026-11.org.example:b", "tpgt": 2}],
+        "srp": [{"name": "srp0", "provider": {"kind": "soft", "listen": "/tmp/ferrite-srp0"}}]},
+      "device_groups": [
+        { "name": "dg1", "devices": ["disk0"],
+          "target_groups": [
+            { "name": "tg_a", "group_id": 1, "state": "active", "preferred": true,
+              "targets": ["iqn.2026-11.org.example:a"] },
+            { "name": "tg_b", "group_id": 2, "state": "nonoptimized",
+              "targets": ["iqn.2026-11.org.example:b", "srp0"] } ] } ]
+    }"#;
+
+    fn alua() -> Config {
+        let cfg = Config::from_json(ALUA_JSON, "t").unwrap();
+        cfg.validate().unwrap();
+        cfg
+    }
+
+    #[test]
+    fn device_groups_round_trip_and_defaults() {
+        let cfg = alua();
+        let dg = &cfg.device_groups[0];
+        assert_eq!(dg.target_groups[1].state, "nonoptimized");
+        assert!(!dg.target_groups[1].preferred);
+        let back = Config::from_json(&cfg.to_json(), "t").unwrap();
+        assert_eq!(back, cfg);
+        let defaulted = Config::from_json(
+            &ALUA_JSON.replace(r#""state": "active", "preferred": true,"#, ""),
+            "t",
+        )
+        .unwrap();
+        assert_eq!(defaulted.device_groups[0].target_groups[0].state, "active");
+        assert!(!defaulted.device_groups[0].target_groups[0].preferred);
+        // Absent when empty; preferred false is left out.
+        assert!(!sample().to_json().contains("device_groups"));
+        assert!(!defaulted.to_json().contains("\"preferred\""));
+        // The SRP port's relative id follows the iSCSI targets'.
+        assert_eq!(cfg.rel_port_ids().get("srp0"), Some(&3));
+    }
+
+    #[test]
+    fn every_device_group_refusal() {
+        type Edit = fn(&mut Config);
+        let cases: Vec<(&str, Edit, &str)> = vec![
+            (
+                "device_groups[1].name",
+                |c| c.device_groups.push(DeviceGroupConfig::new("dg1")),
+                "already defined",
+            ),
+            (
+                "device_groups[0].name",
+                |c| c.device_groups[0].name = "bad name".into(),
+                "valid characters",
+            ),
+            (
+                "device_groups[0].devices[1]",
+                |c| c.device_groups[0].devices.push("nope".into()),
+                "no device",
+            ),
+            (
+                "device_groups[1].devices[0]",
+                |c| {
+                    let mut g = DeviceGroupConfig::new("dg2");
+                    g.devices.push("disk0".into());
+                    c.device_groups.push(g);
+                },
+                "already in device group \"dg1\"",
+            ),
+            (
+                "device_groups[0].target_groups[1].name",
+                |c| c.device_groups[0].target_groups[1].name = "tg_a".into(),
+                "already defined",
+            ),
+            (
+                "device_groups[0].target_groups[0].group_id",
+                |c| c.device_groups[0].target_groups[0].group_id = 0,
+                "1 to 65535",
+            ),
+            (
+                "device_groups[0].target_groups[0].group_id",
+                |c| c.device_groups[0].target_groups[0].group_id = 65536,
+                "1 to 65535",
+            ),
+            (
+                "device_groups[0].target_groups[1].group_id",
+                |c| c.device_groups[0].target_groups[1].group_id = 1,
+                "already the id of target group \"tg_a\"",
+            ),
+            (
+                "device_groups[0].target_groups[0].state",
+                |c| c.device_groups[0].target_groups[0].state = "sleepy".into(),
+                "nonoptimized, standby",
+            ),
+            (
+                "device_groups[0].target_groups[0].targets[1]",
+                |c| {
+                    c.device_groups[0].target_groups[0]
+                        .targets
+                        .push("iqn.2026-11.org.example:z".into())
+                },
+                "no iSCSI target or SRP port",
+            ),
+            (
+                "device_groups[0].target_groups[1].targets[1]",
+                |c| {
+                    c.device_groups[0].target_groups[0]
+                        .targets
+                        .push("srp0".into())
+                },
+                "already in target group \"tg_a\"",
+            ),
+            (
+                "device_groups[0].target_groups[0].targets[1]",
+                |c| {
+                    c.device_groups[0].target_groups[0]
+                        .targets
+                        .insert(0, "iqn.2026-11.org.example:a".into())
+                },
+                "already in target group \"tg_a\"",
+            ),
+            (
+                "device_groups[0].target_groups[1].targets[1]",
+                // The SRP port's explicit id is the first target's tpgt.
+                |c| c.targets.srp[0].rel_tgt_id = Some(2),
+                "relative target port id 2",
+            ),
+            (
+                "device_groups[0].target_groups[1].targets[0]",
+                // Derived ids: the second target's tpgt equals the first's.
+                |c| c.targets.iscsi[1].tpgt = 1,
+                "relative target port id 1",
+            ),
+        ];
+        for (at, edit, want) in cases {
+            let mut c = alua();
+            edit(&mut c);
+            match c.validate() {
+                Err(ConfigError::Invalid { at: a, msg }) => {
+                    assert_eq!(a, at, "{msg}");
+                    assert!(msg.contains(want), "{at}: {msg}");
+                }
+                other => panic!("{at}: expected a refusal, got {other:?}"),
+            }
+        }
     }
 }

@@ -12,8 +12,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use ferrite_core::alua::AccessState;
+
 use crate::config::{
-    ChapUser, DeviceConfig, IscsiParamsConfig, IscsiTargetConfig, LunConfig, SrpTargetConfig,
+    ChapUser, DeviceConfig, DeviceGroupConfig, IscsiParamsConfig, IscsiTargetConfig, LunConfig,
+    SrpTargetConfig,
 };
 
 /// Why the running system refused or failed a change.
@@ -418,6 +421,31 @@ pub trait Runtime: Send + Sync {
     /// commands waiting for memory are served once they fit the new limit.
     fn set_data_memory(&self, limit: u64) -> Result<(), RuntimeError>;
 
+    /// Replaces the ALUA device groups (SPC-4 §5.15) by `groups`, which
+    /// name devices and targets that exist. Target port groups that stay
+    /// (same device group and name) keep their runtime state and preferred
+    /// bit, whatever `groups` says; new ones start as configured, or as
+    /// last saved under the state directory. Devices that join or leave a
+    /// group are republished to the cores.
+    fn set_device_groups(&self, groups: &[DeviceGroupConfig]) -> Result<(), RuntimeError>;
+
+    /// Moves the target port group `target_group` of `group` to `state`
+    /// with the preferred bit `preferred`, as an implicit transition: the
+    /// state is saved, then initiators get ASYMMETRIC ACCESS STATE
+    /// CHANGED.
+    fn set_alua_state(
+        &self,
+        group: &str,
+        target_group: &str,
+        state: AccessState,
+        preferred: bool,
+    ) -> Result<(), RuntimeError>;
+
+    /// The live state and preferred bit of a target port group (SET
+    /// TARGET PORT GROUPS from an initiator may have changed them); `None`
+    /// when the running system has no such group.
+    fn alua_state(&self, group: &str, target_group: &str) -> Option<(AccessState, bool)>;
+
     /// The sessions now logged in.
     fn sessions(&self) -> Vec<SessionInfo>;
     /// Closes one session (SCST's `force_close`).
@@ -436,6 +464,8 @@ pub struct FakeRuntime {
     fail_on: std::sync::Mutex<Option<String>>,
     sessions: std::sync::Mutex<Vec<SessionInfo>>,
     stats: std::sync::Mutex<Stats>,
+    /// Live ALUA states by (device group, target group).
+    alua: std::sync::Mutex<BTreeMap<(String, String), (AccessState, bool)>>,
 }
 
 impl FakeRuntime {
@@ -466,6 +496,15 @@ impl FakeRuntime {
     /// Sets what [`Runtime::stats`] reports.
     pub fn set_stats(&self, s: Stats) {
         *self.stats.lock().unwrap_or_else(|e| e.into_inner()) = s;
+    }
+
+    /// Changes a live ALUA state as an initiator's SET TARGET PORT GROUPS
+    /// would, without a call record.
+    pub fn set_live_alua(&self, group: &str, target_group: &str, state: AccessState, pref: bool) {
+        self.alua
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((group.into(), target_group.into()), (state, pref));
     }
 
     fn record(&self, call: String) -> Result<(), RuntimeError> {
@@ -596,6 +635,55 @@ impl Runtime for FakeRuntime {
                 ))
             }
         }
+    }
+    fn set_device_groups(&self, groups: &[DeviceGroupConfig]) -> Result<(), RuntimeError> {
+        let shown: Vec<String> = groups
+            .iter()
+            .map(|g| {
+                let tgs: Vec<String> = g
+                    .target_groups
+                    .iter()
+                    .map(|t| format!("{}={}[{}]", t.name, t.group_id, t.targets.join(",")))
+                    .collect();
+                format!("{}({};{})", g.name, g.devices.join(","), tgs.join(";"))
+            })
+            .collect();
+        self.record(format!("set_device_groups {}", shown.join(" ")))?;
+        let mut live = self.alua.lock().unwrap_or_else(|e| e.into_inner());
+        let mut next = BTreeMap::new();
+        for g in groups {
+            for t in &g.target_groups {
+                let key = (g.name.clone(), t.name.clone());
+                let v = live
+                    .get(&key)
+                    .copied()
+                    .unwrap_or((t.access_state(), t.preferred));
+                next.insert(key, v);
+            }
+        }
+        *live = next;
+        Ok(())
+    }
+    fn set_alua_state(
+        &self,
+        group: &str,
+        target_group: &str,
+        state: AccessState,
+        preferred: bool,
+    ) -> Result<(), RuntimeError> {
+        self.record(format!(
+            "set_alua_state {group} {target_group} {state} {}",
+            u8::from(preferred)
+        ))?;
+        self.set_live_alua(group, target_group, state, preferred);
+        Ok(())
+    }
+    fn alua_state(&self, group: &str, target_group: &str) -> Option<(AccessState, bool)> {
+        self.alua
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(group.to_string(), target_group.to_string()))
+            .copied()
     }
     fn sessions(&self) -> Vec<SessionInfo> {
         self.sessions

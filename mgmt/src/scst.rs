@@ -3,7 +3,9 @@
 //! Understood: `HANDLER vdisk_fileio|vdisk_blockio|vdisk_nullio { DEVICE ... }`
 //! with their attributes, `TARGET_DRIVER iscsi { TARGET ... }` with
 //! `enabled`, `allowed_portal`, the session parameters (which become the
-//! global `iscsi` settings), `LUN` and `GROUP { LUN, INITIATOR }`. Everything
+//! global `iscsi` settings), `LUN` and `GROUP { LUN, INITIATOR }`;
+//! `DEVICE_GROUP { DEVICE, TARGET_GROUP { group_id, state, preferred,
+//! TARGET [{ rel_tgt_id }] } }` (ALUA). Everything
 //! else is reported as a warning naming its line, never silently dropped.
 //!
 //! Owns only the translation; the result is validated like any
@@ -12,8 +14,8 @@
 use std::net::{IpAddr, SocketAddr};
 
 use crate::config::{
-    Config, DeviceConfig, GroupConfig, Handler, IscsiTargetConfig, LunConfig, check_eui64,
-    check_naa,
+    Config, DeviceConfig, DeviceGroupConfig, GroupConfig, Handler, IscsiTargetConfig, LunConfig,
+    TargetGroupConfig, check_eui64, check_naa,
 };
 use crate::tree::{device_attr_by_scst_name, parse_bool, parse_size_mb};
 
@@ -299,6 +301,7 @@ pub fn import_scst(text: &str) -> Result<Import, ImportError> {
                     }
                 }
             }
+            ("DEVICE_GROUP", _) => {}
             ("setup_id", None) => {}
             (other, _) => warn.push(format!("line {}: {other} ignored", s.line)),
         }
@@ -325,11 +328,172 @@ pub fn import_scst(text: &str) -> Result<Import, ImportError> {
             prune(&mut g.luns, &mut warn);
         }
     }
+    // Device groups name devices and targets: after both.
+    for s in stmts.iter().filter(|s| s.words[0] == "DEVICE_GROUP") {
+        let g = import_device_group(s, &mut cfg, &mut warn)?;
+        cfg.device_groups.push(g);
+    }
+    // SCST gives an enabled target without rel_tgt_id a free one; ports of
+    // target groups need theirs told apart (REPORT TARGET PORT GROUPS),
+    // so each gets one here.
+    let grouped: std::collections::BTreeSet<String> = cfg
+        .device_groups
+        .iter()
+        .flat_map(|g| g.target_groups.iter())
+        .flat_map(|t| t.targets.iter().cloned())
+        .collect();
+    let mut used: std::collections::BTreeSet<u16> = cfg
+        .targets
+        .iscsi
+        .iter()
+        .filter(|t| t.rel_tgt_id.is_some() || !grouped.contains(&t.name))
+        .map(|t| t.rel_port_id())
+        .collect();
+    for t in cfg.targets.iscsi.iter_mut() {
+        if t.rel_tgt_id.is_none() && grouped.contains(&t.name) {
+            let id = (1..=u16::MAX)
+                .find(|n| !used.contains(n))
+                .unwrap_or(u16::MAX);
+            used.insert(id);
+            t.rel_tgt_id = Some(id);
+            warn.push(format!(
+                "{}: rel_tgt_id {id} given (the file sets none; SCST assigns one when the target is enabled)",
+                t.name
+            ));
+        }
+    }
     cfg.validate()?;
     Ok(Import {
         config: cfg,
         warnings: warn,
     })
+}
+
+/// `DEVICE_GROUP NAME { DEVICE d; TARGET_GROUP tg { group_id N; state S;
+/// preferred B; TARGET t [{ rel_tgt_id N }] } }`. Devices and targets this
+/// file does not define (SCST lets a target group name a peer node's
+/// ports) are named in `warn` and left out; a TARGET's `rel_tgt_id`
+/// becomes the target's own when it has none.
+fn import_device_group(
+    s: &Stmt,
+    cfg: &mut Config,
+    warn: &mut Vec<String>,
+) -> Result<DeviceGroupConfig, ImportError> {
+    let mut g = DeviceGroupConfig::new(arg(s, 1, "a device group name")?);
+    for a in s.block.iter().flatten() {
+        match a.words[0].as_str() {
+            "DEVICE" => {
+                let d = arg(a, 1, "a device name")?;
+                if cfg.device(d).is_some() {
+                    g.devices.push(d.to_string());
+                } else {
+                    warn.push(format!(
+                        "line {}: device {d} of device group {} is not imported; left out",
+                        a.line, g.name
+                    ));
+                }
+            }
+            "TARGET_GROUP" => {
+                let tg = import_target_group(a, &g, cfg, warn)?;
+                g.target_groups.push(tg);
+            }
+            other => warn.push(format!(
+                "line {}: device group attribute {other} not carried",
+                a.line
+            )),
+        }
+    }
+    Ok(g)
+}
+
+fn import_target_group(
+    s: &Stmt,
+    dg: &DeviceGroupConfig,
+    cfg: &mut Config,
+    warn: &mut Vec<String>,
+) -> Result<TargetGroupConfig, ImportError> {
+    let mut tg = TargetGroupConfig::new(arg(s, 1, "a target group name")?, 0);
+    for a in s.block.iter().flatten() {
+        match a.words[0].as_str() {
+            "group_id" => {
+                let v = arg(a, 1, "a number")?;
+                tg.group_id = v
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|n| (1..=65535).contains(n))
+                    .ok_or_else(|| {
+                        syntax(a.line, format!("group_id {v:?}: valid is 1 to 65535"))
+                    })?;
+            }
+            "state" => {
+                let v = arg(a, 1, "a state")?;
+                let st = ferrite_core::alua::AccessState::parse(v).ok_or_else(|| {
+                    syntax(
+                        a.line,
+                        format!(
+                            "state {v:?}: valid is {}",
+                            ferrite_core::alua::AccessState::ALL
+                                .map(|s| s.name())
+                                .join(", ")
+                        ),
+                    )
+                })?;
+                tg.state = st.name().into();
+            }
+            "preferred" => tg.preferred = bool_attr(a)?,
+            "TARGET" => {
+                let t = arg(a, 1, "a target name")?.to_string();
+                let mut rel = None;
+                for x in a.block.iter().flatten() {
+                    match x.words[0].as_str() {
+                        "rel_tgt_id" => {
+                            let v = arg(x, 1, "a number")?;
+                            rel = Some(v.parse::<u16>().ok().filter(|n| *n > 0).ok_or_else(
+                                || syntax(x.line, format!("rel_tgt_id {v:?}: valid is 1 to 65535")),
+                            )?);
+                        }
+                        other => warn.push(format!(
+                            "line {}: target group target attribute {other} not carried",
+                            x.line
+                        )),
+                    }
+                }
+                let local = cfg.targets.iscsi.iter_mut().find(|x| x.name == t);
+                let Some(local) = local else {
+                    warn.push(format!(
+                        "line {}: target {t} of target group {} is not a target here (a peer's port?); left out",
+                        a.line, tg.name
+                    ));
+                    continue;
+                };
+                match (rel, local.rel_tgt_id) {
+                    (Some(r), None) => local.rel_tgt_id = Some(r),
+                    (Some(r), Some(own)) if r != own => warn.push(format!(
+                        "line {}: rel_tgt_id {r} of {t} in target group {} differs from the target's {own}; the target's kept",
+                        a.line,
+                        tg.name
+                    )),
+                    _ => {}
+                }
+                tg.targets.push(t);
+            }
+            other => warn.push(format!(
+                "line {}: target group attribute {other} not carried",
+                a.line
+            )),
+        }
+    }
+    if tg.group_id == 0 {
+        let id = (1..=65535u32)
+            .find(|id| !dg.target_groups.iter().any(|t| t.group_id == *id))
+            .unwrap_or(65535);
+        warn.push(format!(
+            "line {}: target group {} has no group_id; {id} given",
+            s.line, tg.name
+        ));
+        tg.group_id = id;
+    }
+    Ok(tg)
 }
 
 /// SCST's `prod_rev_lvl` when a device sets none (SCST_FIO_REV of SCST
@@ -901,6 +1065,117 @@ TARGET_DRIVER ib_srpt {
 	}
 }
 "#;
+
+    const ALUA_SAMPLE: &str = r#"
+HANDLER vdisk_nullio {
+	DEVICE disk0 {
+		size_mb 64
+	}
+	DEVICE disk1 {
+		size_mb 64
+	}
+}
+TARGET_DRIVER iscsi {
+	enabled 1
+	TARGET iqn.2026-11.org.example:a {
+		enabled 1
+		rel_tgt_id 1
+		LUN 0 disk0
+	}
+	TARGET iqn.2026-11.org.example:b {
+		enabled 1
+		LUN 0 disk0
+	}
+}
+DEVICE_GROUP dg1 {
+	DEVICE disk0
+	DEVICE gone
+	TARGET_GROUP tg_a {
+		group_id 1
+		state active
+		preferred 1
+		TARGET iqn.2026-11.org.example:a
+	}
+	TARGET_GROUP tg_b {
+		group_id 2
+		state nonoptimized
+		comment remote
+		TARGET iqn.2026-11.org.example:b {
+			rel_tgt_id 5
+			weight 3
+		}
+		TARGET iqn.2026-11.org.example:peer {
+			rel_tgt_id 9
+		}
+	}
+}
+DEVICE_GROUP dg2 {
+	DEVICE disk1
+	TARGET_GROUP only {
+		TARGET iqn.2026-11.org.example:a
+	}
+}
+"#;
+
+    #[test]
+    fn imports_device_groups() {
+        let imp = import_scst(ALUA_SAMPLE).unwrap();
+        let c = &imp.config;
+        let dg = c.device_group("dg1").unwrap();
+        assert_eq!(dg.devices, ["disk0"]);
+        let a = dg.target_group("tg_a").unwrap();
+        assert_eq!(
+            (a.group_id, a.state.as_str(), a.preferred),
+            (1, "active", true)
+        );
+        assert_eq!(a.targets, ["iqn.2026-11.org.example:a"]);
+        let b = dg.target_group("tg_b").unwrap();
+        assert_eq!(
+            (b.group_id, b.state.as_str(), b.preferred),
+            (2, "nonoptimized", false)
+        );
+        assert_eq!(b.targets, ["iqn.2026-11.org.example:b"]);
+        // The TARGET block's rel_tgt_id became the target's.
+        assert_eq!(
+            c.iscsi_target("iqn.2026-11.org.example:b")
+                .unwrap()
+                .rel_tgt_id,
+            Some(5)
+        );
+        let only = c.device_group("dg2").unwrap().target_group("only").unwrap();
+        assert_eq!(only.group_id, 1);
+        let w = imp.warnings.join("\n");
+        for want in [
+            "device gone of device group dg1 is not imported",
+            "target group attribute comment not carried",
+            "target group target attribute weight not carried",
+            "iqn.2026-11.org.example:peer of target group tg_b is not a target here",
+            "target group only has no group_id; 1 given",
+        ] {
+            assert!(w.contains(want), "{want:?} missing from:\n{w}");
+        }
+        // Through JSON and back.
+        let back = Config::from_json(&c.to_json(), "t").unwrap();
+        assert_eq!(&back, c);
+        // Two targets without ids in groups get distinct ones.
+        let text = ALUA_SAMPLE
+            .replace("\t\trel_tgt_id 1\n", "")
+            .replace("rel_tgt_id 5", "");
+        let imp = import_scst(&text).unwrap();
+        let ids: Vec<Option<u16>> = imp
+            .config
+            .targets
+            .iscsi
+            .iter()
+            .map(|t| t.rel_tgt_id)
+            .collect();
+        assert_eq!(ids, [Some(1), Some(2)]);
+        // A bad state names its line.
+        let e = import_scst(&ALUA_SAMPLE.replace("state nonoptimized", "state sleepy"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 33") && e.contains("standby"), "{e}");
+    }
 
     #[test]
     fn imports_sample() {

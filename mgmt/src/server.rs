@@ -254,7 +254,8 @@ pub fn handle(tree: &Mutex<Tree>, req: Request) -> Response {
             })
         }
         Request::Config => Ok(Response {
-            config: Some(Box::new(lock(tree).config().clone())),
+            // With the running system's ALUA states, as `save` writes it.
+            config: Some(Box::new(lock(tree).live_config())),
             ..Response::ok()
         }),
     };

@@ -35,7 +35,7 @@ fn ferritectl_round_trips() {
     assert!(ok);
     assert_eq!(
         out,
-        "handlers/\ndevices/\ntargets/\ndata_memory_mb\ndata_memory\n"
+        "handlers/\ndevices/\ntargets/\ndevice_groups/\ndata_memory_mb\ndata_memory\n"
     );
     let (ok, out, _) = ctl(&sock, &["ls", "-l", "/devices/disk0"]);
     assert!(ok);

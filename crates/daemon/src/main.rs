@@ -4,6 +4,7 @@
 //! (`Type=notify`) it reports readiness and shutdown ([`notify`]).
 #![forbid(unsafe_code)]
 
+mod alua;
 mod iser;
 mod notify;
 mod origin;

@@ -7,9 +7,11 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use ferrite_core::alua::{AccessState, Cause, DeviceGroup};
 use ferrite_core::device::{AccessGroup, Device, DeviceId, LunEntry, LunMap, Target};
 use ferrite_mgmt::config::{
-    DeviceConfig, IscsiParamsConfig, IscsiTargetConfig, LunConfig, SrpTargetConfig,
+    DeviceConfig, DeviceGroupConfig, IscsiParamsConfig, IscsiTargetConfig, LunConfig,
+    SrpTargetConfig,
 };
 use ferrite_mgmt::runtime::{DeviceAttr, Runtime, RuntimeError, SessionInfo, Stats, TargetAttr};
 use ferrite_reactor::mailbox::MailboxTx;
@@ -40,6 +42,23 @@ struct State {
     srp_targets: BTreeMap<String, Arc<crate::srp::SrpTarget>>,
     /// Their configurations.
     srp_cfgs: BTreeMap<String, SrpTargetConfig>,
+    /// ALUA device groups by name, with the configuration each was built
+    /// from (its states are the group's own, live).
+    device_groups: BTreeMap<String, (DeviceGroupConfig, Arc<DeviceGroup>)>,
+}
+
+/// Whether two device group configurations differ only in states and
+/// preferred bits (which the built group keeps live).
+fn same_shape(a: &DeviceGroupConfig, b: &DeviceGroupConfig) -> bool {
+    let bare = |g: &DeviceGroupConfig| {
+        let mut g = g.clone();
+        for t in &mut g.target_groups {
+            t.state.clear();
+            t.preferred = false;
+        }
+        g
+    };
+    bare(a) == bare(b)
 }
 
 /// The running system, as the management tree sees it.
@@ -102,6 +121,7 @@ impl DaemonRuntime {
                     .iter()
                     .map(|t| (t.name.clone(), t.clone()))
                     .collect(),
+                device_groups: system.device_groups.clone(),
             }),
             cores,
             registry,
@@ -306,6 +326,80 @@ impl DaemonRuntime {
             },
             None => crate::srp::srp_target(cfg, target),
         })
+    }
+
+    /// The relative target port id of the target or SRP port `name`.
+    fn rel_port_of(st: &State, name: &str) -> Option<u16> {
+        st.targets
+            .get(name)
+            .map(|t| t.cfg.rel_port_id())
+            .or_else(|| st.srp_targets.get(name).map(|t| t.target.rel_port_id))
+    }
+
+    /// Rebuilds the device groups from `cfgs` (`None`: the ones there are,
+    /// after their targets' relative ids may have moved): a group whose
+    /// shape and ports are unchanged stays as it is; a changed one is
+    /// built anew with the old one's runtime states. Devices whose group
+    /// changed are replaced in every map (publish afterwards).
+    fn sync_groups(&self, st: &mut State, cfgs: Option<&[DeviceGroupConfig]>) {
+        let cfgs: Vec<DeviceGroupConfig> = match cfgs {
+            Some(c) => c.to_vec(),
+            None => st.device_groups.values().map(|(c, _)| c.clone()).collect(),
+        };
+        let mut next = BTreeMap::new();
+        for c in &cfgs {
+            let rel = |t: &str| Self::rel_port_of(st, t);
+            let old = st.device_groups.get(&c.name);
+            let ports_same = |g: &DeviceGroup| {
+                c.target_groups.iter().all(|tc| {
+                    g.group_named(&tc.name).is_some_and(|pg| {
+                        pg.ports == tc.targets.iter().filter_map(|x| rel(x)).collect::<Vec<_>>()
+                    })
+                })
+            };
+            let dg = match old {
+                Some((oc, og)) if same_shape(oc, c) && ports_same(og) => og.clone(),
+                _ => {
+                    tracing::info!(group = %c.name, "ALUA device group configured");
+                    crate::alua::build_group(c, &rel, &self.state_dir, old.map(|o| &*o.1))
+                }
+            };
+            next.insert(c.name.clone(), (c.clone(), dg));
+        }
+        for gone in st.device_groups.keys().filter(|n| !next.contains_key(*n)) {
+            // A group created again later starts as configured.
+            let store = crate::alua::AluaStore::for_group(&self.state_dir, gone);
+            if let Err(e) = std::fs::remove_file(&store.path)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(group = %gone, error = %e, "cannot remove saved ALUA states");
+            }
+            tracing::info!(group = %gone, "ALUA device group removed");
+        }
+        st.device_groups = next;
+        let member = crate::alua::membership(&st.device_groups);
+        let names: Vec<String> = st.devices.keys().cloned().collect();
+        for name in names {
+            let Some((cfg, dev)) = st.devices.get(&name).cloned() else {
+                continue;
+            };
+            let want = member.get(&name);
+            let same = match (dev.alua(), want) {
+                (None, None) => true,
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                _ => false,
+            };
+            if !same {
+                // The same LU in another group: reservations, range locks
+                // and mode parameters carry over.
+                let new = Arc::new(
+                    dev.reconfigured(cfg.identity(), cfg.flags())
+                        .with_alua(want.cloned()),
+                );
+                Self::swap_device(st, &dev, &new);
+                st.devices.insert(name, (cfg, new));
+            }
+        }
     }
 
     fn listen(&self, st: &mut State, addrs: &[SocketAddr]) -> Result<(), RuntimeError> {
@@ -524,6 +618,8 @@ impl Runtime for DaemonRuntime {
         if let Some(t) = st.targets.get_mut(name) {
             t.cfg = cfg;
         }
+        // A new portal group tag may move the target's relative port id.
+        self.sync_groups(&mut st, None);
         self.publish(&st);
         Ok(())
     }
@@ -663,8 +759,64 @@ impl Runtime for DaemonRuntime {
         }
         st.srp_targets.insert(name.to_string(), Arc::new(built));
         st.srp_cfgs.insert(name.to_string(), cfg.clone());
+        self.sync_groups(&mut st, None);
         self.publish(&st);
         Ok(())
+    }
+
+    fn set_device_groups(&self, groups: &[DeviceGroupConfig]) -> Result<(), RuntimeError> {
+        let mut st = self.lock()?;
+        for g in groups {
+            for t in g.target_groups.iter().flat_map(|t| t.targets.iter()) {
+                if Self::rel_port_of(&st, t).is_none() {
+                    return Err(RuntimeError::NotFound(format!("target {t}")));
+                }
+            }
+            for d in &g.devices {
+                if !st.devices.contains_key(d) {
+                    return Err(RuntimeError::NotFound(format!("device {d}")));
+                }
+            }
+        }
+        self.sync_groups(&mut st, Some(groups));
+        self.publish(&st);
+        Ok(())
+    }
+
+    fn set_alua_state(
+        &self,
+        group: &str,
+        target_group: &str,
+        state: AccessState,
+        preferred: bool,
+    ) -> Result<(), RuntimeError> {
+        let st = self.lock()?;
+        let (_, dg) = st
+            .device_groups
+            .get(group)
+            .ok_or_else(|| RuntimeError::NotFound(format!("device group {group}")))?;
+        let id = dg
+            .group_named(target_group)
+            .ok_or_else(|| RuntimeError::NotFound(format!("target group {target_group}")))?
+            .id;
+        // SPC-4 §5.15.2.2: an implicit transition; the cores raise
+        // ASYMMETRIC ACCESS STATE CHANGED on the group's nexuses.
+        let change = ferrite_core::alua::Change {
+            group: id,
+            state,
+            preferred: Some(preferred),
+        };
+        if dg.set(&[change], Cause::Implicit).map_err(failed)? {
+            tracing::info!(%group, %target_group, %state, preferred, "ALUA state changed");
+        }
+        Ok(())
+    }
+
+    fn alua_state(&self, group: &str, target_group: &str) -> Option<(AccessState, bool)> {
+        let st = self.state.lock().ok()?;
+        let (_, dg) = st.device_groups.get(group)?;
+        dg.group_named(target_group)
+            .map(|g| (g.state(), g.preferred()))
     }
 
     fn sessions(&self) -> Vec<SessionInfo> {
@@ -752,5 +904,96 @@ impl Runtime for DaemonRuntime {
         }
         out.data_memory = self.budget.stats().into();
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferrite_mgmt::config::{Config, Handler, TargetGroupConfig};
+
+    const TA: &str = "iqn.2026-11.org.example:a";
+    const TB: &str = "iqn.2026-11.org.example:b";
+
+    fn config() -> Config {
+        let mut cfg = Config::default();
+        for n in ["d0", "d1"] {
+            let mut d = DeviceConfig::new(n, Handler::VdiskNullio);
+            d.size = Some(1 << 20);
+            cfg.devices.push(d);
+        }
+        cfg.targets.iscsi.push(IscsiTargetConfig::new(TA));
+        let mut tb = IscsiTargetConfig::new(TB);
+        tb.tpgt = 2;
+        cfg.targets.iscsi.push(tb);
+        let mut g = DeviceGroupConfig::new("dg1");
+        g.devices.push("d0".into());
+        let mut a = TargetGroupConfig::new("tg_a", 1);
+        a.targets.push(TA.into());
+        let mut b = TargetGroupConfig::new("tg_b", 2);
+        b.targets.push(TB.into());
+        g.target_groups = vec![a, b];
+        cfg.device_groups.push(g);
+        cfg.validate().expect("valid");
+        cfg
+    }
+
+    fn group_of(rt: &DaemonRuntime, dev: &str) -> Option<Arc<DeviceGroup>> {
+        let st = rt.state.lock().expect("lock");
+        st.devices.get(dev).and_then(|(_, d)| d.alua().cloned())
+    }
+
+    #[test]
+    fn groups_follow_configuration_changes_and_keep_their_states() {
+        let dir = std::env::temp_dir().join(format!("ferrite-rt-alua-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let cfg = config();
+        let sys = crate::system::System::build(&cfg, &dir).expect("system");
+        let rt = DaemonRuntime::new(&sys, &cfg, Vec::new(), Arc::new(Registry::default()));
+        let g0 = group_of(&rt, "d0").expect("d0 is in dg1");
+        assert!(group_of(&rt, "d1").is_none());
+        assert_eq!(g0.state_of_port(2), AccessState::ActiveOptimized);
+
+        rt.set_alua_state("dg1", "tg_b", AccessState::Standby, true)
+            .expect("set");
+        assert_eq!(
+            rt.alua_state("dg1", "tg_b"),
+            Some((AccessState::Standby, true))
+        );
+        assert_eq!(g0.state_of_port(2), AccessState::Standby);
+        assert!(dir.join("alua/dg1").exists());
+        assert!(
+            rt.set_alua_state("dg1", "nope", AccessState::Standby, true)
+                .is_err()
+        );
+
+        // d1 joins: both devices in one new group that kept the state.
+        let mut groups = cfg.device_groups.clone();
+        groups[0].devices.push("d1".into());
+        rt.set_device_groups(&groups).expect("join");
+        let g1 = group_of(&rt, "d0").expect("d0");
+        assert!(Arc::ptr_eq(&g1, &group_of(&rt, "d1").expect("d1")));
+        assert_eq!(g1.state_of_port(2), AccessState::Standby);
+
+        // The same shape again keeps the very group.
+        rt.set_device_groups(&groups).expect("same");
+        assert!(Arc::ptr_eq(&g1, &group_of(&rt, "d0").expect("d0")));
+
+        // The target's relative port id moves with its tpgt; its target
+        // group follows, and keeps its state.
+        rt.set_target_attr(TB, &TargetAttr::Tpgt(7)).expect("tpgt");
+        let g2 = group_of(&rt, "d0").expect("d0");
+        assert_eq!(
+            g2.group_named("tg_b").map(|g| g.ports.clone()),
+            Some(vec![7])
+        );
+        assert_eq!(g2.state_of_port(7), AccessState::Standby);
+
+        // No groups: the devices leave, the saved states go.
+        rt.set_device_groups(&[]).expect("none");
+        assert!(group_of(&rt, "d0").is_none() && group_of(&rt, "d1").is_none());
+        assert!(rt.alua_state("dg1", "tg_b").is_none());
+        assert!(!dir.join("alua/dg1").exists());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

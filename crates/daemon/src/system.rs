@@ -36,6 +36,14 @@ pub struct System {
     /// Where per-device state (persistent reservations) lives.
     pub state_dir: PathBuf,
     pub devices: BTreeMap<String, Arc<Device>>,
+    /// ALUA device groups by name, with their configurations.
+    pub device_groups: BTreeMap<
+        String,
+        (
+            ferrite_mgmt::config::DeviceGroupConfig,
+            Arc<ferrite_core::alua::DeviceGroup>,
+        ),
+    >,
     pub snapshot: Arc<Snapshot>,
     /// Every portal to listen on, with the targets reachable there.
     pub portals: Vec<SocketAddr>,
@@ -267,6 +275,16 @@ impl System {
     /// Opens every device and builds every target.
     pub fn build(cfg: &Config, state_dir: &Path) -> Result<System> {
         cfg.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+        // ALUA device groups first: the devices are built in theirs. Ports
+        // are numbered as below (Config::rel_port_ids).
+        let rel = cfg.rel_port_ids();
+        let rel = |t: &str| rel.get(t).copied();
+        let mut device_groups = BTreeMap::new();
+        for g in &cfg.device_groups {
+            let dg = crate::alua::build_group(g, &rel, state_dir, None);
+            device_groups.insert(g.name.clone(), (g.clone(), dg));
+        }
+        let member = crate::alua::membership(&device_groups);
         let mut devices = BTreeMap::new();
         for (i, d) in cfg.devices.iter().enumerate() {
             let backend = open_backend(d)?;
@@ -276,7 +294,8 @@ impl System {
                 backend,
                 d.identity(),
                 d.flags(),
-            );
+            )
+            .with_alua(member.get(&d.name).cloned());
             tracing::info!(device = %d.name, handler = d.handler.name(),
                 blocks = dev.geometry().num_blocks, block_size = dev.geometry().block_size, "device ready");
             attach_pr_store(&dev, state_dir);
@@ -314,6 +333,7 @@ impl System {
         Ok(System {
             state_dir: state_dir.to_path_buf(),
             devices,
+            device_groups,
             snapshot: Arc::new(Snapshot {
                 iscsi_targets: targets,
                 iscsi,

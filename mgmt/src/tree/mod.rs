@@ -12,6 +12,7 @@
 //! /targets/srp/mgmt
 //! /targets/srp/<port>/{enabled,port_id,provider,listen,credits}
 //! /targets/srp/<port>/{luns,ini_groups,sessions}/...   (as for an iSCSI target)
+//! /device_groups/{mgmt,<dg>/{devices/mgmt,target_groups/{mgmt,<tg>/{group_id,state,preferred,mgmt}}}}
 //! ```
 //!
 //! Leaves are attributes (`get`, and `set` when writable) or `mgmt` leaves
@@ -28,8 +29,8 @@
 //! `diff`, `apply` and `save`; each kind of object has its own file with
 //! its attributes and commands: `devices` (the device attribute table,
 //! `add_device`, `del_device`), `targets` (iSCSI parameters, the target
-//! attribute table, CHAP, LUN maps, initiator groups), `srp`, `sessions`
-//! and `system` (the root attributes).
+//! attribute table, CHAP, LUN maps, initiator groups), `srp`, `sessions`,
+//! `alua` (ALUA device groups) and `system` (the root attributes).
 //!
 //! Not owned here: the socket ([`crate::server`]) and the running system
 //! ([`Runtime`]).
@@ -49,6 +50,7 @@ use crate::runtime::{
     DataMemoryStats, Fabric, IoStats, Runtime, RuntimeError, SessionInfo, TargetAttr,
 };
 
+mod alua;
 mod devices;
 mod sessions;
 mod srp;
@@ -57,6 +59,8 @@ mod targets;
 #[cfg(test)]
 mod tests;
 
+use alua::AluaNode;
+pub use alua::{DEVICE_GROUPS_USAGE, DG_DEVICES_USAGE, TARGET_GROUPS_USAGE, TG_TARGETS_USAGE};
 pub use devices::HANDLER_USAGE;
 pub(crate) use devices::{
     DEVICE_ATTRS, DeviceAttrDef, Write, device_attr_by_scst_name, device_attr_value, parse_size_mb,
@@ -181,6 +185,8 @@ enum Node {
     SrpMgmt,
     SrpPort(String),
     SrpAttr(String, &'static AttrDef),
+    /// `/device_groups/...`: ALUA device groups.
+    Alua(AluaNode),
 }
 
 impl PartialEq for AttrDef {
@@ -421,12 +427,13 @@ impl Tree {
                     "handlers" => Node::Handlers,
                     "devices" => Node::Devices,
                     "targets" => Node::Targets,
+                    "device_groups" => Node::Alua(AluaNode::Groups),
                     _ => match find_attr(ROOT_ATTRS, c) {
                         Some(a) => Node::RootAttr(a),
                         None => {
                             return Err(no(names_hint(
                                 "entries",
-                                ["handlers", "devices", "targets"]
+                                ["handlers", "devices", "targets", "device_groups"]
                                     .into_iter()
                                     .chain(ROOT_ATTRS.iter().map(|a| a.name)),
                             )));
@@ -628,6 +635,7 @@ impl Tree {
                         )));
                     }
                 },
+                Node::Alua(ref n) => Node::Alua(self.resolve_alua(n, c).map_err(no)?),
                 Node::RootAttr(_)
                 | Node::HandlerMgmt(_)
                 | Node::HandlerDevice(..)
@@ -683,6 +691,7 @@ impl Tree {
                 dir("handlers", "device handlers"),
                 dir("devices", "devices (logical units)"),
                 dir("targets", "target ports per fabric"),
+                dir("device_groups", "ALUA device groups"),
             ]
             .into_iter()
             .chain(
@@ -807,6 +816,7 @@ impl Tree {
                 .iter()
                 .map(|(n, _)| dir(n, "session"))
                 .collect(),
+            Node::Alua(n) if !n.is_leaf() => self.ls_alua(&n),
             Node::Session(..) => SESSION_ATTRS
                 .iter()
                 .map(|a| attr(a, a.name == "force_close"))
@@ -823,6 +833,10 @@ impl Tree {
                         | Node::LunsMgmt(..)
                         | Node::GroupsMgmt(_)
                         | Node::InitiatorsMgmt(..) => EntryKind::Mgmt,
+                        Node::Alua(ref n) if n.is_mgmt() => EntryKind::Mgmt,
+                        Node::Alua(AluaNode::Device(..) | AluaNode::TgTarget(..)) => {
+                            EntryKind::Link
+                        }
                         Node::HandlerDevice(..) | Node::Initiator(..) => EntryKind::Link,
                         _ => EntryKind::Attr,
                     },
@@ -924,6 +938,7 @@ impl Tree {
                 }
             }
             Node::SrpAttr(t, a) => self.get_srp_attr(t, a)?,
+            Node::Alua(n) => self.get_alua(n, path)?,
             Node::SessionAttr(_, s, a) => self.get_session_attr(s, a, path)?,
             _ => {
                 return Err(MgmtError::NotWritable {
@@ -941,7 +956,7 @@ impl Tree {
     }
 
     fn execute_unsaved(&mut self, c: Change) -> Result<String, MgmtError> {
-        let mut cand = self.cfg.clone();
+        let mut cand = self.live_config();
         c.apply_to(&mut cand).map_err(|e| MgmtError::Refused(e.0))?;
         cand.validate()?;
         let what = c.to_string();
@@ -999,6 +1014,10 @@ impl Tree {
             Node::SrpAttr(t, a) if a.name == "enabled" => {
                 return self.set_srp_enabled(&t, value, path);
             }
+            Node::Alua(n) => match self.set_alua(&n, value, path)? {
+                Some(c) => c,
+                None => return Ok(format!("{path}: unchanged")),
+            },
             Node::HandlerMgmt(_)
             | Node::IscsiMgmt
             | Node::SrpMgmt
@@ -1022,6 +1041,7 @@ impl Tree {
             Node::LunsMgmt(t, g) => self.luns_cmd(&t, g, command)?,
             Node::GroupsMgmt(t) => self.groups_cmd(&t, command)?,
             Node::InitiatorsMgmt(t, g) => self.initiators_cmd(&t, &g, command)?,
+            Node::Alua(n) if n.is_mgmt() => self.run_alua(&n, command)?,
             _ => {
                 return Err(MgmtError::NotWritable {
                     path: path.into(),
@@ -1039,7 +1059,7 @@ impl Tree {
     /// The changes `apply` would make to reach `new`.
     pub fn diff(&self, new: &Config) -> Result<Vec<Change>, MgmtError> {
         new.validate()?;
-        plan(&self.cfg, new).map_err(|e| MgmtError::Refused(e.0))
+        plan(&self.live_config(), new).map_err(|e| MgmtError::Refused(e.0))
     }
 
     /// Makes the running system and the model match `new`, in SCST's order.
@@ -1077,7 +1097,7 @@ impl Tree {
             .ok_or_else(|| {
                 MgmtError::Refused("no file given and ferrited has no configuration file".into())
             })?;
-        self.cfg.save_atomic(&p).map_err(|e| match e {
+        self.live_config().save_atomic(&p).map_err(|e| match e {
             // An I/O failure is not the configuration's fault: say which
             // file could not be written.
             ConfigError::Io { .. } => {

@@ -609,6 +609,7 @@ fn reads_and_keys() {
             "handlers",
             "devices",
             "targets",
+            "device_groups",
             "data_memory_mb",
             "data_memory"
         ]
@@ -626,7 +627,9 @@ fn reads_and_keys() {
     assert!(!names("/devices/disk0").contains(&"mem".to_string()));
     let e = t.ls("/nope").unwrap_err().to_string();
     assert!(
-        e.contains("valid entries: handlers, devices, targets, data_memory_mb, data_memory"),
+        e.contains(
+            "valid entries: handlers, devices, targets, device_groups, data_memory_mb, data_memory"
+        ),
         "{e}"
     );
 }
@@ -1200,4 +1203,290 @@ fn device_attribute_table_round_trips() {
             }
         }
     }
+}
+
+/// The sample with a second target, a device group `dg1` holding null0
+/// and two target groups, one per target.
+fn alua_tree() -> (Tree, Arc<FakeRuntime>) {
+    let rt = Arc::new(FakeRuntime::new());
+    let mut t = Tree::new(sample(), rt.clone(), None);
+    t.run(
+        "/targets/iscsi/mgmt",
+        "add_target iqn.2026-11.org.ferrite:b tpgt=2",
+    )
+    .unwrap();
+    let dgs = "/device_groups/mgmt";
+    t.run(dgs, "create dg1").unwrap();
+    t.run("/device_groups/dg1/devices/mgmt", "add null0")
+        .unwrap();
+    t.run("/device_groups/dg1/target_groups/mgmt", "create tg_a")
+        .unwrap();
+    t.run("/device_groups/dg1/target_groups/mgmt", "create tg_b")
+        .unwrap();
+    t.run(
+        "/device_groups/dg1/target_groups/tg_a/mgmt",
+        &format!("add {T}"),
+    )
+    .unwrap();
+    t.run(
+        "/device_groups/dg1/target_groups/tg_b/mgmt",
+        "add iqn.2026-11.org.ferrite:b",
+    )
+    .unwrap();
+    (t, rt)
+}
+
+#[test]
+fn device_groups_are_built_through_the_tree() {
+    let (t, rt) = alua_tree();
+    let dg = &t.config().device_groups[0];
+    assert_eq!(dg.name, "dg1");
+    assert_eq!(dg.devices, ["null0"]);
+    assert_eq!(dg.target_groups[0].group_id, 1);
+    assert_eq!(dg.target_groups[1].group_id, 2);
+    assert_eq!(dg.target_groups[1].targets, ["iqn.2026-11.org.ferrite:b"]);
+    let calls = rt.calls();
+    assert_eq!(
+        calls.last().map(String::as_str),
+        Some(
+            "set_device_groups dg1(null0;tg_a=1[iqn.2026-11.org.ferrite:default];tg_b=2[iqn.2026-11.org.ferrite:b])"
+        )
+    );
+    let names = |p: &str| {
+        t.ls(p)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(names("/device_groups"), ["mgmt", "dg1"]);
+    assert_eq!(names("/device_groups/dg1"), ["devices", "target_groups"]);
+    assert_eq!(names("/device_groups/dg1/devices"), ["mgmt", "null0"]);
+    assert_eq!(
+        names("/device_groups/dg1/target_groups/tg_a"),
+        ["mgmt", "group_id", "state", "preferred", T]
+    );
+    assert_eq!(
+        t.get("/device_groups/dg1/target_groups/tg_a/state")
+            .unwrap()
+            .value,
+        "active"
+    );
+    assert!(
+        t.get("/device_groups/mgmt")
+            .unwrap()
+            .value
+            .contains("create NAME")
+    );
+    assert!(
+        t.get("/device_groups/dg1/target_groups/tg_a/mgmt")
+            .unwrap()
+            .value
+            .contains("add TARGET")
+    );
+}
+
+#[test]
+fn bad_device_group_commands_change_nothing() {
+    let (mut t, rt) = alua_tree();
+    let before = t.config().clone();
+    rt.clear_calls();
+    let tg = "/device_groups/dg1/target_groups";
+    let cases: Vec<(&str, &str, &str)> = vec![
+        ("/device_groups/mgmt", "", "empty command"),
+        ("/device_groups/mgmt", "add dg2", "unknown command \"add\""),
+        ("/device_groups/mgmt", "create", "missing argument"),
+        ("/device_groups/mgmt", "create a b", "unexpected argument"),
+        ("/device_groups/mgmt", "create bad/name", "valid characters"),
+        ("/device_groups/mgmt", "create dg1", "already exists"),
+        (
+            "/device_groups/mgmt",
+            "del nope",
+            "no device group \"nope\"",
+        ),
+        (
+            "/device_groups/dg1/devices/mgmt",
+            "add nope",
+            "no device \"nope\"",
+        ),
+        (
+            "/device_groups/dg1/devices/mgmt",
+            "add null0",
+            "already in device group",
+        ),
+        (
+            "/device_groups/dg1/devices/mgmt",
+            "del spare",
+            "not in device group",
+        ),
+        (
+            "/device_groups/dg1/devices/mgmt",
+            "create x",
+            "unknown command",
+        ),
+        (
+            "/device_groups/dg1/target_groups/mgmt",
+            "create tg_a",
+            "already exists",
+        ),
+        (
+            "/device_groups/dg1/target_groups/mgmt",
+            "del tg_z",
+            "no target group",
+        ),
+        (
+            "/device_groups/dg1/target_groups/tg_a/mgmt",
+            "add iqn.2026-11.org.ferrite:nope",
+            "no iSCSI target or SRP port",
+        ),
+        (
+            "/device_groups/dg1/target_groups/tg_a/mgmt",
+            "add iqn.2026-11.org.ferrite:b",
+            "already in target group \"tg_b\"",
+        ),
+        (
+            "/device_groups/dg1/target_groups/tg_a/mgmt",
+            "del iqn.2026-11.org.ferrite:b",
+            "not in target group",
+        ),
+    ];
+    for (path, cmd, want) in cases {
+        let e = t.run(path, cmd).unwrap_err().to_string();
+        assert!(e.contains(want), "{path} {cmd:?}: {e}");
+    }
+    for (attr, v, want) in [
+        ("state", "sleepy", "not an access state"),
+        ("preferred", "maybe", "not a boolean"),
+        ("group_id", "0", "1 to 65535"),
+        ("group_id", "2", "already the id"),
+    ] {
+        let e = t
+            .set(&format!("{tg}/tg_a/{attr}"), v)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(want), "{attr}={v}: {e}");
+    }
+    assert!(t.set("/device_groups/mgmt", "x").is_err());
+    // Objects in a group cannot go from under it.
+    let e = t
+        .run(
+            "/targets/iscsi/mgmt",
+            "del_target iqn.2026-11.org.ferrite:b",
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("device_groups[0].target_groups[1].targets[0]"),
+        "{e}"
+    );
+    assert_eq!(t.config(), &before);
+    assert!(rt.calls().is_empty(), "{:?}", rt.calls());
+}
+
+#[test]
+fn state_writes_are_live_and_saved_as_they_are() {
+    let (mut t, rt) = alua_tree();
+    let tg = "/device_groups/dg1/target_groups/tg_b";
+    t.set(&format!("{tg}/state"), "standby").unwrap();
+    t.set(&format!("{tg}/preferred"), "1").unwrap();
+    assert!(
+        rt.calls()
+            .contains(&"set_alua_state dg1 tg_b standby 0".to_string())
+    );
+    assert!(
+        rt.calls()
+            .contains(&"set_alua_state dg1 tg_b standby 1".to_string())
+    );
+    assert_eq!(t.get(&format!("{tg}/state")).unwrap().value, "standby");
+    assert_eq!(t.get(&format!("{tg}/preferred")).unwrap().value, "1");
+    assert_eq!(
+        t.set(&format!("{tg}/state"), "standby").unwrap(),
+        format!("{tg}/state: unchanged")
+    );
+    // An initiator's SET TARGET PORT GROUPS: reads and saves show it.
+    rt.set_live_alua(
+        "dg1",
+        "tg_a",
+        ferrite_core::alua::AccessState::Unavailable,
+        false,
+    );
+    assert_eq!(
+        t.get("/device_groups/dg1/target_groups/tg_a/state")
+            .unwrap()
+            .value,
+        "unavailable"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("saved.json");
+    t.save(Some(&p)).unwrap();
+    let saved = Config::load(&p).unwrap();
+    let tgs = &saved.device_groups[0].target_groups;
+    assert_eq!(
+        (tgs[0].state.as_str(), tgs[0].preferred),
+        ("unavailable", false)
+    );
+    assert_eq!((tgs[1].state.as_str(), tgs[1].preferred), ("standby", true));
+    // Applying the saved file changes nothing; applying one with another
+    // state sets just that state.
+    assert!(t.diff(&saved).unwrap().is_empty());
+    let mut other = saved.clone();
+    other.device_groups[0].target_groups[0].state = "active".into();
+    let plan = t.diff(&other).unwrap();
+    assert_eq!(plan.len(), 1, "{plan:?}");
+    assert!(
+        plan[0].to_string().contains("tg_a/state active"),
+        "{}",
+        plan[0]
+    );
+    // group_id moves through the whole group.
+    rt.clear_calls();
+    t.set(&format!("{tg}/group_id"), "9").unwrap();
+    assert_eq!(t.config().device_groups[0].target_groups[1].group_id, 9);
+    assert!(rt.calls()[0].contains("tg_b=9"), "{:?}", rt.calls());
+}
+
+#[test]
+fn apply_builds_and_tears_down_device_groups_around_their_objects() {
+    let (t0, _) = alua_tree();
+    let with_groups = t0.config().clone();
+    let (mut t, rt) = tree();
+    // From nothing: targets and devices first, then the groups.
+    let changes = t.apply(&with_groups).unwrap();
+    let texts: Vec<String> = changes.iter().map(|c| c.to_string()).collect();
+    let add_target = texts.iter().position(|c| c.contains("add_target")).unwrap();
+    let groups = texts
+        .iter()
+        .position(|c| c.starts_with("device groups"))
+        .unwrap();
+    assert!(add_target < groups, "{texts:?}");
+    assert_eq!(t.config().device_groups, with_groups.device_groups);
+    assert!(t.apply(&with_groups).unwrap().is_empty());
+    // The second target goes: the group lets go of it first.
+    rt.clear_calls();
+    let mut fewer = with_groups.clone();
+    fewer
+        .targets
+        .iscsi
+        .retain(|x| x.name != "iqn.2026-11.org.ferrite:b");
+    fewer.device_groups[0].target_groups[1].targets.clear();
+    t.apply(&fewer).unwrap();
+    let calls = rt.calls();
+    let let_go = calls
+        .iter()
+        .position(|c| c.starts_with("set_device_groups"))
+        .unwrap();
+    let del = calls
+        .iter()
+        .position(|c| c.starts_with("del_target"))
+        .unwrap();
+    assert!(let_go < del, "{calls:?}");
+    // No groups at all.
+    let mut none = fewer.clone();
+    none.device_groups.clear();
+    t.apply(&none).unwrap();
+    assert!(t.config().device_groups.is_empty());
+    assert_eq!(
+        rt.calls().last().map(String::as_str),
+        Some("set_device_groups ")
+    );
 }
