@@ -158,6 +158,38 @@ pub struct Config {
     /// access state together, seen through target port groups.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub device_groups: Vec<DeviceGroupConfig>,
+    /// The HA cluster this ferrited is a node of: which node owns each
+    /// device group, and the persistent reservations of its devices, live
+    /// in etcd (docs/cluster.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// A node of an HA cluster whose state is kept in etcd.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// This node's name, as target groups name their node (`ferrited
+    /// --node` overrides it, so both nodes may share one file).
+    pub node: String,
+    /// etcd client URLs (`http://HOST:PORT`), tried in turn.
+    pub etcd: Vec<String>,
+    /// The key prefix of this cluster in etcd.
+    #[serde(default = "default_cluster_prefix")]
+    pub prefix: String,
+    /// The node's lease in seconds: how long after its last renewal the
+    /// other node may take its device groups over, and how long a node cut
+    /// off from etcd goes on serving as owner.
+    #[serde(default = "default_lease_ttl_s")]
+    pub lease_ttl_s: u32,
+}
+
+fn default_cluster_prefix() -> String {
+    "/ferrite".into()
+}
+
+fn default_lease_ttl_s() -> u32 {
+    5
 }
 
 /// An ALUA device group (SPC-4 §5.15, SCST's `/device_groups/<name>`): its
@@ -198,6 +230,16 @@ pub struct TargetGroupConfig {
     /// at most one target group of a device group.
     #[serde(default)]
     pub targets: Vec<String>,
+    /// Relative target port ids of ports this ferrited does not serve (an
+    /// HA peer's targets): reported in the group, served elsewhere.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rel_tgt_ids: Vec<u16>,
+    /// The cluster node whose ports these are (`cluster.node`). The
+    /// states of a device group with such target groups follow the
+    /// cluster: the owner's groups active/optimized, the other nodes'
+    /// active/non-optimized, a node cut off from etcd standby.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// The access state a target group has when none is configured.
@@ -216,6 +258,8 @@ impl TargetGroupConfig {
             state: default_alua_state(),
             preferred: false,
             targets: Vec::new(),
+            rel_tgt_ids: Vec::new(),
+            node: None,
         }
     }
 
@@ -227,7 +271,49 @@ impl TargetGroupConfig {
     }
 }
 
+impl ClusterConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.node.is_empty() {
+            return Err(ConfigError::invalid("cluster.node", "empty; this node's name"));
+        }
+        if self.etcd.is_empty() {
+            return Err(ConfigError::invalid(
+                "cluster.etcd",
+                "no endpoint; etcd client URLs such as http://127.0.0.1:2379",
+            ));
+        }
+        for (i, e) in self.etcd.iter().enumerate() {
+            let rest = e.strip_prefix("http://").unwrap_or("");
+            if rest.is_empty() || rest.contains(char::is_whitespace) {
+                return Err(ConfigError::invalid(
+                    format!("cluster.etcd[{i}]"),
+                    format!("{e:?} is not an http://HOST:PORT URL"),
+                ));
+            }
+        }
+        if !self.prefix.starts_with('/') || self.prefix.ends_with('/') {
+            return Err(ConfigError::invalid(
+                "cluster.prefix",
+                format!("{:?}: a key prefix starts with / and does not end with one", self.prefix),
+            ));
+        }
+        if !(2..=600).contains(&self.lease_ttl_s) {
+            return Err(ConfigError::invalid(
+                "cluster.lease_ttl_s",
+                format!("{}; valid: 2 to 600 seconds", self.lease_ttl_s),
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl DeviceGroupConfig {
+    /// Whether the cluster decides this group's states: one of its target
+    /// groups names a node.
+    pub fn clustered(&self) -> bool {
+        self.target_groups.iter().any(|t| t.node.is_some())
+    }
+
     /// An empty device group.
     pub fn new(name: impl Into<String>) -> DeviceGroupConfig {
         DeviceGroupConfig {
@@ -1687,6 +1773,26 @@ impl Config {
                         ));
                     }
                 }
+                for (k, &r) in tg.rel_tgt_ids.iter().enumerate() {
+                    let here = format!("{gat}.rel_tgt_ids[{k}]");
+                    if r == 0 {
+                        return Err(ConfigError::invalid(here, "0; valid: 1 to 65535"));
+                    }
+                    if let Some(other) = ports.insert(r, "a port of another node") {
+                        return Err(ConfigError::invalid(
+                            here,
+                            format!("relative target port id {r} is already {other:?}'s"),
+                        ));
+                    }
+                }
+                if let Some(n) = &tg.node
+                    && n.is_empty()
+                {
+                    return Err(ConfigError::invalid(
+                        format!("{gat}.node"),
+                        "empty; a cluster node's name",
+                    ));
+                }
             }
         }
         Ok(())
@@ -1797,6 +1903,9 @@ impl Config {
         }
         validate_srp_targets(&self.targets.srp, &devices)?;
         self.validate_device_groups()?;
+        if let Some(c) = &self.cluster {
+            c.validate()?;
+        }
         self.iscsi.validate()?;
         if self.reactor.cores == Some(0) {
             return Err(ConfigError::invalid(
@@ -1902,6 +2011,7 @@ impl Config {
             iscsi: IscsiParamsConfig::default(),
             reactor: ReactorConfig::default(),
             device_groups: Vec::new(),
+            cluster: None,
         }
     }
 

@@ -131,8 +131,8 @@ pub struct Node {
     cfg: NodeConfig,
     shared: Arc<Shared>,
     etcd: Etcd,
-    stop: Option<mpsc::Sender<Stop>>,
-    thread: Option<JoinHandle<()>>,
+    stop: Mutex<Option<mpsc::Sender<Stop>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for Node {
@@ -193,8 +193,8 @@ impl Node {
             cfg,
             shared,
             etcd,
-            stop: Some(tx),
-            thread: Some(thread),
+            stop: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
         })
     }
 
@@ -278,24 +278,27 @@ impl Node {
 
     /// Stops cleanly: the thread revokes the lease (deleting the owner keys
     /// it held, so the other node takes over at its next poll) and ends.
-    pub fn stop(mut self) {
+    /// Shared handles (a reservation store per device) may do it through
+    /// `&self`; calls after the first do nothing.
+    pub fn stop(&self) {
         self.finish(Stop::Clean);
     }
 
     /// Stops the thread without revoking, as if the process died: the
     /// lease lives until etcd expires it. Returns the fencing deadline the
     /// node held, after which the other node may take over.
-    pub fn crash(mut self) -> Option<Instant> {
+    pub fn crash(&self) -> Option<Instant> {
         let until = self.live_until();
         self.finish(Stop::Crash);
         until
     }
 
-    fn finish(&mut self, how: Stop) {
-        if let Some(tx) = self.stop.take() {
+    fn finish(&self, how: Stop) {
+        if let Some(tx) = lock(&self.stop).take() {
             let _ = tx.send(how);
         }
-        if let Some(t) = self.thread.take() {
+        let thread = lock(&self.thread).take();
+        if let Some(t) = thread {
             let _ = t.join();
         }
     }

@@ -75,7 +75,11 @@ pub fn build_group(
                 t.name.clone(),
                 // Validated: 1 to 65535.
                 u16::try_from(t.group_id).unwrap_or(u16::MAX),
-                t.targets.iter().filter_map(|x| rel(x)).collect(),
+                t.targets
+                    .iter()
+                    .filter_map(|x| rel(x))
+                    .chain(t.rel_tgt_ids.iter().copied())
+                    .collect(),
                 t.access_state(),
                 t.preferred,
             )

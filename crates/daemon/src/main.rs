@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 mod alua;
+mod cluster;
 mod iser;
 mod notify;
 mod origin;
@@ -51,6 +52,10 @@ struct Args {
     /// --socket says otherwise; `ferritectl --state-dir DIR` finds it there.
     #[arg(long, value_name = "DIR", env = "FERRITE_STATE_DIR")]
     state_dir: Option<PathBuf>,
+    /// This node's name in the configuration's cluster (overrides
+    /// `cluster.node`, so the nodes of an HA pair may share one file).
+    #[arg(long, value_name = "NAME")]
+    node: Option<String>,
     /// Number of reactor threads (default: from the configuration, else one per CPU).
     #[arg(long)]
     cores: Option<usize>,
@@ -282,6 +287,12 @@ fn main() -> Result<()> {
             t.portals = vec![l.to_string()];
         }
     }
+    if let Some(n) = &args.node {
+        let Some(c) = cfg.cluster.as_mut() else {
+            anyhow::bail!("--node {n}: the configuration has no cluster");
+        };
+        c.node = n.clone();
+    }
     if let Some(c) = args.cores {
         cfg.reactor.cores = Some(c);
     }
@@ -309,6 +320,8 @@ fn run(
     state_dir: &Path,
 ) -> Result<()> {
     let system = System::build(&cfg, state_dir)?;
+    // Before any portal listens: clustered device groups start fenced.
+    let clustered = cluster::start(cfg.cluster.as_ref(), &system)?;
     let cores = cfg.reactor.effective_cores().max(1);
     let mut listeners = Vec::new();
     for p in &system.portals {
@@ -450,6 +463,8 @@ fn run(
             }
         }
     }
+    // The lease revoked: another node takes the device groups over at once.
+    drop(clustered);
     drop(system);
     if failed {
         anyhow::bail!("a reactor failed");
