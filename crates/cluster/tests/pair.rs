@@ -27,6 +27,27 @@ fn start(etcd: &EtcdProc, rec: &Recorder, id: &str) -> Node {
 }
 
 /// The owner of DG as `node` last reported it, from `from` on.
+/// Waits from `mark` until both nodes are live again and one owns the
+/// group; checks both name the same owner and exactly one is it. Returns
+/// (a owns, b owns).
+fn converged(rec: &mut Recorder, mark: usize) -> (bool, bool) {
+    rec.wait(mark, 3 * TTL + SLACK, "a live", |n, e| {
+        n == "a" && *e == Event::Live
+    });
+    rec.wait(mark, 3 * TTL + SLACK, "b live", |n, e| {
+        n == "b" && *e == Event::Live
+    });
+    rec.wait(mark, 3 * TTL + SLACK, "an owner", |_, e| {
+        matches!(e, Event::Owner { me: true, .. })
+    });
+    rec.drain(3 * POLL);
+    let (oa, ma) = last_owner(rec, "a").expect("a owner");
+    let (ob, mb) = last_owner(rec, "b").expect("b owner");
+    assert_eq!(oa, ob);
+    assert!(ma ^ mb, "exactly one owner: a {ma}, b {mb}");
+    (ma, mb)
+}
+
 fn last_owner(rec: &Recorder, node: &str) -> Option<(Option<String>, bool)> {
     rec.log.iter().rev().find_map(|(n, _, e)| match e {
         Event::Owner { group, owner, me } if n == node && group == DG => Some((owner.clone(), *me)),
@@ -191,20 +212,7 @@ fn stalled_etcd_fences_the_owner_and_fails_saves_then_converges() {
     std::thread::sleep(TTL);
     let mark = rec.mark();
     etcd.resume();
-    rec.wait(mark, 3 * TTL + SLACK, "a live", |n, e| {
-        n == "a" && *e == Event::Live
-    });
-    rec.wait(mark, 3 * TTL + SLACK, "b live", |n, e| {
-        n == "b" && *e == Event::Live
-    });
-    rec.wait(mark, 3 * TTL + SLACK, "an owner", |_, e| {
-        matches!(e, Event::Owner { me: true, .. })
-    });
-    rec.drain(3 * POLL);
-    let (oa, ma) = last_owner(&rec, "a").expect("a owner");
-    let (ob, mb) = last_owner(&rec, "b").expect("b owner");
-    assert_eq!(oa, ob);
-    assert!(ma ^ mb, "exactly one owner: a {ma}, b {mb}");
+    let (ma, mb) = converged(&mut rec, mark);
     assert_eq!(a.owns(DG), ma);
     assert_eq!(b.owns(DG), mb);
     rec.assert_never_two_owners(DG, Instant::now());
@@ -245,20 +253,7 @@ fn etcd_restarted_on_its_data_dir_converges() {
     );
     let mark = rec.mark();
     etcd.restart();
-    rec.wait(mark, 3 * TTL + SLACK, "a live", |n, e| {
-        n == "a" && *e == Event::Live
-    });
-    rec.wait(mark, 3 * TTL + SLACK, "b live", |n, e| {
-        n == "b" && *e == Event::Live
-    });
-    rec.wait(mark, 3 * TTL + SLACK, "an owner", |_, e| {
-        matches!(e, Event::Owner { me: true, .. })
-    });
-    rec.drain(3 * POLL);
-    let (oa, ma) = last_owner(&rec, "a").expect("a owner");
-    let (ob, mb) = last_owner(&rec, "b").expect("b owner");
-    assert_eq!(oa, ob);
-    assert!(ma ^ mb, "exactly one owner: a {ma}, b {mb}");
+    converged(&mut rec, mark);
     rec.assert_never_two_owners(DG, Instant::now());
     drop(b);
 }

@@ -204,6 +204,9 @@ pub struct DeviceGroup {
     store: Mutex<Option<Arc<dyn StateStore>>>,
     /// Serializes changes, so the saved states are always the last ones.
     changing: Mutex<()>,
+    /// Whether initiators may change the states (explicit ALUA, SET TARGET
+    /// PORT GROUPS); off where something else decides them (a cluster).
+    explicit: AtomicBool,
 }
 
 /// One change of [`DeviceGroup::set`].
@@ -242,7 +245,22 @@ impl DeviceGroup {
             generation: AtomicU32::new(0),
             store: Mutex::new(None),
             changing: Mutex::new(()),
+            explicit: AtomicBool::new(true),
         }
+    }
+
+    /// Whether SET TARGET PORT GROUPS may change the states (INQUIRY then
+    /// reports explicit ALUA besides implicit).
+    pub fn explicit(&self) -> bool {
+        self.explicit.load(Ordering::Acquire)
+    }
+
+    /// Turns explicit ALUA off where something else owns the states (an HA
+    /// cluster): initiators then see implicit ALUA only, and SET TARGET
+    /// PORT GROUPS is not offered. The Linux ALUA handler, for one, asks a
+    /// standby group it activates to become active/optimized.
+    pub fn set_explicit(&self, on: bool) {
+        self.explicit.store(on, Ordering::Release);
     }
 
     /// Where state changes are saved from now on.
@@ -317,12 +335,19 @@ impl DeviceGroup {
             Cause::Explicit => 1,
             Cause::Implicit => 2,
         };
-        for g in &self.groups {
-            let (st, pref) = next(g);
-            if (st, pref) != (g.state(), g.preferred()) {
-                g.state.store(st.code(), Ordering::Release);
-                g.preferred.store(pref, Ordering::Release);
-                g.status.store(status, Ordering::Release);
+        // Groups leaving active/optimized first, then those entering it: a
+        // reader between the two never sees two optimized groups where the
+        // change swaps them.
+        for promote in [false, true] {
+            for g in &self.groups {
+                let (st, pref) = next(g);
+                if (st == AccessState::ActiveOptimized) == promote
+                    && (st, pref) != (g.state(), g.preferred())
+                {
+                    g.state.store(st.code(), Ordering::Release);
+                    g.preferred.store(pref, Ordering::Release);
+                    g.status.store(status, Ordering::Release);
+                }
             }
         }
         self.generation.fetch_add(1, Ordering::AcqRel);

@@ -358,7 +358,7 @@ pub(crate) fn plan_maintenance_out(r: &Req<'_>) -> Plan {
     if cdb[1] & 0x1f != ferrite_scsi::opcode::maintenance_out::SET_TARGET_PORT_GROUPS {
         return fail(Sense::INVALID_FIELD_IN_CDB.cdb_field(1, Some(4)));
     }
-    if e.device.alua().is_none() {
+    if !e.device.alua().is_some_and(|dg| dg.explicit()) {
         return fail(Sense::INVALID_COMMAND_OPERATION_CODE);
     }
     let param_len = u32::from_be_bytes([cdb[6], cdb[7], cdb[8], cdb[9]]);
@@ -1305,7 +1305,10 @@ pub fn data_in(cdb: &[u8], ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<u32, 
                 .iter()
                 .filter(|r| thin || !r.has(crate::ops::THIN))
                 .filter(|r| block_erase || !r.has(crate::ops::BLOCK_ERASE))
-                .filter(|r| e.device.alua().is_some() || !r.has(crate::ops::ALUA_GROUP))
+                .filter(|r| {
+                    e.device.alua().is_some_and(|dg| dg.explicit())
+                        || !r.has(crate::ops::ALUA_GROUP)
+                })
                 .map(crate::ops::Op::supported)
                 .collect();
             opcodes::report_supported_opcodes(&c, &table, out)?;
@@ -1508,10 +1511,11 @@ fn inquiry_data(c: &InquiryCdb, ctx: &DataCtx<'_>, out: &mut Vec<u8>) -> Result<
                 revision: &id.revision,
                 vendor_specific: &id.vendor_specific,
                 // SPC-4 §6.6.2: implicit and explicit ALUA for a device in
-                // a device group; implicit only when the device just names
-                // its target port group (see `target_port_groups`).
-                tpgs: if e.device.alua().is_some() {
-                    3
+                // a device group (implicit only where a cluster decides the
+                // states); implicit only when the device just names its
+                // target port group (see `target_port_groups`).
+                tpgs: if let Some(dg) = e.device.alua() {
+                    if dg.explicit() { 3 } else { 1 }
                 } else {
                     u8::from(port_group(e).is_some())
                 },

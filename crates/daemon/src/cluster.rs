@@ -12,6 +12,9 @@
 //!   active/non-optimized (shared storage serves both; the optimized path is
 //!   where multipath sends I/O);
 //! - no owner known yet: every group transitioning (initiators retry);
+//!
+//! Initiators see implicit ALUA only: SET TARGET PORT GROUPS is not offered
+//! on a clustered group, since the cluster alone decides its states.
 //! - this node fenced (its lease may have run out in etcd, so another node
 //!   may own the groups now): its own target groups standby, so it neither
 //!   reports active/optimized nor takes writes until it is live again and
@@ -92,9 +95,13 @@ fn apply(cfg: &DeviceGroupConfig, dg: &DeviceGroup, me: &str, known: &Known) {
         })
         .collect();
     match dg.set(&changes, Cause::Implicit) {
-        Ok(true) => tracing::info!(group = %cfg.name, state = ?known, "ALUA states follow the cluster"),
+        Ok(true) => {
+            tracing::info!(group = %cfg.name, state = ?known, "ALUA states follow the cluster")
+        }
         Ok(false) => {}
-        Err(e) => tracing::error!(group = %cfg.name, error = %e, "cannot set the cluster's ALUA states"),
+        Err(e) => {
+            tracing::error!(group = %cfg.name, error = %e, "cannot set the cluster's ALUA states")
+        }
     }
 }
 
@@ -134,6 +141,9 @@ pub fn start(cfg: Option<&ClusterConfig>, system: &System) -> Result<Option<Clus
         .collect();
     let me = c.node.clone();
     for (g, dg) in &groups {
+        // The cluster decides: initiators may not (the Linux ALUA handler
+        // would ask a fenced node's standby group to become optimized).
+        dg.set_explicit(false);
         apply(g, dg, &me, &Known::Fenced);
     }
     let devices: BTreeMap<String, Arc<Device>> = groups
@@ -179,7 +189,11 @@ fn on_event(
                 apply(g, dg, me, &Known::Fenced);
             }
         }
-        Event::Owner { group, owner, me: mine } => {
+        Event::Owner {
+            group,
+            owner,
+            me: mine,
+        } => {
             tracing::info!(node = %me, group = %group, owner = ?owner, mine, "cluster: device group owner");
             if let Some((g, dg)) = groups.get(&group) {
                 apply(g, dg, me, &Known::Owner(owner));
@@ -220,14 +234,25 @@ mod tests {
         let owner = |o: &str| Known::Owner(Some(o.into()));
         assert_eq!(
             states(&g, "a", &owner("a")),
-            vec![Some(ActiveOptimized), Some(ActiveNonOptimized), Some(ActiveNonOptimized)]
+            vec![
+                Some(ActiveOptimized),
+                Some(ActiveNonOptimized),
+                Some(ActiveNonOptimized)
+            ]
         );
         assert_eq!(
             states(&g, "a", &owner("b")),
-            vec![Some(ActiveNonOptimized), Some(ActiveOptimized), Some(ActiveNonOptimized)]
+            vec![
+                Some(ActiveNonOptimized),
+                Some(ActiveOptimized),
+                Some(ActiveNonOptimized)
+            ]
         );
         // Fenced: only this node's own groups change, to standby.
-        assert_eq!(states(&g, "a", &Known::Fenced), vec![Some(Standby), None, None]);
+        assert_eq!(
+            states(&g, "a", &Known::Fenced),
+            vec![Some(Standby), None, None]
+        );
         assert_eq!(
             states(&g, "a", &Known::Owner(None)),
             vec![Some(Transitioning); 3]

@@ -480,7 +480,7 @@ impl Shard {
         let (Some(e), Plan::SetPortGroups { residual, .. }) = (c.entry.clone(), c.plan) else {
             return;
         };
-        let Some(dg) = e.device.alua().cloned() else {
+        let Some(dg) = e.device.alua().filter(|dg| dg.explicit()).cloned() else {
             self.respond(key, check(Sense::INVALID_COMMAND_OPERATION_CODE, residual));
             return;
         };

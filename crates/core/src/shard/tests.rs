@@ -642,6 +642,17 @@ fn alua_states_gate_each_port_and_a_set_reaches_the_other_nexuses() {
         &[0xa3, 0x0c, 0x02, 0xa4, 0, 0x0a, 0, 0, 0, 64, 0, 0],
     );
     assert_eq!(sense(&r), None, "listed on a device in a group");
+    // Where a cluster owns the states: implicit ALUA only, no SET TARGET
+    // PORT GROUPS.
+    dg.set_explicit(false);
+    let (_, inq) = run(&mut shard, now, b, &[0x12, 0, 0, 0, 96, 0]);
+    assert_eq!(inq[5] & 0x30, 0x10);
+    let params = [0, 0, 0, 0, 0x02, 0, 0, 2];
+    assert_eq!(
+        sense(&run_out(&mut shard, now, b, &stpg8, &params)),
+        Some((5, 0x20, 0x00))
+    );
+    assert_eq!(dg.state_of_port(2), AccessState::ActiveOptimized);
 }
 
 #[test]
