@@ -29,37 +29,12 @@ cat >/tmp/alua.json <<JSON
         { "name": "tg1", "group_id": 1, "state": "active", "targets": ["$T1"] },
         { "name": "tg2", "group_id": 2, "state": "nonoptimized", "targets": ["$T2"] } ] } ] }
 JSON
-mkdir -p /etc/multipath
-cat >/etc/multipath.conf <<'CONF'
-defaults {
-    user_friendly_names no
-    find_multipaths no
-    polling_interval 2
-    no_path_retry queue
-}
-devices {
-    device {
-        vendor "FERRITE"
-        product ".*"
-        path_grouping_policy group_by_prio
-        prio alua
-        hardware_handler "1 alua"
-        path_checker tur
-        failback immediate
-    }
-}
-blacklist {
-    devnode "^(ram|loop|fd|md|dm-|sr|scd|st|nbd|zram|vd)"
-}
-CONF
-modprobe_all scsi_dh_alua dm_multipath dm_round_robin dm_service_time
 start_ferrited --config /tmp/alua.json
 wait_port 127.0.0.1 3260
 wait_port 127.0.0.1 3261
 start_udev
 start_iscsid
-multipathd -d -s >/out/multipathd.log 2>&1 &
-MPATHD=$!
+alua_multipath
 
 step "a session to each target, each through its own portal"
 for tp in "$T1 $P1" "$T2 $P2"; do
@@ -106,14 +81,6 @@ sed 's/^/lab: rtpg: /' /out/rtpg-start.txt
 [ "$(rtpg_state $D1 1)" = "ao" ] || fail "group 1 is not active/optimized: $(rtpg_state $D1 1)"
 [ "$(rtpg_state $D2 2)" = "an" ] || fail "group 2 is not active/non-optimized: $(rtpg_state $D2 2)"
 
-# access_state DISK: what scsi_dh_alua made of the path.
-access_state() { cat /sys/block/$1/device/access_state 2>/dev/null; }
-# group_of DISK: the `status=` of the path group DISK is in.
-group_of() {
-    multipath -ll 2>/dev/null | awk -v d=" $1 " '
-        /policy=/ { st = $0; sub(/.*status=/, "", st); sub(/ .*/, "", st) }
-        index($0, d) { print st; exit }'
-}
 # wait_groups ACTIVE_DISK OTHER_DISK WHY: until ACTIVE_DISK's path group is
 # the active one and OTHER_DISK's is not.
 wait_groups() {

@@ -315,3 +315,44 @@ verbs_tests() {
     N=$n
 }
 
+
+# alua_multipath: dm-multipath for ALUA targets: paths grouped by the
+# priority `prio alua` reads from REPORT TARGET PORT GROUPS, scsi_dh_alua
+# attached, failback to the best group at once; multipathd running (its
+# pid in MPATHD).
+alua_multipath() {
+    mkdir -p /etc/multipath
+    cat >/etc/multipath.conf <<'CONF'
+defaults {
+    user_friendly_names no
+    find_multipaths no
+    polling_interval 2
+    no_path_retry queue
+}
+devices {
+    device {
+        vendor "FERRITE"
+        product ".*"
+        path_grouping_policy group_by_prio
+        prio alua
+        hardware_handler "1 alua"
+        path_checker tur
+        failback immediate
+    }
+}
+blacklist {
+    devnode "^(ram|loop|fd|md|dm-|sr|scd|st|nbd|zram|vd)"
+}
+CONF
+    modprobe_all scsi_dh_alua dm_multipath dm_round_robin dm_service_time
+    multipathd -d -s >/out/multipathd.log 2>&1 &
+    MPATHD=$!
+}
+# access_state DISK: what scsi_dh_alua made of the path.
+access_state() { cat /sys/block/$1/device/access_state 2>/dev/null; }
+# group_of DISK: the `status=` of the multipath path group DISK is in.
+group_of() {
+    multipath -ll 2>/dev/null | awk -v d=" $1 " '
+        /policy=/ { st = $0; sub(/.*status=/, "", st); sub(/ .*/, "", st) }
+        index($0, d) { print st; exit }'
+}
