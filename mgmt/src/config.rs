@@ -274,7 +274,10 @@ impl TargetGroupConfig {
 impl ClusterConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         if self.node.is_empty() {
-            return Err(ConfigError::invalid("cluster.node", "empty; this node's name"));
+            return Err(ConfigError::invalid(
+                "cluster.node",
+                "empty; this node's name",
+            ));
         }
         if self.etcd.is_empty() {
             return Err(ConfigError::invalid(
@@ -294,7 +297,10 @@ impl ClusterConfig {
         if !self.prefix.starts_with('/') || self.prefix.ends_with('/') {
             return Err(ConfigError::invalid(
                 "cluster.prefix",
-                format!("{:?}: a key prefix starts with / and does not end with one", self.prefix),
+                format!(
+                    "{:?}: a key prefix starts with / and does not end with one",
+                    self.prefix
+                ),
             ));
         }
         if !(2..=600).contains(&self.lease_ttl_s) {
@@ -2910,6 +2916,37 @@ mod tests {
         assert_eq!(cfg.rel_port_ids().get("srp0"), Some(&3));
     }
 
+    /// `c`'s cluster, a valid one made first if it has none.
+    fn cluster(c: &mut Config) -> &mut ClusterConfig {
+        c.cluster.get_or_insert_with(|| ClusterConfig {
+            node: "a".into(),
+            etcd: vec!["http://127.0.0.1:2379".into()],
+            prefix: "/ferrite/t".into(),
+            lease_ttl_s: 5,
+        })
+    }
+
+    #[test]
+    fn a_cluster_node_round_trips_with_defaults() {
+        let mut c = alua();
+        cluster(&mut c);
+        c.device_groups[0].target_groups[0].node = Some("a".into());
+        c.device_groups[0].target_groups[1].node = Some("b".into());
+        c.device_groups[0].target_groups[1].rel_tgt_ids = vec![9];
+        c.validate().unwrap();
+        assert!(c.device_groups[0].clustered());
+        let back = Config::from_json(&c.to_json(), "t").unwrap();
+        assert_eq!(back, c);
+        let mut v: serde_json::Value = serde_json::from_str(&c.to_json()).unwrap();
+        let cl = v["cluster"].as_object_mut().unwrap();
+        cl.remove("prefix");
+        cl.remove("lease_ttl_s");
+        let min = Config::from_json(&v.to_string(), "t").unwrap();
+        let mc = min.cluster.unwrap();
+        assert_eq!((mc.prefix.as_str(), mc.lease_ttl_s), ("/ferrite", 5));
+        assert!(!alua().to_json().contains("cluster"));
+    }
+
     #[test]
     fn every_device_group_refusal() {
         type Edit = fn(&mut Config);
@@ -3001,6 +3038,43 @@ mod tests {
                 // Derived ids: the second target's tpgt equals the first's.
                 |c| c.targets.iscsi[1].tpgt = 1,
                 "relative target port id 1",
+            ),
+            (
+                "device_groups[0].target_groups[1].rel_tgt_ids[0]",
+                // A peer's port with the id of a local target.
+                |c| c.device_groups[0].target_groups[1].rel_tgt_ids = vec![1],
+                "relative target port id 1 is already",
+            ),
+            (
+                "device_groups[0].target_groups[0].rel_tgt_ids[0]",
+                |c| c.device_groups[0].target_groups[0].rel_tgt_ids = vec![0],
+                "valid: 1 to 65535",
+            ),
+            (
+                "device_groups[0].target_groups[0].node",
+                |c| c.device_groups[0].target_groups[0].node = Some(String::new()),
+                "cluster node",
+            ),
+            (
+                "cluster.node",
+                |c| cluster(c).node.clear(),
+                "this node's name",
+            ),
+            ("cluster.etcd", |c| cluster(c).etcd.clear(), "no endpoint"),
+            (
+                "cluster.etcd[0]",
+                |c| cluster(c).etcd = vec!["127.0.0.1:2379".into()],
+                "http://HOST:PORT",
+            ),
+            (
+                "cluster.prefix",
+                |c| cluster(c).prefix = "ferrite/".into(),
+                "starts with /",
+            ),
+            (
+                "cluster.lease_ttl_s",
+                |c| cluster(c).lease_ttl_s = 1,
+                "2 to 600",
             ),
         ];
         for (at, edit, want) in cases {
