@@ -365,6 +365,29 @@ impl DeviceShared {
     /// Saves the state where the device's store keeps it. A failure is
     /// logged; it is returned only where the store is shared
     /// ([`PrStore::shared`]), whose changes must not take effect unsaved.
+    /// Takes a shared store's current state into the device before a
+    /// PERSISTENT RESERVE IN or OUT (another target may have changed it
+    /// since this one last heard). `Err` when the store cannot tell: the
+    /// command must not run on what may be stale.
+    pub(crate) fn refresh_pr(&self) -> std::io::Result<()> {
+        let store = self.pr_store.lock().ok().and_then(|s| s.clone());
+        let Some(loaded) = store.and_then(|s| s.load()) else {
+            return Ok(());
+        };
+        let bytes = loaded?;
+        let st = if bytes.is_empty() {
+            PrState::default()
+        } else {
+            PrState::decode(&bytes)
+                .ok_or_else(|| std::io::Error::other("unreadable shared reservation state"))?
+        };
+        if let Ok(mut pr) = self.pr.lock() {
+            self.pr_reserved.store(st.res.is_some(), Ordering::Release);
+            *pr = st;
+        }
+        Ok(())
+    }
+
     pub(crate) fn persist_pr(&self, st: &PrState) -> std::io::Result<()> {
         let store = self.pr_store.lock().ok().and_then(|s| s.clone());
         let Some(store) = store else {

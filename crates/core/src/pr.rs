@@ -183,6 +183,13 @@ pub trait PrStore: Send + Sync + std::fmt::Debug {
     fn shared(&self) -> bool {
         false
     }
+
+    /// A shared store's state as it is now (another target may have
+    /// changed it), read before a PERSISTENT RESERVE IN or OUT runs; `None`
+    /// for a store only this target writes.
+    fn load(&self) -> Option<std::io::Result<Vec<u8>>> {
+        None
+    }
 }
 
 /// A [`PrStore`] writing `<dir>/pr_state` atomically: temporary file,

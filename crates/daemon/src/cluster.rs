@@ -24,8 +24,10 @@
 //! Reservations: each device of a clustered group saves its persistent
 //! reservation state to etcd before a PERSISTENT RESERVE OUT's status goes
 //! out (a shared [`PrStore`]; a save that fails fails the command, and the
-//! change is undone); another node's changes arrive as events and replace
-//! the device's state.
+//! change is undone); PERSISTENT RESERVE IN and OUT read the state from
+//! etcd first, so they act on what the other node last did; other
+//! commands meet another node's change once its event arrived (within a
+//! poll, lease TTL / 5).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -122,6 +124,15 @@ impl PrStore for ClusterPr {
 
     fn shared(&self) -> bool {
         true
+    }
+
+    fn load(&self) -> Option<std::io::Result<Vec<u8>>> {
+        Some(
+            self.node
+                .load(&self.device)
+                .map(Option::unwrap_or_default)
+                .map_err(|e| std::io::Error::other(format!("cluster: {e}"))),
+        )
     }
 }
 

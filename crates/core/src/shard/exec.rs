@@ -172,6 +172,19 @@ impl Shard {
 
     pub(super) fn start_data_in(&mut self, key: usize) {
         let c = &self.cmds[key];
+        // A shared reservation store (a cluster): PERSISTENT RESERVE IN
+        // reports the state as it is there now.
+        if c.cdb.first() == Some(&ferrite_scsi::Opcode::PERSISTENT_RESERVE_IN.0)
+            && let Some(e) = c.entry.as_ref()
+            && e.device.shared.refresh_pr().is_err()
+        {
+            self.respond(
+                key,
+                Response::check(Sense::LOGICAL_UNIT_COMMUNICATION_FAILURE),
+            );
+            return;
+        }
+        let c = &self.cmds[key];
         let Some(s) = self.sessions.get_mut(&c.session) else {
             return;
         };
@@ -391,6 +404,13 @@ impl Shard {
         };
         let me = pr_nexus(&s.nexus);
         let cdb = c.cdb.clone();
+        if dev.shared.refresh_pr().is_err() {
+            self.respond(
+                key,
+                check(Sense::LOGICAL_UNIT_COMMUNICATION_FAILURE, residual),
+            );
+            return;
+        }
         let result = match dev.shared.pr.lock() {
             Ok(mut pr) => {
                 let before = pr.clone();

@@ -64,7 +64,7 @@ fn sense(r: &Response) -> Option<(u8, u8, u8)> {
 /// Runs a command that moves no Data-Out and answers without backend
 /// I/O; returns its response and Data-In.
 fn run(shard: &mut Shard, now: Instant, sid: SessionId, cdb: &[u8]) -> (Response, Vec<u8>) {
-    let read = cdb[0] == 0x12;
+    let read = matches!(cdb[0], 0x12 | 0x5e);
     let req = CmdRequest {
         lun: Lun(0),
         lun_raw: Lun(0).encode(),
@@ -675,6 +675,12 @@ fn a_reservation_a_shared_store_cannot_take_fails_and_is_undone() {
         fn shared(&self) -> bool {
             true
         }
+        fn load(&self) -> Option<std::io::Result<Vec<u8>>> {
+            if self.down.load(Ordering::Acquire) {
+                return Some(Err(std::io::Error::other("etcd unreachable")));
+            }
+            Some(Ok(self.saved.lock().unwrap().clone()))
+        }
     }
     let (dev, map) = removable_map(DeviceFlags::default());
     let store = Arc::new(Cluster::default());
@@ -703,4 +709,27 @@ fn a_reservation_a_shared_store_cannot_take_fails_and_is_undone() {
     store.down.store(false, Ordering::Release);
     assert_eq!(sense(&run_out(&mut shard, now, a, &reserve, &p)), None);
     assert!(dev.reservations().res.is_some());
+    // Another target released and registered a second key: PERSISTENT
+    // RESERVE IN reports the store's state, not what this core last saw.
+    let mut other = crate::pr::PrState::decode(&store.saved.lock().unwrap()).unwrap();
+    other.res = None;
+    let mut second = other.regs[0].clone();
+    second.key = 0x22;
+    second.nexus.initiator_port.push('x');
+    other.regs.push(second);
+    *store.saved.lock().unwrap() = other.encode();
+    let read_keys = [0x5e, 0, 0, 0, 0, 0, 0, 0, 96, 0];
+    let (r, keys) = run(&mut shard, now, a, &read_keys);
+    assert_eq!(sense(&r), None);
+    assert_eq!(
+        u32::from_be_bytes(keys[4..8].try_into().unwrap()),
+        16,
+        "{keys:02x?}"
+    );
+    assert!(dev.reservations().res.is_none());
+    // The store down: PERSISTENT RESERVE IN fails rather than report what
+    // may be stale.
+    store.down.store(true, Ordering::Release);
+    let (r, _) = run(&mut shard, now, a, &read_keys);
+    assert_eq!(sense(&r), Some((0xb, 0x08, 0x00)));
 }
