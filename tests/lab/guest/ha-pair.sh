@@ -149,10 +149,7 @@ step "map $MAP: node a's path active/optimized, node b's active/non-optimized"
 step "reservations: register 0x1234 and WRITE EXCLUSIVE through node a"
 check "register through a" sg_persist --out --register --param-sark=0x1234 /dev/$A1 >/dev/null
 check "reserve through a" sg_persist --out --reserve --param-rk=0x1234 --prout-type=1 /dev/$A1 >/dev/null
-for i in $(seq 1 50); do
-    sg_persist -k /dev/$B1 2>/dev/null | grep -q 0x1234 && break
-    sleep 0.2
-done
+# At once: PERSISTENT RESERVE IN reads the state from etcd.
 sg_persist -k /dev/$B1 >/out/pr-keys-b.txt 2>&1
 grep -q 0x1234 /out/pr-keys-b.txt || { cat /out/pr-keys-b.txt; fail "node b does not list the key registered through node a"; }
 sg_persist -r /dev/$B1 >/out/pr-res-b.txt 2>&1
