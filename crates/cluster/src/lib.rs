@@ -69,6 +69,10 @@ pub enum Error {
     /// [`Event::Reservations`].
     #[error("reservation state of {device} changed on another node")]
     Conflict { device: String },
+    /// The state was written, but these live nodes did not say they applied
+    /// it within a lease TTL; the command that changed it must fail.
+    #[error("reservation state of {device} not applied by {nodes:?} in time")]
+    NotApplied { device: String, nodes: Vec<String> },
     #[error("invalid cluster configuration: {0}")]
     Config(String),
 }

@@ -54,6 +54,25 @@ impl NodeConfig {
         self
     }
 
+    /// A live node's presence, on its lease.
+    fn node_key(&self, node: &str) -> String {
+        format!("{}/nodes/{node}", self.prefix)
+    }
+
+    fn nodes_prefix(&self) -> String {
+        format!("{}/nodes/", self.prefix)
+    }
+
+    /// The revision of `device`'s reservation state `node` applied, on its
+    /// lease.
+    fn applied_key(&self, device: &str, node: &str) -> String {
+        format!("{}/applied/{device}/{node}", self.prefix)
+    }
+
+    fn applied_prefix(&self, device: &str) -> String {
+        format!("{}/applied/{device}/", self.prefix)
+    }
+
     fn owner_key(&self, group: &str) -> String {
         format!("{}/dg/{group}/owner", self.prefix)
     }
@@ -184,6 +203,7 @@ impl Node {
             rx,
             lease: None,
             next_keepalive: Instant::now(),
+            present: false,
         };
         let thread = std::thread::Builder::new()
             .name(format!("cluster-{}", cfg.node_id))
@@ -246,14 +266,57 @@ impl Node {
         let mut pr = lock(&self.shared.pr);
         let known = pr.entry(device.to_string()).or_default();
         known.saving = known.saving.saturating_sub(1);
-        match result? {
+        let rev = match result? {
             Some(rev) => {
                 known.rev = known.rev.max(rev);
-                Ok(())
+                rev
             }
-            None => Err(Error::Conflict {
-                device: device.to_string(),
-            }),
+            None => {
+                return Err(Error::Conflict {
+                    device: device.to_string(),
+                });
+            }
+        };
+        drop(pr);
+        self.wait_applied(device, rev)
+    }
+
+    /// Waits until every other live node (its presence key on its lease)
+    /// applied `device`'s state at revision `rev` or later, so that once a
+    /// reservation's command answers, no node serves as if it were not
+    /// there. A node that stops renewing loses its presence with its lease
+    /// (and fences itself by then), so the wait is bounded by a lease TTL
+    /// and two polls.
+    fn wait_applied(&self, device: &str, rev: Revision) -> Result<(), Error> {
+        let deadline = Instant::now() + self.cfg.lease_ttl + 2 * self.cfg.poll_interval;
+        let step = (self.cfg.poll_interval / 8).max(Duration::from_millis(10));
+        loop {
+            let nodes = self.etcd.get_prefix(&self.cfg.nodes_prefix())?;
+            let applied = self.etcd.get_prefix(&self.cfg.applied_prefix(device))?;
+            let pending: Vec<String> = nodes
+                .iter()
+                .map(|kv| String::from_utf8_lossy(&kv.value).into_owned())
+                .filter(|n| *n != self.cfg.node_id)
+                .filter(|n| {
+                    !applied.iter().any(|kv| {
+                        kv.key == self.cfg.applied_key(device, n)
+                            && std::str::from_utf8(&kv.value)
+                                .ok()
+                                .and_then(|v| v.parse::<Revision>().ok())
+                                .is_some_and(|r| r >= rev)
+                    })
+                })
+                .collect();
+            if pending.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::NotApplied {
+                    device: device.to_string(),
+                    nodes: pending,
+                });
+            }
+            std::thread::sleep(step);
         }
     }
 
@@ -320,6 +383,8 @@ struct Worker {
     rx: mpsc::Receiver<Stop>,
     lease: Option<LeaseId>,
     next_keepalive: Instant,
+    /// Whether this lease carries the node's presence key yet.
+    present: bool,
 }
 
 impl Worker {
@@ -332,6 +397,7 @@ impl Worker {
             if now >= next_poll {
                 next_poll = now + self.cfg.poll_interval;
                 if self.live_now() {
+                    self.announce();
                     self.campaign();
                     self.check_fence();
                 }
@@ -396,6 +462,7 @@ impl Worker {
                     // A new lease: whatever the old one held is gone.
                     self.fence_now();
                     self.renewed(t_sent, lease);
+                    self.present = false;
                 }
                 Err(e) => {
                     tracing::debug!(node = %self.cfg.node_id, error = %e, "lease grant failed");
@@ -516,7 +583,25 @@ impl Worker {
         }
     }
 
-    /// Reports reservation keys written since this node last saw them.
+    /// Puts the node's presence key on its lease (once per lease): the
+    /// nodes whose applying a reservation change waits for.
+    fn announce(&mut self) {
+        let Some(lease) = self.lease.filter(|_| !self.present) else {
+            return;
+        };
+        let key = self.cfg.node_key(&self.cfg.node_id);
+        match self
+            .etcd
+            .put(&key, self.cfg.node_id.as_bytes(), Some(lease))
+        {
+            Ok(_) => self.present = true,
+            Err(e) => tracing::debug!(node = %self.cfg.node_id, error = %e, "presence not written"),
+        }
+    }
+
+    /// Reports reservation keys written since this node last saw them, and
+    /// once each is reported (the daemon applied it on this thread), says
+    /// so under `applied/` for the writer waiting on it.
     fn poll_reservations(&mut self) {
         let prefix = self.cfg.pr_prefix();
         let kvs = match self.etcd.get_prefix(&prefix) {
@@ -526,9 +611,25 @@ impl Worker {
                 return;
             }
         };
+        let revs: HashMap<String, Revision> = kvs
+            .iter()
+            .filter_map(|kv| Some((kv.key.strip_prefix(&prefix)?.to_string(), kv.mod_revision)))
+            .collect();
         let changed = newer(&mut lock(&self.shared.pr), &prefix, kvs);
         for ev in changed {
+            let applied = match &ev {
+                Event::Reservations { device, .. } => {
+                    revs.get(device).map(|r| (device.clone(), *r))
+                }
+                _ => None,
+            };
             (self.events)(ev);
+            if let (Some((device, rev)), Some(lease)) = (applied, self.lease) {
+                let key = self.cfg.applied_key(&device, &self.cfg.node_id);
+                if let Err(e) = self.etcd.put(&key, rev.to_string().as_bytes(), Some(lease)) {
+                    tracing::debug!(node = %self.cfg.node_id, error = %e, "applied revision not written");
+                }
+            }
         }
     }
 }

@@ -269,9 +269,16 @@ fn reservations_saved_on_one_node_reach_the_other() {
 
     let mark = rec.mark();
     a.save("lun0", b"registrations v1").expect("save");
-    let (_, _, ev) = rec.wait(mark, SLACK, "b told", |n, e| {
+    let saved = Instant::now();
+    let (_, told, ev) = rec.wait(mark, SLACK, "b told", |n, e| {
         n == "b" && matches!(e, Event::Reservations { .. })
     });
+    // The save returned only once b had applied it.
+    assert!(
+        told <= saved,
+        "b told {:?} after the save returned",
+        told - saved
+    );
     assert_eq!(
         ev,
         Event::Reservations {
@@ -383,4 +390,30 @@ fn a_node_started_before_etcd_goes_live_when_etcd_comes() {
     rec.wait(0, SLACK, "a live", |n, e| n == "a" && *e == Event::Live);
     rec.wait(0, SLACK, "a owner", owner_me("a", DG));
     assert!(a.is_live() && a.owns(DG));
+}
+
+#[test]
+fn a_save_waits_for_a_live_node_to_apply_it_and_not_for_a_dead_one() {
+    let Some(etcd) = EtcdProc::start("applied") else {
+        return;
+    };
+    let mut rec = Recorder::new();
+    let (a, b) = pair(&etcd, &mut rec);
+    a.save("lun0", b"v1").expect("save with b live");
+    let until = b.crash();
+    // b's presence lives on its lease: the save waits until it expired,
+    // never past a TTL and two polls.
+    let t = Instant::now();
+    a.save("lun0", b"v2").expect("save with b dead");
+    assert!(
+        t.elapsed() <= TTL + 2 * POLL + SLACK,
+        "save took {:?}",
+        t.elapsed()
+    );
+    if let Some(until) = until {
+        assert!(
+            Instant::now() >= until,
+            "returned before b's fencing deadline"
+        );
+    }
 }

@@ -24,10 +24,10 @@
 //! Reservations: each device of a clustered group saves its persistent
 //! reservation state to etcd before a PERSISTENT RESERVE OUT's status goes
 //! out (a shared [`PrStore`]; a save that fails fails the command, and the
-//! change is undone); PERSISTENT RESERVE IN and OUT read the state from
-//! etcd first, so they act on what the other node last did; other
-//! commands meet another node's change once its event arrived (within a
-//! poll, lease TTL / 5).
+//! change is undone), and it returns once every other live node applied
+//! the change (`ferrite_cluster::Node::save`), so no node serves as if a
+//! reservation the initiator was told of did not exist; PERSISTENT RESERVE
+//! IN and OUT read the state from etcd first.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
