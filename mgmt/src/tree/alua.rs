@@ -193,24 +193,7 @@ impl Tree {
     }
 
     pub(super) fn ls_alua(&self, node: &AluaNode) -> Vec<Entry> {
-        let dir = |name: &str, desc: &str| Entry {
-            name: name.into(),
-            kind: EntryKind::Dir,
-            writable: false,
-            description: desc.into(),
-        };
-        let mgmt = |desc: &str| Entry {
-            name: "mgmt".into(),
-            kind: EntryKind::Mgmt,
-            writable: true,
-            description: desc.into(),
-        };
-        let link = |name: &str, desc: String| Entry {
-            name: name.into(),
-            kind: EntryKind::Link,
-            writable: false,
-            description: desc,
-        };
+        let (dir, mgmt, link) = (Entry::dir, Entry::mgmt, Entry::link);
         let cfg = &self.cfg;
         match node {
             AluaNode::Groups => std::iter::once(mgmt("create, del"))

@@ -120,6 +120,38 @@ pub struct Entry {
     pub description: String,
 }
 
+impl Entry {
+    /// A directory.
+    pub(crate) fn dir(name: &str, desc: &str) -> Entry {
+        Entry {
+            name: name.into(),
+            kind: EntryKind::Dir,
+            writable: false,
+            description: desc.into(),
+        }
+    }
+
+    /// A directory's `mgmt` leaf.
+    pub(crate) fn mgmt(desc: &str) -> Entry {
+        Entry {
+            name: "mgmt".into(),
+            kind: EntryKind::Mgmt,
+            writable: true,
+            description: desc.into(),
+        }
+    }
+
+    /// A link to another object.
+    pub(crate) fn link(name: &str, desc: String) -> Entry {
+        Entry {
+            name: name.into(),
+            kind: EntryKind::Link,
+            writable: false,
+            description: desc,
+        }
+    }
+}
+
 /// An attribute read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttrValue {
@@ -661,24 +693,7 @@ impl Tree {
 
     /// Lists a directory (or describes a leaf as a one-entry listing).
     pub fn ls(&self, path: &str) -> Result<Vec<Entry>, MgmtError> {
-        let dir = |name: &str, desc: &str| Entry {
-            name: name.into(),
-            kind: EntryKind::Dir,
-            writable: false,
-            description: desc.into(),
-        };
-        let mgmt = |desc: &str| Entry {
-            name: "mgmt".into(),
-            kind: EntryKind::Mgmt,
-            writable: true,
-            description: desc.into(),
-        };
-        let link = |name: &str, desc: String| Entry {
-            name: name.into(),
-            kind: EntryKind::Link,
-            writable: false,
-            description: desc,
-        };
+        let (dir, mgmt, link) = (Entry::dir, Entry::mgmt, Entry::link);
         let attr = |a: &AttrDef, writable: bool| Entry {
             name: a.name.into(),
             kind: EntryKind::Attr,

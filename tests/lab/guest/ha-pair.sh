@@ -112,13 +112,17 @@ A0=$(disk_of_lun $TA 0); A1=$(disk_of_lun $TA 1)
 B0=$(disk_of_lun $TB 0); B1=$(disk_of_lun $TB 1)
 step "through node a: LUN 0 /dev/$A0, LUN 1 /dev/$A1; through node b: /dev/$B0, /dev/$B1"
 
-# wait_active DISK OTHER SECONDS WHY: DISK's path group active, OTHER's not.
+# wait_active DISK OTHER SECONDS WHY: DISK's path group active, OTHER's not
+# (or OTHER failed).
 wait_active() {
     local until=$((SECONDS + $3)) g1 g2
     while [ $SECONDS -lt $until ]; do
         g1=$(group_of $1); g2=$(group_of $2)
         echo "$(date +%T) /dev/$1 $g1 ($(access_state $1)), /dev/$2 $g2 ($(access_state $2))" >>/out/paths.log
-        [ "$g1" = active ] && [ -n "$g2" ] && [ "$g2" != active ] && return 0
+        # OTHER out of the active group, or failed in it (multipathd keeps
+        # a dead path's last priority, so it may stay grouped with DISK).
+        [ "$g1" = active ] && [ -n "$g2" ] &&
+            { [ "$g2" != active ] || multipath -ll 2>/dev/null | grep " $2 " | grep -q failed; } && return 0
         # A command on the path that should become active brings its unit
         # attention; the other path may lead to a dead node: left alone.
         timeout 5 sg_turs /dev/$1 >/dev/null 2>&1
