@@ -400,8 +400,8 @@ impl DeviceGroup {
     }
 
     /// Takes the states and preferred bits of `old` for the target port
-    /// groups of the same name (a reconfigured group keeps its runtime
-    /// state).
+    /// groups of the same name, and whether initiators may set them (a
+    /// reconfigured group keeps its runtime state).
     pub fn carry_states(&self, old: &DeviceGroup) {
         for g in &self.groups {
             if let Some(o) = old.group_named(&g.name) {
@@ -412,6 +412,7 @@ impl DeviceGroup {
             }
         }
         self.generation.store(old.generation(), Ordering::Release);
+        self.set_explicit(old.explicit());
         if let Ok(s) = old.store.lock()
             && let Some(st) = s.clone()
         {

@@ -795,6 +795,11 @@ impl Runtime for DaemonRuntime {
             .device_groups
             .get(group)
             .ok_or_else(|| RuntimeError::NotFound(format!("device group {group}")))?;
+        if !dg.explicit() {
+            return Err(RuntimeError::Unsupported(format!(
+                "device group {group} follows the cluster, which alone sets its states"
+            )));
+        }
         let id = dg
             .group_named(target_group)
             .ok_or_else(|| RuntimeError::NotFound(format!("target group {target_group}")))?
@@ -987,6 +992,19 @@ mod tests {
             g2.group_named("tg_b").map(|g| g.ports.clone()),
             Some(vec![7])
         );
+        assert_eq!(g2.state_of_port(7), AccessState::Standby);
+
+        // A group the cluster decides is not set by hand, and stays so
+        // when rebuilt.
+        g2.set_explicit(false);
+        assert!(matches!(
+            rt.set_alua_state("dg1", "tg_b", AccessState::ActiveOptimized, false),
+            Err(RuntimeError::Unsupported(_))
+        ));
+        let mut moved = groups.clone();
+        moved[0].target_groups[0].group_id = 9;
+        rt.set_device_groups(&moved).expect("reshape");
+        assert!(!group_of(&rt, "d0").expect("d0").explicit());
         assert_eq!(g2.state_of_port(7), AccessState::Standby);
 
         // No groups: the devices leave, the saved states go.
