@@ -146,6 +146,18 @@ impl CuTarget {
             .any(|o| o.suite == suite || o.suite.starts_with(&tests))
     }
 
+    /// Whether `suite` ran ([`CuTarget::ran_suite`]) or libiscsi was run on
+    /// it and died of a signal every time, test by test too: attempted
+    /// against the target, with no verdict on it.
+    pub fn attempted_suite(&self, suite: &str) -> bool {
+        let (whole, tests) = (format!("{suite}:"), format!("{suite}."));
+        self.ran_suite(suite)
+            || self
+                .crashed
+                .iter()
+                .any(|c| c.starts_with(&whole) || c.starts_with(&tests))
+    }
+
     /// The single tests (`Suite.Test`) whose iscsi-test-cu died of a signal
     /// when run alone.
     pub fn crashed_tests(&self) -> Vec<&str> {
