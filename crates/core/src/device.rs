@@ -374,18 +374,30 @@ impl DeviceShared {
         let Some(loaded) = store.and_then(|s| s.load()) else {
             return Ok(());
         };
-        let bytes = loaded?;
+        if self.replace_pr(&loaded?) {
+            Ok(())
+        } else {
+            Err(std::io::Error::other("unreadable shared reservation state"))
+        }
+    }
+
+    /// Replaces the reservation state with saved `bytes`
+    /// ([`PrState::encode`]; empty: nothing is reserved or registered).
+    /// False, changing nothing, if they are not that format.
+    pub(crate) fn replace_pr(&self, bytes: &[u8]) -> bool {
         let st = if bytes.is_empty() {
             PrState::default()
         } else {
-            PrState::decode(&bytes)
-                .ok_or_else(|| std::io::Error::other("unreadable shared reservation state"))?
+            match PrState::decode(bytes) {
+                Some(st) => st,
+                None => return false,
+            }
         };
         if let Ok(mut pr) = self.pr.lock() {
             self.pr_reserved.store(st.res.is_some(), Ordering::Release);
             *pr = st;
         }
-        Ok(())
+        true
     }
 
     pub(crate) fn persist_pr(&self, st: &PrState) -> std::io::Result<()> {
@@ -628,23 +640,12 @@ impl Device {
         }
     }
 
-    /// Restores persistent reservations saved with APTPL (at start, before
-    /// sessions). False if `bytes` are not a saved state; empty bytes
-    /// restore nothing and succeed.
+    /// Replaces the persistent reservations with a saved state: APTPL's at
+    /// start, before sessions, or another cluster node's change. False,
+    /// changing nothing, if `bytes` are not a saved state; empty bytes
+    /// (nothing saved) leave no reservation or registration.
     pub fn restore_reservations(&self, bytes: &[u8]) -> bool {
-        if bytes.is_empty() {
-            return true;
-        }
-        let Some(st) = PrState::decode(bytes) else {
-            return false;
-        };
-        self.shared
-            .pr_reserved
-            .store(st.res.is_some(), Ordering::Release);
-        if let Ok(mut pr) = self.shared.pr.lock() {
-            *pr = st;
-        }
-        true
+        self.shared.replace_pr(bytes)
     }
 
     /// A copy of the persistent reservation state (management, tests).

@@ -218,16 +218,32 @@ impl DirStore {
 
 impl PrStore for DirStore {
     fn save(&self, bytes: &[u8]) -> std::io::Result<()> {
-        std::fs::create_dir_all(&self.dir)?;
-        let tmp = self.dir.join("pr_state.tmp");
-        {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(bytes)?;
-            f.sync_all()?;
-        }
-        std::fs::rename(&tmp, self.path())?;
-        std::fs::File::open(&self.dir)?.sync_all()
+        write_atomic(&self.path(), bytes)
     }
+}
+
+/// Writes `bytes` to `path` so that a crash leaves the old or the new
+/// content: its folder made if need be, a temporary file beside it written
+/// and fsynced, renamed over it, then the folder fsynced. The saved state
+/// of reservations and of ALUA groups is written this way.
+pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(std::path::Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let name = path
+        .file_name()
+        .map_or_else(|| "state".into(), |n| n.to_string_lossy().into_owned());
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let r = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if r.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    r
 }
 
 /// What a PERSISTENT RESERVE OUT did besides its status: unit attentions

@@ -5,35 +5,11 @@
 //! (a saved state wins over the configured one).
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ferrite_core::alua::{DeviceGroup, PortGroup, StateStore};
-use ferrite_mgmt::config::DeviceGroupConfig;
-
-/// Writes `bytes` to `path` so that a crash leaves the old or the new
-/// content: a temporary file beside it, fsynced, renamed over it, then
-/// the directory fsynced.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let name = path
-        .file_name()
-        .map_or_else(|| "state".into(), |n| n.to_string_lossy().into_owned());
-    let tmp = dir.join(format!(".{name}.tmp"));
-    let r = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    if r.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    r
-}
+use ferrite_mgmt::config::{DeviceGroupConfig, TargetGroupConfig};
 
 /// The saved states of one device group.
 #[derive(Debug)]
@@ -52,12 +28,22 @@ impl AluaStore {
 
 impl StateStore for AluaStore {
     fn save(&self, bytes: &[u8]) -> std::io::Result<()> {
-        write_atomic(&self.path, bytes)
+        ferrite_core::pr::write_atomic(&self.path, bytes)
     }
 }
 
-/// Builds the device group `cfg`: each target group's ports are the
-/// relative target port ids `rel` gives its targets. With `old` (the same
+/// The relative target port ids of target group `t`: its targets' (as
+/// `rel` gives them) and the other nodes' ports it lists.
+pub fn ports(t: &TargetGroupConfig, rel: &dyn Fn(&str) -> Option<u16>) -> Vec<u16> {
+    t.targets
+        .iter()
+        .filter_map(|x| rel(x))
+        .chain(t.rel_tgt_ids.iter().copied())
+        .collect()
+}
+
+/// Builds the device group `cfg`: each target group's ports are its
+/// [`ports`]. With `old` (the same
 /// group before a configuration change) target groups of the same name
 /// keep their runtime states; without, the saved states are restored if
 /// there are any. States are saved under `state_dir` from now on.
@@ -75,11 +61,7 @@ pub fn build_group(
                 t.name.clone(),
                 // Validated: 1 to 65535.
                 u16::try_from(t.group_id).unwrap_or(u16::MAX),
-                t.targets
-                    .iter()
-                    .filter_map(|x| rel(x))
-                    .chain(t.rel_tgt_ids.iter().copied())
-                    .collect(),
+                ports(t, rel),
                 t.access_state(),
                 t.preferred,
             )
