@@ -352,9 +352,8 @@ impl DaemonRuntime {
             let old = st.device_groups.get(&c.name);
             let ports_same = |g: &DeviceGroup| {
                 c.target_groups.iter().all(|tc| {
-                    g.group_named(&tc.name).is_some_and(|pg| {
-                        pg.ports == tc.targets.iter().filter_map(|x| rel(x)).collect::<Vec<_>>()
-                    })
+                    g.group_named(&tc.name)
+                        .is_some_and(|pg| pg.ports == crate::alua::ports(tc, &rel))
                 })
             };
             let dg = match old {
