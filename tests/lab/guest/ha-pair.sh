@@ -112,25 +112,6 @@ A0=$(disk_of_lun $TA 0); A1=$(disk_of_lun $TA 1)
 B0=$(disk_of_lun $TB 0); B1=$(disk_of_lun $TB 1)
 step "through node a: LUN 0 /dev/$A0, LUN 1 /dev/$A1; through node b: /dev/$B0, /dev/$B1"
 
-# wait_active DISK OTHER SECONDS WHY: DISK's path group active, OTHER's not
-# (or OTHER failed).
-wait_active() {
-    local until=$((SECONDS + $3)) g1 g2
-    while [ $SECONDS -lt $until ]; do
-        g1=$(group_of $1); g2=$(group_of $2)
-        echo "$(date +%T) /dev/$1 $g1 ($(access_state $1)), /dev/$2 $g2 ($(access_state $2))" >>/out/paths.log
-        # OTHER out of the active group, or failed in it (multipathd keeps
-        # a dead path's last priority, so it may stay grouped with DISK).
-        [ "$g1" = active ] && [ -n "$g2" ] &&
-            { [ "$g2" != active ] || multipath -ll 2>/dev/null | grep " $2 " | grep -q failed; } && return 0
-        # A command on the path that should become active brings its unit
-        # attention; the other path may lead to a dead node: left alone.
-        timeout 5 sg_turs /dev/$1 >/dev/null 2>&1
-        sleep 0.2
-    done
-    multipath -ll
-    fail "$4: /dev/$1's path group is '$(group_of $1)', /dev/$2's '$(group_of $2)'"
-}
 multipath -r >/dev/null 2>&1
 wait_active $A0 $B0 60 "at start"
 [ "$(access_state $A0)" = active/optimized ] || fail "/dev/$A0 is $(access_state $A0)"
@@ -164,16 +145,7 @@ sg_raw -s 512 -i /tmp/ha/zero /dev/$B1 2a 00 00 00 00 08 00 00 01 00 >/out/pr-wr
 grep -qi "reservation conflict" /out/pr-write-b.txt || { cat /out/pr-write-b.txt; fail "the write through node b did not get RESERVATION CONFLICT"; }
 step "node b lists the key and the reservation, and refuses a write with RESERVATION CONFLICT"
 
-written() { awk '{ print $7 }' /sys/block/$1/stat; }
-io_loop() {
-    local n=0
-    while [ ! -e /tmp/ha/io.done ]; do
-        n=$((n + 1))
-        fio_verify ha-$n /dev/mapper/$MAP --rw=randwrite --bs=64k --iodepth=8 --size=24M --offset=$(((n % 4) * 24))M
-        echo $n >/tmp/ha/io.jobs
-    done
-}
-io_loop &
+verified_jobs ha /dev/mapper/$MAP 24 4 &
 IO=$!
 # wait_written DISK SECTORS SECONDS
 wait_written() {
@@ -235,9 +207,9 @@ relay_up
 wait_states b active nonoptimized $((TTL * 10)) "node b back in touch with etcd"
 step "node b rejoined as non-optimized"
 
-touch /tmp/ha/io.done
+touch /tmp/ha.done
 wait $IO || fail "the verified I/O on the map failed"
-jobs=$(cat /tmp/ha/io.jobs 2>/dev/null || echo 0)
+jobs=$(cat /tmp/ha.jobs 2>/dev/null || echo 0)
 for d in $A1 $B1; do
     sg_persist -k /dev/$d 2>/dev/null | grep -q 0x1234 || fail "the key is gone through /dev/$d"
     sg_persist -r /dev/$d 2>/dev/null | grep -qi "Write Exclusive" || fail "the reservation is gone through /dev/$d"

@@ -81,18 +81,7 @@ MAP=$(dmsetup ls --target multipath | awk '{ print $1 }')
 [ -b /dev/mapper/$MAP ] || fail "no /dev/mapper/$MAP"
 step "map $MAP with two active paths"
 
-# written DISK: sectors written to DISK so far.
-written() { awk '{ print $7 }' /sys/block/$1/stat; }
-# Verified jobs on the map, one after another, until /tmp/mpath.done.
-io_loop() {
-    local n=0
-    while [ ! -e /tmp/mpath.done ]; do
-        n=$((n + 1))
-        fio_verify mpath-$n /dev/mapper/$MAP --rw=randwrite --bs=64k --iodepth=8 --size=32M --offset=$(((n % 3) * 32))M
-        echo $n >/tmp/mpath.jobs
-    done
-}
-io_loop &
+verified_jobs mpath /dev/mapper/$MAP 32 3 &
 IO=$!
 # wait_written DISK SECTORS: until DISK has written that much more, or fail.
 wait_written() {

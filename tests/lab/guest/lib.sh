@@ -194,6 +194,24 @@ fio_verify() {
         "/out/fio-$name.log" || fail "fio $name reported an error"
 }
 
+# written DISK: sectors written to DISK so far.
+written() { awk '{ print $7 }' /sys/block/$1/stat; }
+
+# verified_jobs NAME DEVICE SIZE_MB SLOTS: back-to-back verified random
+# write jobs (fio_verify NAME-1, NAME-2, ...) of SIZE_MB each over SLOTS
+# slots of DEVICE, until /tmp/NAME.done exists; the number of jobs done so
+# far in /tmp/NAME.jobs. Run it in the background; its status is the
+# first failed job's.
+verified_jobs() {
+    local name=$1 dev=$2 size=$3 slots=$4 n=0
+    while [ ! -e /tmp/$name.done ]; do
+        n=$((n + 1))
+        fio_verify $name-$n "$dev" --rw=randwrite --bs=64k --iodepth=8 --size=${size}M \
+            --offset=$(((n % slots) * size))M
+        echo $n >/tmp/$name.jobs
+    done
+}
+
 # rxe_pair: two soft-RoCE devices on a veth pair, rxe0 on veth0 (10.99.0.1)
 # and rxe1 on veth1 (10.99.0.2). Both addresses are the guest's own, so an
 # RDMA/CM connection to 10.99.0.1 resolves to rxe0 and rxe carries it
@@ -355,4 +373,24 @@ group_of() {
     multipath -ll 2>/dev/null | awk -v d=" $1 " '
         /policy=/ { st = $0; sub(/.*status=/, "", st); sub(/ .*/, "", st) }
         index($0, d) { print st; exit }'
+}
+# wait_active DISK OTHER SECONDS WHY: until DISK's multipath path group is
+# the active one and OTHER's is not (or OTHER failed); each look is logged
+# in /out/paths.log.
+wait_active() {
+    local until=$((SECONDS + $3)) g1 g2
+    while [ $SECONDS -lt $until ]; do
+        g1=$(group_of $1); g2=$(group_of $2)
+        echo "$(date +%T) /dev/$1 $g1 ($(access_state $1)), /dev/$2 $g2 ($(access_state $2))" >>/out/paths.log
+        # OTHER out of the active group, or failed in it (multipathd keeps
+        # a dead path's last priority, so it may stay grouped with DISK).
+        [ "$g1" = active ] && [ -n "$g2" ] &&
+            { [ "$g2" != active ] || multipath -ll 2>/dev/null | grep " $2 " | grep -q failed; } && return 0
+        # A command on the path that should become active brings its unit
+        # attention; the other path may lead to a dead node: left alone.
+        timeout 5 sg_turs /dev/$1 >/dev/null 2>&1
+        sleep 0.2
+    done
+    multipath -ll
+    fail "$4: /dev/$1's path group is '$(group_of $1)', /dev/$2's '$(group_of $2)'"
 }
